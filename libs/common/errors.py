@@ -1,0 +1,116 @@
+"""The error taxonomy: a small, named set of failure kinds shared by every service.
+
+`ErrorCode` is what a job's `error.code` says to a person; `VidjobsError` and its children are what code
+raises. Each code carries whether retrying can help and a default message that says what to do next.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+
+class ErrorCode(enum.StrEnum):
+    RATE_LIMITED = "rate_limited"  # the provider asked us to slow down
+    PROVIDER_UNAVAILABLE = "provider_unavailable"  # the provider is down or answered 5xx
+    TIMEOUT = "timeout"  # a stage passed its deadline
+    CONTENT_REJECTED = "content_rejected"  # the provider's content policy refused the prompt or image
+    INVALID_INPUT = "invalid_input"  # the request can never succeed as written
+    QUOTA_EXHAUSTED = "quota_exhausted"  # no credit left
+    DOWNLOAD_FAILED = "download_failed"  # the render could not be copied into our storage
+    VERIFICATION_FAILED = "verification_failed"  # the copied file is not a playable video
+    CANCELED = "canceled"  # the owner canceled the job
+    INTERNAL = "internal"  # our fault; retried where safe, reported otherwise
+
+
+RETRYABLE: dict[ErrorCode, bool] = {
+    ErrorCode.RATE_LIMITED: True,
+    ErrorCode.PROVIDER_UNAVAILABLE: True,
+    ErrorCode.TIMEOUT: True,
+    ErrorCode.CONTENT_REJECTED: False,
+    ErrorCode.INVALID_INPUT: False,
+    ErrorCode.QUOTA_EXHAUSTED: False,
+    ErrorCode.DOWNLOAD_FAILED: True,
+    ErrorCode.VERIFICATION_FAILED: False,
+    ErrorCode.CANCELED: False,
+    ErrorCode.INTERNAL: True,
+}
+
+DEFAULT_MESSAGES: dict[ErrorCode, str] = {
+    ErrorCode.RATE_LIMITED: "The provider is rate limiting us; the job will be retried automatically.",
+    ErrorCode.PROVIDER_UNAVAILABLE: "The video provider is unavailable; the job will be retried.",
+    ErrorCode.TIMEOUT: "The job took longer than its deadline allows.",
+    ErrorCode.CONTENT_REJECTED: "The provider refused this prompt under its content policy; change it.",
+    ErrorCode.INVALID_INPUT: "The request cannot be rendered as written; fix the named field.",
+    ErrorCode.QUOTA_EXHAUSTED: "The account has no credit left for this job; add credit and retry.",
+    ErrorCode.DOWNLOAD_FAILED: "The finished render could not be copied into storage.",
+    ErrorCode.VERIFICATION_FAILED: "The provider returned a file that is not a playable video.",
+    ErrorCode.CANCELED: "The job was canceled by its owner.",
+    ErrorCode.INTERNAL: "Something went wrong on our side; the job was stopped. Contact support.",
+}
+
+
+class JobError(msgspec.Struct, frozen=True):
+    """The `error` object of a job, as stored and as shown."""
+
+    code: ErrorCode
+    message: str
+    retryable: bool
+
+    @classmethod
+    def of(cls, code: ErrorCode, message: str | None = None) -> JobError:
+        return cls(code=code, message=message or DEFAULT_MESSAGES[code], retryable=RETRYABLE[code])
+
+
+class VidjobsError(Exception):
+    """Root of every error vidjobs raises on purpose."""
+
+
+class ConfigError(VidjobsError):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+class StoreError(VidjobsError):
+    """A database operation failed in a way the caller may handle."""
+
+
+class ProviderError(VidjobsError):
+    """A provider call failed; `code` classifies it, `retry_after` honours the provider's pacing."""
+
+    def __init__(self, code: ErrorCode, message: str, *, retry_after: float | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+
+    @property
+    def retryable(self) -> bool:
+        return RETRYABLE[self.code]
+
+    def to_job_error(self) -> JobError:
+        return JobError.of(self.code, self.message)
+
+
+class MediaError(VidjobsError):
+    """Copying or verifying a render failed; `code` is download_failed or verification_failed."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def to_job_error(self) -> JobError:
+        return JobError.of(self.code, self.message)
+
+
+class WebhookRejected(VidjobsError):
+    """A webhook failed verification: bad signature, unknown key, or a timestamp out of tolerance."""
+
+
+class Redeliver(VidjobsError):
+    """Raised by a message handler to have JetStream deliver the message again after `delay` seconds."""
+
+    def __init__(self, reason: str, delay: float = 1.0):
+        super().__init__(reason)
+        self.delay = delay

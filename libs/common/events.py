@@ -1,0 +1,100 @@
+"""Events that travel between services, one tagged union per subject.
+
+A message says what to look at, not what is true: every consumer rereads the row before acting. New fields
+get defaults and existing field types never change, so an older consumer still reads a newer event.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+
+class JobQueued(msgspec.Struct, tag="job.queued"):
+    """A pending job wants a submission slot."""
+
+    job_id: str
+
+
+class InboxReceived(msgspec.Struct, tag="inbox.received"):
+    """A verified provider callback was stored in the webhook inbox."""
+
+    inbox_id: int
+    provider: str
+
+
+class PollRequested(msgspec.Struct, tag="poll.requested"):
+    """Ask the provider about a job now (recovery, or a provider without callbacks)."""
+
+    job_id: str
+    reason: str = ""
+
+
+class DownloadRequested(msgspec.Struct, tag="download.requested"):
+    """The render is finished at the provider; copy it into our storage."""
+
+    job_id: str
+
+
+class AssetsDeleteRequested(msgspec.Struct, tag="assets.delete_requested"):
+    """A job was deleted; remove its objects."""
+
+    job_id: str
+
+
+class RecoveryDue(msgspec.Struct, tag="recovery.due"):
+    """Look at a job at `due_at` in case its signals were lost."""
+
+    job_id: str
+    due_at: datetime
+
+
+class JobChanged(msgspec.Struct, tag="job.changed"):
+    """A job's status changed; progress displays reread the job."""
+
+    job_id: str
+    status: str
+    at: datetime
+
+
+# Subjects. Work subjects are captured by the work stream and consumed by exactly one durable consumer
+# each; change notifications are fanned out to whoever listens.
+SUBMIT = "vidjobs.work.submit"
+INBOX = "vidjobs.work.inbox"
+POLL = "vidjobs.work.poll"
+DOWNLOAD = "vidjobs.work.download"
+ASSETS_DELETE = "vidjobs.work.assets_delete"
+RECOVERY = "vidjobs.work.recovery"
+CHANGED_PREFIX = "vidjobs.changed"
+
+WorkEvent = JobQueued | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
+Event = WorkEvent | JobChanged
+
+SUBJECT_OF: dict[type, str] = {
+    JobQueued: SUBMIT,
+    InboxReceived: INBOX,
+    PollRequested: POLL,
+    DownloadRequested: DOWNLOAD,
+    AssetsDeleteRequested: ASSETS_DELETE,
+    RecoveryDue: RECOVERY,
+}
+
+
+def subject_for(event: Event) -> str:
+    if isinstance(event, JobChanged):
+        return f"{CHANGED_PREFIX}.{event.job_id}"
+    return SUBJECT_OF[type(event)]
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Event)
+
+
+def encode(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode(data: bytes) -> Event:
+    """Raises msgspec.DecodeError / ValidationError for a malformed message (a poison message)."""
+    return _decoder.decode(data)

@@ -1,0 +1,121 @@
+"""The job row as every service reads it, and the creation of a job (its first audit row)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from libs.common import ids, outbox
+from libs.common.errors import JobError
+from libs.common.events import JobChanged, JobQueued, RecoveryDue
+from libs.common.states import TERMINAL, JobStatus
+
+
+class JobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The normalised render request, as accepted by the API and handed to an adapter."""
+
+    model: str
+    prompt: str
+    duration_s: int = 5
+    aspect_ratio: str = "16:9"
+    resolution: str = "720p"
+    seed: int | None = None
+    negative_prompt: str | None = None
+    input_image: str | None = None
+    params: dict[str, Any] = {}
+
+    @property
+    def provider(self) -> str:
+        return self.model.split("/", 1)[0]
+
+    @property
+    def model_name(self) -> str:
+        return self.model.split("/", 1)[1]
+
+
+class Outputs(msgspec.Struct, kw_only=True):
+    """What the media service stored; signed URLs are made from the keys at read time."""
+
+    video_key: str
+    thumbnail_key: str
+    preview_key: str | None = None
+    duration_s: float
+    width: int
+    height: int
+    bytes: int
+    sha256: str
+
+
+class JobRow(msgspec.Struct, kw_only=True):
+    id: str
+    account_id: str
+    status: JobStatus
+    model: str
+    provider: str
+    request: JobRequest
+    attempt: int
+    provider_job_id: str | None
+    provider_output: str | None
+    progress: float | None
+    error: JobError | None
+    outputs: Outputs | None
+    estimated_credits: int
+    actual_credits: int | None
+    created_at: datetime
+    updated_at: datetime
+    submitted_at: datetime | None
+    retry_at: datetime | None
+    deadline_at: datetime | None
+    recover_at: datetime | None
+    deleted_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """Terminal or deleted: every consumer stops here."""
+        return self.deleted_at is not None or self.status in TERMINAL
+
+
+def row_to_job(row: asyncpg.Record) -> JobRow:
+    data = {k: row[k] for k in JobRow.__struct_fields__}
+    return msgspec.convert(data, JobRow, from_attributes=False, strict=False)
+
+
+async def fetch(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRow | None:
+    """The job as stored, deleted or not (workers decide what deletion means for them)."""
+    row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    return None if row is None else row_to_job(row)
+
+
+async def create(
+    conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
+    recovery_delay_s: float,
+) -> JobRow:
+    """Insert a pending job with its creation audit row, its submit event and its first recovery check.
+
+    Creation is the one status write outside `transitions.transition`: it has no previous status to guard.
+    Must run inside the caller's transaction.
+    """
+    job_id = ids.new("job")
+    row = await conn.fetchrow(
+        """
+        INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at)
+        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+        RETURNING *
+        """,
+        job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
+        estimated_credits, recovery_delay_s,
+    )
+    job = row_to_job(row)
+    await conn.execute(
+        "INSERT INTO job_transitions (job_id, from_status, to_status, reason) VALUES ($1, NULL, $2, $3)",
+        job_id, JobStatus.PENDING.value, "created",
+    )
+    await outbox.add(conn, [
+        JobQueued(job_id=job_id),
+        RecoveryDue(job_id=job_id, due_at=job.recover_at),
+        JobChanged(job_id=job_id, status=job.status.value, at=job.updated_at),
+    ])
+    return job

@@ -1,0 +1,23 @@
+"""Prometheus metrics, created once per process with bounded labels (never a job id)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+OUTBOX_PUBLISHED = Counter("vidjobs_outbox_published_total", "Outbox events published to JetStream")
+
+MESSAGES = Counter(
+    "vidjobs_messages_total", "Work messages handled, by consumer and outcome", ["consumer", "outcome"]
+)
+HANDLE_SECONDS = Histogram(
+    "vidjobs_message_handle_seconds", "Time to handle one work message", ["consumer"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+TRANSITIONS = Counter(
+    "vidjobs_job_transitions_total", "Job status changes made", ["to_status"]
+)
+PROVIDER_CALLS = Counter(
+    "vidjobs_provider_calls_total", "Calls to providers by operation and outcome",
+    ["provider", "operation", "outcome"],
+)
+JOB_ERRORS = Counter("vidjobs_job_errors_total", "Jobs that took an error, by code", ["code"])

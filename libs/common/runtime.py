@@ -1,0 +1,144 @@
+"""What every service process shares: settings, the database pool, JetStream, the outbox relay, and a
+start/stop discipline (SIGTERM sets a stop event; any side task that dies stops the service)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import asyncpg
+import uvloop
+from aiohttp import web
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from libs.common import bus, db, logs
+from libs.common.errors import ConfigError
+from libs.common.outbox import Relay
+from libs.common.settings import Settings, load
+
+log = logging.getLogger("vidjobs.runtime")
+
+
+@dataclass
+class Runtime:
+    name: str
+    settings: Settings
+    pool: asyncpg.Pool
+    nc: NATS
+    js: JetStreamContext
+    relay: Relay
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @contextlib.asynccontextmanager
+    async def tx(self) -> AsyncIterator[asyncpg.Connection]:
+        """A transaction whose outbox rows are published as soon as it commits."""
+        async with self.pool.acquire() as conn:
+            async with conn.transaction():
+                yield conn
+        self.relay.poke()
+
+
+async def _wait_for_database(url: str, timeout_s: float = 60.0) -> None:
+    # Readiness is observed, not slept for: retry the connection until it answers or time runs out.
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            conn = await asyncpg.connect(url, timeout=5)
+            await conn.close()
+            return
+        except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise ConfigError(f"database at VIDJOBS_DATABASE_URL not reachable: {exc!r}") from exc
+            await asyncio.sleep(0.5)
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) -> AsyncIterator[Runtime]:
+    if not settings.database_url or not settings.nats_url:
+        raise ConfigError("VIDJOBS_DATABASE_URL and VIDJOBS_NATS_URL must be set (`vidjobs up` sets both)")
+    await _wait_for_database(settings.database_url)
+    await db.migrate(settings.database_url)
+    pool = await db.create_pool(settings.database_url, max_size=pool_size)
+    nc, js = await bus.connect(settings.nats_url, name=f"vidjobs-{name}")
+    try:
+        await bus.ensure_streams(js)
+        rt = Runtime(name=name, settings=settings, pool=pool, nc=nc, js=js, relay=Relay(pool, js))
+        relay_task = asyncio.create_task(rt.relay.run(rt.stop), name="outbox-relay")
+        try:
+            yield rt
+        finally:
+            rt.stop.set()
+            await asyncio.wait([relay_task], timeout=5)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+        await pool.close()
+
+
+async def health_app(rt: Runtime) -> web.AppRunner:
+    """`/healthz` and `/metrics` for a worker, on its own port."""
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "service": rt.name})
+
+    async def metrics_route(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", metrics_route)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, rt.settings.http_host, rt.settings.metrics_port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    log.info("health and metrics listening", extra={"port": port})
+    return runner
+
+
+WorkerMain = Callable[[Runtime], Awaitable[None]]
+
+
+async def _serve(name: str, settings: Settings, main: WorkerMain) -> int:
+    async with open_runtime(name, settings) as rt:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, rt.stop.set)
+        runner = await health_app(rt)
+        work = asyncio.create_task(main(rt), name=f"{name}-main")
+        stopping = asyncio.create_task(rt.stop.wait())
+        try:
+            done, _ = await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if work in done and work.exception() is not None:
+                log.error("service failed", exc_info=work.exception())
+                return 1
+            rt.stop.set()
+            await asyncio.wait({work}, timeout=30)  # in-flight work drains
+            return 0
+        finally:
+            stopping.cancel()
+            work.cancel()
+            await runner.cleanup()
+
+
+def run_worker(name: str, main: WorkerMain) -> None:
+    """Entry point of `python -m services.<name>`."""
+    try:
+        settings = load()
+    except ConfigError as exc:
+        print(f"vidjobs {name}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    logs.setup(name, level=settings.log_level, fmt=settings.log_format)
+    try:
+        code = uvloop.run(_serve(name, settings, main))
+    except ConfigError as exc:
+        log.error(str(exc))
+        code = 2
+    sys.exit(code)

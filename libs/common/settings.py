@@ -1,0 +1,95 @@
+"""One typed settings object, read from `VIDJOBS_*` environment variables.
+
+Every service and the CLI read the same object, so a variable means the same thing everywhere. Unknown
+`VIDJOBS_*` variables are refused: a typo in a deployment should fail loudly, not silently use a default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from libs.common.errors import ConfigError
+
+PREFIX = "VIDJOBS_"
+
+# Variables the test harness and CLI set for their own use; they are not service settings.
+_NOT_SETTINGS = {"VIDJOBS_TEST_DATABASE_URL", "VIDJOBS_TEST_NATS_URL"}
+
+
+class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    data_dir: str = "./.vidjobs"
+    database_url: str = ""  # empty: the embedded server under data_dir (started by `vidjobs up`)
+    nats_url: str = ""  # empty: the embedded server under data_dir
+    storage_url: str = ""  # empty: file:// under data_dir
+    http_port: int = 8080
+    http_host: str = "127.0.0.1"
+    # The address providers and browsers reach the gateway at (callbacks, signed URLs).
+    public_url: str = ""
+    recovery_delay_s: float = 60.0
+    recovery_interval_s: float = 60.0  # how often a non-terminal job is looked at again after that
+    render_deadline_s: float = 900.0
+    download_deadline_s: float = 300.0
+    max_attempts: int = 3
+    retry_base_s: float = 2.0
+    retry_cap_s: float = 60.0
+    signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
+    signed_url_ttl_s: int = 3600
+    fake_provider_url: str = "http://127.0.0.1:8090"
+    fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
+    webhook_tolerance_s: int = 300
+    metrics_port: int = 0  # worker /healthz and /metrics; 0 picks a free port
+    submit_concurrency: int = 16
+    download_concurrency: int = 4
+    media_concurrency: int = 2
+    max_body_bytes: int = 64 * 1024
+    max_download_bytes: int = 512 * 1024 * 1024
+    log_level: str = "INFO"
+    log_format: str = "json"  # json | text
+    demo_credits: int = 100_000
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).resolve()
+
+    @property
+    def gateway_url(self) -> str:
+        return self.public_url or f"http://{self.http_host}:{self.http_port}"
+
+    def storage_location(self) -> str:
+        return self.storage_url or f"file://{self.data_path / 'objects'}"
+
+    def with_(self, **changes: Any) -> Settings:
+        return msgspec.structs.replace(self, **changes)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that reproduces these settings in a child process."""
+        env = {}
+        for field in msgspec.structs.fields(self):
+            env[PREFIX + field.name.upper()] = str(getattr(self, field.name))
+        return env
+
+
+def load(environ: dict[str, str] | None = None) -> Settings:
+    environ = os.environ if environ is None else environ
+    raw = {
+        key[len(PREFIX) :].lower(): value
+        for key, value in environ.items()
+        if key.startswith(PREFIX) and key not in _NOT_SETTINGS
+    }
+    try:
+        return msgspec.convert(raw, Settings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad setting: {_env_name(str(exc))}") from exc
+
+
+def _env_name(message: str) -> str:
+    # msgspec says "... - at `$.http_port`"; name the variable a person actually sets.
+    if "`$." in message:
+        head, _, tail = message.partition("`$.")
+        name, _, rest = tail.partition("`")
+        return f"{head}{PREFIX}{name.upper()}{rest}"
+    return message

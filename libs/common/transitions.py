@@ -1,0 +1,121 @@
+"""The one function that changes a job's status.
+
+It checks the move against the table in `states`, updates the row only if it still has an expected status
+(`WHERE id = $1 AND status = ANY($2)`), appends the audit row and writes the outgoing events to the outbox,
+all in one transaction. No row back means another worker already made this move (or a later one): that is
+logged and answered with `None`, never raised, so redelivered messages are harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from libs.common import outbox
+from libs.common.errors import JobError
+from libs.common.events import Event, JobChanged
+from libs.common.jobs import JobRow, Outputs, row_to_job
+from libs.common.states import TERMINAL, JobStatus, sources_of
+
+log = logging.getLogger("vidjobs.transitions")
+
+UNSET: Any = msgspec.UNSET
+
+
+class JobUpdate(msgspec.Struct, kw_only=True):
+    """Columns a transition may set beside the status. UNSET leaves a column alone; None clears it."""
+
+    attempt: int = UNSET
+    provider_job_id: str | None = UNSET
+    provider_output: str | None = UNSET
+    progress: float | None = UNSET
+    error: JobError | None = UNSET
+    outputs: Outputs | None = UNSET
+    actual_credits: int | None = UNSET
+    submitted_at: datetime | None = UNSET
+    retry_at: datetime | None = UNSET
+    deadline_at: datetime | None = UNSET
+    recover_at: datetime | None = UNSET
+
+    def columns(self) -> dict[str, Any]:
+        out = {}
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if value is not UNSET:
+                out[name] = msgspec.to_builtins(value) if isinstance(value, msgspec.Struct) else value
+        return out
+
+
+class Transitioned(msgspec.Struct):
+    from_status: JobStatus
+    job: JobRow
+
+
+class IllegalTransition(ValueError):
+    """A caller asked for a move the table does not allow: a programming error, not a race."""
+
+
+def allowed_sources(to: JobStatus, expect: Collection[JobStatus] | None) -> list[str]:
+    legal = sources_of(to)
+    chosen = legal if expect is None else legal & frozenset(expect)
+    if not chosen:
+        raise IllegalTransition(f"no legal move to {to} from {sorted(expect or ())}")
+    return sorted(s.value for s in chosen)
+
+
+def _update_sql(columns: dict[str, Any], terminal: bool) -> tuple[str, list[Any]]:
+    sets = ["status = $3", "updated_at = clock_timestamp()"]
+    values: list[Any] = []
+    if terminal:
+        # A finished job needs no more watching (and the schema's CHECK insists on it).
+        columns = {**columns, "recover_at": None, "retry_at": None, "deadline_at": None}
+    for i, (name, value) in enumerate(columns.items(), start=4):
+        sets.append(f"{name} = ${i}")
+        values.append(value)
+    sql = f"""
+        WITH prev AS (
+            SELECT id, status FROM jobs
+            WHERE id = $1 AND status = ANY($2::job_status[]) AND deleted_at IS NULL
+            FOR UPDATE
+        )
+        UPDATE jobs AS j SET {", ".join(sets)}
+        FROM prev WHERE j.id = prev.id
+        RETURNING prev.status AS from_status, j.*
+    """
+    return sql, values
+
+
+async def transition(
+    conn: asyncpg.Connection,
+    job_id: str,
+    to: JobStatus,
+    *,
+    reason: str,
+    expect: Collection[JobStatus] | None = None,
+    update: JobUpdate | None = None,
+    emit: Sequence[Event] = (),
+) -> Transitioned | None:
+    """Move `job_id` to `to` if its status is still one of `expect` (default: every legal source)."""
+    sources = allowed_sources(to, expect)
+    sql, values = _update_sql(update.columns() if update else {}, to in TERMINAL)
+    async with conn.transaction():
+        row = await conn.fetchrow(sql, job_id, sources, to.value, *values)
+        if row is None:
+            log.info("transition skipped: job not in an expected status",
+                     extra={"job_id": job_id, "to": to.value, "expected": sources, "reason": reason})
+            return None
+        from_status = JobStatus(row["from_status"])
+        await conn.execute(
+            "INSERT INTO job_transitions (job_id, from_status, to_status, reason) VALUES ($1, $2, $3, $4)",
+            job_id, from_status.value, to.value, reason,
+        )
+        job = row_to_job(row)
+        await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *emit])
+    log.info("job transitioned",
+             extra={"job_id": job_id, "from": from_status.value, "to": to.value, "reason": reason})
+    return Transitioned(from_status=from_status, job=job)

@@ -1,0 +1,50 @@
+"""The object-storage protocol. Keys are derived by us from account and job, never from client input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import msgspec
+
+
+class ObjectInfo(msgspec.Struct, kw_only=True):
+    key: str
+    bytes: int
+    content_type: str
+
+
+class StorageError(Exception):
+    """An object could not be stored, read or removed."""
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
+@runtime_checkable
+class Storage(Protocol):
+    async def put_file(self, key: str, path: Path, content_type: str) -> ObjectInfo:
+        """Store a local file under `key`, replacing any object there (so a retry is harmless)."""
+
+    async def put_bytes(self, key: str, data: bytes, content_type: str) -> ObjectInfo: ...
+
+    async def get_bytes(self, key: str) -> bytes: ...
+
+    async def head(self, key: str) -> ObjectInfo:
+        """Raises ObjectNotFound."""
+
+    async def delete(self, key: str) -> None:
+        """Remove an object; a missing object is not an error."""
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Remove every object under `prefix`; returns how many."""
+
+    def signed_url(self, key: str, ttl_s: int) -> tuple[str, float]:
+        """A URL that reads this one object until the returned expiry (unix seconds)."""
+
+    async def close(self) -> None: ...
+
+
+def job_prefix(account_id: str, job_id: str) -> str:
+    return f"accounts/{account_id}/jobs/{job_id}/"

@@ -1,0 +1,94 @@
+"""Real servers for the tests: a PostgreSQL (the machine's, named by VIDJOBS_TEST_DATABASE_URL, or an
+embedded one from the pgserver wheel), a migrated template database cloned per test, and a nats-server
+with JetStream started per test on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from cli.embedded import EmbeddedNats, EmbeddedPostgres
+from libs.common import db
+from tests.support import with_database
+
+
+@pytest.fixture(scope="session")
+def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("VIDJOBS_TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+async def template_db(pg_admin_url: str) -> AsyncIterator[str]:
+    name = f"vidjobs_tmpl_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(pg_admin_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    await db.migrate(with_database(pg_admin_url, name))
+    try:
+        yield name
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
+async def database_url(pg_admin_url: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"vidjobs_t_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(pg_admin_url)
+    try:
+        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+    finally:
+        await admin.close()
+    yield with_database(pg_admin_url, name)
+    admin = await asyncpg.connect(pg_admin_url)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await db.create_pool(database_url, max_size=5)
+    yield p
+    await p.close()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
+    """A nats-server of this test's own, so streams and consumers never leak between tests."""
+    server = EmbeddedNats(tmp_path / "nats").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def nats_url(nats_server: EmbeddedNats) -> str:
+    return nats_server.url
+
+
+async def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    """Poll an async predicate until it returns something truthy; fail the test with `what` if it never does."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
+        await asyncio.sleep(interval)

@@ -1,0 +1,84 @@
+"""The transition function against a real PostgreSQL: guarded moves, audit rows, outbox rows."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from libs.common import jobs, transitions
+from libs.common.jobs import JobRequest
+from libs.common.states import LEGAL, JobStatus
+
+
+async def _account(pool, account_id: str = "acct_t") -> str:
+    await pool.execute("INSERT INTO accounts (id, name) VALUES ($1, $1) ON CONFLICT DO NOTHING", account_id)
+    return account_id
+
+
+async def _job(pool) -> jobs.JobRow:
+    account = await _account(pool)
+    async with pool.acquire() as conn, conn.transaction():
+        return await jobs.create(
+            conn, account_id=account, request=JobRequest(model="fake/default", prompt="a fox"),
+            estimated_credits=10, recovery_delay_s=60,
+        )
+
+
+async def test_create_writes_audit_and_outbox(pool):
+    job = await _job(pool)
+    assert job.status is JobStatus.PENDING
+    audit = await pool.fetch("SELECT from_status, to_status FROM job_transitions WHERE job_id = $1", job.id)
+    assert [(r["from_status"], r["to_status"]) for r in audit] == [(None, "pending")]
+    subjects = sorted(r["subject"] for r in await pool.fetch("SELECT subject FROM outbox"))
+    assert subjects == sorted(["vidjobs.work.submit", "vidjobs.work.recovery", f"vidjobs.changed.{job.id}"])
+
+
+async def test_legal_move_is_applied_once(pool):
+    job = await _job(pool)
+    async with pool.acquire() as conn:
+        first = await transitions.transition(conn, job.id, JobStatus.SUBMITTED, reason="accepted",
+                                             update=transitions.JobUpdate(provider_job_id="p1"))
+        again = await transitions.transition(conn, job.id, JobStatus.SUBMITTED, reason="accepted")
+    assert first is not None and first.from_status is JobStatus.PENDING
+    assert first.job.provider_job_id == "p1"
+    assert again is None
+    audit = await pool.fetch("SELECT to_status FROM job_transitions WHERE job_id = $1 ORDER BY id", job.id)
+    assert [r["to_status"] for r in audit] == ["pending", "submitted"]
+
+
+async def test_illegal_move_is_refused_before_touching_the_row(pool):
+    job = await _job(pool)
+    async with pool.acquire() as conn:
+        with pytest.raises(transitions.IllegalTransition):
+            await transitions.transition(conn, job.id, JobStatus.COMPLETED, reason="x",
+                                         expect=[JobStatus.PENDING])
+        # completed is legal only from downloading: a pending job is left alone.
+        assert await transitions.transition(conn, job.id, JobStatus.COMPLETED, reason="x") is None
+    assert (await jobs.fetch(pool, job.id)).status is JobStatus.PENDING
+
+
+async def test_terminal_states_clear_the_recovery_schedule(pool):
+    job = await _job(pool)
+    assert job.recover_at is not None
+    async with pool.acquire() as conn:
+        done = await transitions.transition(conn, job.id, JobStatus.CANCELED, reason="owner")
+    assert done.job.recover_at is None
+    for to in JobStatus:
+        async with pool.acquire() as conn:
+            if JobStatus.CANCELED in {s for s, t in LEGAL.items() if to in t}:
+                assert await transitions.transition(conn, job.id, to, reason="late") is None
+
+
+async def test_racing_workers_make_one_move(pool):
+    job = await _job(pool)
+
+    async def attempt(reason: str):
+        async with pool.acquire() as conn:
+            return await transitions.transition(conn, job.id, JobStatus.SUBMITTED, reason=reason)
+
+    results = await asyncio.gather(*(attempt(f"worker-{i}") for i in range(5)))
+    assert sum(r is not None for r in results) == 1
+    count = await pool.fetchval(
+        "SELECT count(*) FROM job_transitions WHERE job_id = $1 AND to_status = 'submitted'", job.id)
+    assert count == 1
