@@ -4,7 +4,6 @@ with JetStream started per test on a free port."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -79,16 +78,3 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
 @pytest.fixture
 def nats_url(nats_server: EmbeddedNats) -> str:
     return nats_server.url
-
-
-async def wait_until(predicate, *, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
-    """Poll an async predicate until it returns something truthy; fail the test with `what` if it never does."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        value = await predicate()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {value!r}")
-        await asyncio.sleep(interval)

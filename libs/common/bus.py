@@ -114,7 +114,7 @@ async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event)
             free += 1
         try:
             msgs = await psub.fetch(free, timeout=1.0)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             msgs = []
         except nats.errors.Error as exc:
             log.warning("fetch failed", extra={"consumer": spec.durable, "error": repr(exc)})

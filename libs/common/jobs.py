@@ -10,7 +10,7 @@ import msgspec
 
 from libs.common import ids, outbox
 from libs.common.errors import JobError
-from libs.common.events import JobChanged, JobQueued, RecoveryDue
+from libs.common.events import AssetsDeleteRequested, JobChanged, JobQueued, RecoveryDue
 from libs.common.states import TERMINAL, JobStatus
 
 
@@ -119,3 +119,56 @@ async def create(
         JobChanged(job_id=job_id, status=job.status.value, at=job.updated_at),
     ])
     return job
+
+
+async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -> bool:
+    """Hide a job from every read at once and ask for its assets to be removed. Deletion is not a status:
+    the row keeps its status, and every consumer treats `deleted_at` as terminal. False if no such job."""
+    row = await conn.fetchrow(
+        """
+        UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL
+        WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
+        RETURNING status, updated_at
+        """,
+        job_id, account_id,
+    )
+    if row is None:
+        return False
+    await outbox.add(conn, [
+        AssetsDeleteRequested(job_id=job_id),
+        JobChanged(job_id=job_id, status="deleted", at=row["updated_at"]),
+    ])
+    return True
+
+
+async def record_progress(conn: asyncpg.Connection, job_id: str, progress: float) -> bool:
+    """Store a provider's own progress figure for a rendering job (not a status change)."""
+    row = await conn.fetchrow(
+        """
+        UPDATE jobs SET progress = $2, updated_at = clock_timestamp()
+        WHERE id = $1 AND status = 'processing' AND deleted_at IS NULL
+          AND (progress IS NULL OR progress < $2)
+        RETURNING updated_at
+        """,
+        job_id, progress,
+    )
+    if row is None:
+        return False
+    await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.PROCESSING.value, at=row["updated_at"])])
+    return True
+
+
+async def reschedule_recovery(conn: asyncpg.Connection, job_id: str, delay_s: float) -> datetime | None:
+    """Push a live job's next recovery check out by `delay_s` and stage its message."""
+    due = await conn.fetchval(
+        """
+        UPDATE jobs SET recover_at = clock_timestamp() + make_interval(secs => $2)
+        WHERE id = $1 AND deleted_at IS NULL
+          AND status NOT IN ('completed', 'failed', 'canceled', 'expired')
+        RETURNING recover_at
+        """,
+        job_id, delay_s,
+    )
+    if due is not None:
+        await outbox.add(conn, [RecoveryDue(job_id=job_id, due_at=due)])
+    return due

@@ -48,7 +48,7 @@ class Relay:
         while not stop.is_set():
             try:
                 sent = await self.publish_pending()
-            except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
                 log.warning("outbox relay pass failed; retrying", extra={"error": repr(exc)})
                 sent = 0
                 await asyncio.sleep(self._idle_s)

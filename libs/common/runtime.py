@@ -53,7 +53,7 @@ async def _wait_for_database(url: str, timeout_s: float = 60.0) -> None:
             conn = await asyncpg.connect(url, timeout=5)
             await conn.close()
             return
-        except (OSError, asyncpg.PostgresError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
             if asyncio.get_running_loop().time() > deadline:
                 raise ConfigError(f"database at VIDJOBS_DATABASE_URL not reachable: {exc!r}") from exc
             await asyncio.sleep(0.5)
