@@ -108,6 +108,7 @@ CREATE TABLE provider_submissions (
     provider_job_id text,
     error           jsonb,
     created_at      timestamptz NOT NULL DEFAULT now(),
+    claimed_at      timestamptz NOT NULL DEFAULT now(),  -- a submitter is calling the provider since then
     answered_at     timestamptz,
     CONSTRAINT provider_submissions_one_per_attempt UNIQUE (job_id, attempt)
 );

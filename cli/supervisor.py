@@ -1,0 +1,105 @@
+"""Runs each vidjobs service as its own process and restarts any that dies, with backoff.
+
+Used by `vidjobs up` and by the tests, so the tests exercise the very processes a person runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+log = logging.getLogger("vidjobs.supervisor")
+
+# Module to run for each service, in start order: the fake provider first so submissions find it.
+SERVICES: dict[str, str] = {
+    "fake-provider": "libs.providers.fake",
+    "gateway": "services.gateway",
+    "submitter": "services.submitter",
+    "poller": "services.poller",
+    "media": "services.media",
+    "reaper": "services.reaper",
+}
+
+
+@dataclass
+class Child:
+    name: str
+    module: str
+    proc: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    wanted: bool = True  # False while deliberately stopped
+    watcher: asyncio.Task | None = field(default=None, repr=False)
+
+
+class Supervisor:
+    def __init__(self, env: dict[str, str], *, services: dict[str, str] | None = None, restart: bool = True):
+        self._env = {**os.environ, **env}
+        self._restart = restart
+        self.children = {name: Child(name, module) for name, module in (services or SERVICES).items()}
+        self._closing = False
+
+    async def start_all(self) -> None:
+        for name in self.children:
+            await self.start(name)
+
+    async def start(self, name: str) -> None:
+        child = self.children[name]
+        child.wanted = True
+        child.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", child.module, env=self._env, stdin=asyncio.subprocess.DEVNULL,
+        )
+        child.started_at = time.monotonic()
+        log.info("started %s (pid %s)", name, child.proc.pid)
+        child.watcher = asyncio.create_task(self._watch(child), name=f"watch-{name}")
+
+    async def _watch(self, child: Child) -> None:
+        assert child.proc is not None
+        code = await child.proc.wait()
+        if self._closing or not child.wanted or not self._restart:
+            return
+        # Crash-looping services back off; one that ran a while restarts at once.
+        ran_for = time.monotonic() - child.started_at
+        child.restarts = 0 if ran_for > 30 else child.restarts + 1
+        delay = min(0.2 * 2 ** child.restarts, 10.0)
+        log.warning("%s exited with %s; restarting in %.1fs", child.name, code, delay)
+        await asyncio.sleep(delay)
+        if not self._closing and child.wanted:
+            await self.start(child.name)
+
+    async def stop(self, name: str, *, sig: int = signal.SIGTERM, restart: bool = False, grace_s: float = 15) -> None:
+        """Stop one service (SIGKILL to simulate a crash). With restart=True the supervisor brings it back."""
+        child = self.children[name]
+        child.wanted = restart
+        proc = child.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        try:
+            await asyncio.wait_for(proc.wait(), grace_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def close(self, grace_s: float = 15) -> None:
+        self._closing = True
+        names = list(self.children)
+        # Stop the entry point first so nothing new arrives, then the workers, the provider last.
+        await asyncio.gather(*(self.stop(n, grace_s=grace_s) for n in names if n != "fake-provider"))
+        if "fake-provider" in self.children:
+            await self.stop("fake-provider", grace_s=grace_s)
+        for child in self.children.values():
+            if child.watcher:
+                child.watcher.cancel()
+
+    def pid(self, name: str) -> int | None:
+        proc = self.children[name].proc
+        return proc.pid if proc and proc.returncode is None else None

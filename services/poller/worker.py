@@ -1,0 +1,137 @@
+"""The poller: turns every provider signal — a stored callback, a recovery poll, a scheduled poll — into
+transitions through `signals.apply_signal`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+import aiohttp
+from libs.providers.registry import adapter_for, build_adapters
+
+from libs.common import bus, events, jobs, metrics
+from libs.common.bus import ConsumerSpec, Delivery
+from libs.common.errors import ProviderError, Redeliver
+from libs.common.events import InboxReceived, PollRequested
+from libs.common.jobs import JobRow
+from libs.common.retry import RetryPolicy
+from libs.common.runtime import Runtime
+from libs.common.states import JobStatus
+from libs.providers.base import ProviderAdapter, ProviderSignal
+from services.poller import schedule
+from services.poller.signals import RENDERING, SignalContext, apply_signal
+
+log = logging.getLogger("vidjobs.poller")
+
+# A callback can beat the submitter's commit; give the submit answer this many deliveries to land.
+_LOOKUP_DELIVERIES = 20
+
+
+@dataclass(frozen=True)
+class Context:
+    rt: Runtime
+    adapters: dict[str, ProviderAdapter]
+    signals: SignalContext
+
+
+async def main(rt: Runtime) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
+                      signals=SignalContext(rt=rt, policy=RetryPolicy.from_settings(rt.settings)))
+        inbox = ConsumerSpec(durable="poller-inbox", subject=events.INBOX, handler=partial(on_inbox, ctx),
+                             concurrency=16)
+        polls = ConsumerSpec(durable="poller-poll", subject=events.POLL, handler=partial(on_poll, ctx),
+                             concurrency=16)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(bus.consume(rt.js, inbox, rt.stop), name="inbox-consumer")
+            tg.create_task(bus.consume(rt.js, polls, rt.stop), name="poll-consumer")
+            tg.create_task(run_schedule(ctx), name="poll-scheduler")
+
+
+async def on_inbox(ctx: Context, event: events.Event, delivery: Delivery) -> None:
+    assert isinstance(event, InboxReceived)
+    row = await ctx.rt.pool.fetchrow("SELECT provider, payload FROM webhook_inbox WHERE id = $1", event.inbox_id)
+    if row is None:
+        log.warning("inbox row missing", extra={"inbox_id": event.inbox_id})
+        return
+    try:
+        sig = adapter_for(ctx.adapters, row["provider"]).parse_callback(bytes(row["payload"]))
+    except ProviderError as err:
+        log.error("stored callback cannot be read", extra={"inbox_id": event.inbox_id, "error": err.message})
+        return
+    job = await _job_for(ctx, row["provider"], sig)
+    if job is None:
+        if delivery.attempt < _LOOKUP_DELIVERIES:
+            raise Redeliver("no job for this provider id yet", delay=0.5)
+        log.warning("callback for an unknown job", extra={"inbox_id": event.inbox_id,
+                                                          "provider_job_id": sig.provider_job_id})
+        return
+    await apply_signal(ctx.signals, job, sig, source="callback")
+
+
+async def _job_for(ctx: Context, provider: str, sig: ProviderSignal) -> JobRow | None:
+    if sig.job_id is not None:
+        job = await jobs.fetch(ctx.rt.pool, sig.job_id)
+        return job if job is not None and job.provider == provider else None
+    job_id = await ctx.rt.pool.fetchval(
+        "SELECT id FROM jobs WHERE provider = $1 AND provider_job_id = $2", provider, sig.provider_job_id,
+    )
+    return None if job_id is None else await jobs.fetch(ctx.rt.pool, job_id)
+
+
+async def on_poll(ctx: Context, event: events.Event, delivery: Delivery) -> None:
+    assert isinstance(event, PollRequested)
+    if event.reason == "submitted":
+        async with ctx.rt.pool.acquire() as conn:
+            await schedule.add(conn, event.job_id)
+        return
+    await poll_once(ctx, event.job_id, source=f"poll ({event.reason or 'requested'})")
+
+
+async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
+    """Ask the provider about a rendering job; False once there is nothing left to ask about."""
+    job = await jobs.fetch(ctx.rt.pool, job_id)
+    if job is None or job.finished or job.status not in RENDERING or job.provider_job_id is None:
+        return job is not None and not job.finished and job.status is JobStatus.PENDING
+    adapter = adapter_for(ctx.adapters, job.provider)
+    try:
+        sig = await adapter.status(job.provider_job_id)
+    except ProviderError as err:
+        metrics.PROVIDER_CALLS.labels(job.provider, "status", err.code.value).inc()
+        if err.retryable:
+            raise Redeliver(f"status poll failed: {err.message}", delay=err.retry_after or 2.0) from err
+        log.error("status poll refused", extra={"job_id": job.id, "code": err.code.value})
+        return True
+    metrics.PROVIDER_CALLS.labels(job.provider, "status", "ok").inc()
+    await apply_signal(ctx.signals, job, sig, source=source)
+    return True
+
+
+async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) -> None:
+    while not ctx.rt.stop.is_set():
+        async with ctx.rt.pool.acquire() as conn:
+            due = await schedule.take_due(conn, batch)
+        await asyncio.gather(*(_scheduled_poll(ctx, job_id) for job_id in due))
+        if len(due) == batch:
+            continue  # more may be due already
+        try:
+            await asyncio.wait_for(ctx.rt.stop.wait(), tick_s)
+        except TimeoutError:
+            pass
+
+
+async def _scheduled_poll(ctx: Context, job_id: str) -> None:
+    try:
+        alive = await poll_once(ctx, job_id, source="scheduled poll")
+    except Redeliver as again:
+        log.info("scheduled poll will try again", extra={"job_id": job_id, "why": str(again)})
+        return
+    except Exception:
+        # One bad poll must not stop the scheduler; the row stays and is polled at its next time.
+        log.exception("scheduled poll failed", extra={"job_id": job_id})
+        return
+    if not alive:
+        async with ctx.rt.pool.acquire() as conn:
+            await schedule.remove(conn, job_id)

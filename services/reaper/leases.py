@@ -1,0 +1,35 @@
+"""Recovery leases: at most one reaper recovers a job at a time. A lease ends by itself at `expires_at`,
+so a reaper that dies holding one delays recovery by one TTL, never forever."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+
+
+async def take(conn: asyncpg.Connection, job_id: str, owner: str, ttl_s: float) -> uuid.UUID | None:
+    """The new lease's token, or None while another worker's lease is live."""
+    return await conn.fetchval(
+        """
+        INSERT INTO recovery_leases (job_id, token, owner, expires_at)
+        VALUES ($1, $2, $3, clock_timestamp() + make_interval(secs => $4))
+        ON CONFLICT (job_id) DO UPDATE
+            SET token = EXCLUDED.token, owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+            WHERE recovery_leases.expires_at < clock_timestamp()
+        RETURNING token
+        """,
+        job_id, uuid.uuid4(), owner, ttl_s,
+    )
+
+
+async def seconds_left(conn: asyncpg.Connection, job_id: str) -> float:
+    left = await conn.fetchval(
+        "SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM recovery_leases WHERE job_id = $1", job_id,
+    )
+    return max(float(left or 0.0), 0.1)
+
+
+async def purge_expired(conn: asyncpg.Connection) -> int:
+    result = await conn.execute("DELETE FROM recovery_leases WHERE expires_at < clock_timestamp()")
+    return int(result.split()[-1])

@@ -1,0 +1,118 @@
+"""The delayed recovery check (DESIGN.md "Recovery").
+
+When a check comes due the job is reread: deleted or terminal → done; superseded by a newer schedule → done;
+not yet due or leased by another worker → deferred; otherwise a lease is taken and the job is handed to the
+stage that should move it next. Lease, hand-off and the next check are one transaction, so a hand-off that
+fails leaves nothing behind and the redelivered check starts over.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from libs.common import events, jobs, outbox
+from libs.common.bus import Delivery
+from libs.common.errors import ErrorCode, JobError, Redeliver
+from libs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
+from libs.common.jobs import JobRow
+from libs.common.outcomes import fail_or_retry
+from libs.common.retry import RetryPolicy, spends_attempt
+from libs.common.runtime import Runtime
+from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate, transition
+from services.reaper import leases
+
+log = logging.getLogger("vidjobs.reaper")
+
+LEASE_TTL_S = 30.0
+OWNER = f"reaper-{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Context:
+    rt: Runtime
+    policy: RetryPolicy
+
+
+async def on_recovery_due(ctx: Context, event: events.Event, delivery: Delivery) -> None:
+    assert isinstance(event, RecoveryDue)
+    job = await jobs.fetch(ctx.rt.pool, event.job_id)
+    if job is None or job.finished or job.recover_at is None:
+        return
+    if event.due_at < job.recover_at - timedelta(milliseconds=1):
+        return  # superseded: a newer check for this job is scheduled
+    now = datetime.now(UTC)
+    if job.recover_at > now:
+        raise Redeliver("recovery check not yet due", delay=(job.recover_at - now).total_seconds())
+    async with ctx.rt.tx() as conn:
+        if await leases.take(conn, job.id, OWNER, LEASE_TTL_S) is None:
+            raise Redeliver("job is leased by another reaper", delay=await leases.seconds_left(conn, job.id))
+        current = await jobs.fetch(conn, job.id)
+        if current is None or current.finished or current.recover_at != job.recover_at:
+            return  # it moved while we looked
+        await recover(ctx, conn, current, now)
+
+
+async def recover(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: datetime) -> None:
+    """Hand the job to whatever should move it next, and schedule the following check."""
+    log.info("recovering job", extra={"job_id": job.id, "status": job.status.value})
+    match job.status:
+        case JobStatus.PENDING:
+            await _hand_off(ctx, conn, job, JobQueued(job_id=job.id), now)
+        case JobStatus.RETRYING:
+            await _end_backoff(ctx, conn, job, now)
+        case JobStatus.SUBMITTED | JobStatus.PROCESSING:
+            if _past(job.deadline_at, now):
+                await _render_timed_out(ctx, conn, job)
+            else:
+                await _hand_off(ctx, conn, job, PollRequested(job_id=job.id, reason="recovery"), now)
+        case JobStatus.DOWNLOADING:
+            if _past(job.deadline_at, now):
+                error = JobError.of(ErrorCode.DOWNLOAD_FAILED, "The render could not be copied before its deadline.")
+                await transition(conn, job.id, JobStatus.FAILED, reason="download deadline passed",
+                                 expect=[JobStatus.DOWNLOADING], update=JobUpdate(error=error))
+            else:
+                await _hand_off(ctx, conn, job, DownloadRequested(job_id=job.id), now)
+
+
+def _past(moment: datetime | None, now: datetime) -> bool:
+    return moment is not None and moment <= now
+
+
+async def _hand_off(ctx: Context, conn: asyncpg.Connection, job: JobRow, event: events.Event, now: datetime) -> None:
+    await outbox.add(conn, [event])
+    await jobs.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now))
+
+
+def _next_check_in(ctx: Context, job: JobRow, now: datetime) -> float:
+    interval = ctx.rt.settings.recovery_interval_s
+    if job.deadline_at is not None:
+        # Look again right at the deadline, so a stuck stage fails on time rather than an interval late.
+        interval = min(interval, max((job.deadline_at - now).total_seconds(), 0.0) + 0.1)
+    return interval
+
+
+async def _end_backoff(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: datetime) -> None:
+    if job.retry_at is not None and job.retry_at > now:
+        await jobs.reschedule_recovery(conn, job.id, (job.retry_at - now).total_seconds())
+        return
+    attempt = job.attempt + (1 if job.error is None or spends_attempt(job.error) else 0)
+    due = now + timedelta(seconds=ctx.rt.settings.recovery_delay_s)
+    await transition(
+        conn, job.id, JobStatus.PENDING, reason=f"backoff over; attempt {attempt}", expect=[JobStatus.RETRYING],
+        update=JobUpdate(attempt=attempt, retry_at=None, error=None, deadline_at=None, recover_at=due),
+        emit=[JobQueued(job_id=job.id), RecoveryDue(job_id=job.id, due_at=due)],
+    )
+
+
+async def _render_timed_out(ctx: Context, conn: asyncpg.Connection, job: JobRow) -> None:
+    seconds = int(ctx.rt.settings.render_deadline_s)
+    error = JobError.of(ErrorCode.TIMEOUT, f"The provider did not finish the render within {seconds} s.")
+    await fail_or_retry(conn, job, error, policy=ctx.policy, reason="render deadline passed",
+                        expect=[JobStatus.SUBMITTED, JobStatus.PROCESSING])

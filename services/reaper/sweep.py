@@ -1,0 +1,55 @@
+"""The safety net under the recovery messages: PostgreSQL knows when every live job is due, so a check
+whose message was lost (or never published) is published again. Duplicates are harmless: JetStream drops
+the same message id inside its window, and the recovery check drops superseded ones."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.js import JetStreamContext
+
+from libs.common import events
+from libs.common.events import RecoveryDue
+from libs.common.runtime import Runtime
+from services.reaper import leases
+
+log = logging.getLogger("vidjobs.reaper")
+
+OVERDUE_S = 15.0
+
+
+async def republish_overdue(rt: Runtime, *, limit: int = 500) -> int:
+    rows = await rt.pool.fetch(
+        """
+        SELECT id, recover_at FROM jobs
+        WHERE recover_at < clock_timestamp() - make_interval(secs => $1)
+        ORDER BY recover_at LIMIT $2
+        """,
+        OVERDUE_S, limit,
+    )
+    await asyncio.gather(*(_publish(rt.js, r["id"], r["recover_at"]) for r in rows))
+    if rows:
+        log.warning("republished overdue recovery checks", extra={"count": len(rows)})
+    return len(rows)
+
+
+async def _publish(js: JetStreamContext, job_id: str, due) -> None:
+    event = RecoveryDue(job_id=job_id, due_at=due)
+    msg_id = f"recover-{job_id}-{due.timestamp():.6f}"
+    await js.publish(events.RECOVERY, events.encode(event), headers={"Nats-Msg-Id": msg_id}, timeout=5)
+
+
+async def run(rt: Runtime, *, every_s: float = 5.0) -> None:
+    while not rt.stop.is_set():
+        try:
+            await republish_overdue(rt)
+            async with rt.pool.acquire() as conn:
+                await leases.purge_expired(conn)
+        except Exception:
+            # The sweep is a safety net; one failed pass must not take the reaper down.
+            log.exception("recovery sweep failed; trying again next pass")
+        try:
+            await asyncio.wait_for(rt.stop.wait(), every_s)
+        except TimeoutError:
+            pass

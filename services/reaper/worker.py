@@ -1,0 +1,23 @@
+"""The reaper: delayed recovery checks, stage deadlines, the end of retry backoffs, and the sweep that
+republishes checks whose messages were lost."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+from libs.common import bus, events
+from libs.common.bus import ConsumerSpec
+from libs.common.retry import RetryPolicy
+from libs.common.runtime import Runtime
+from services.reaper import sweep
+from services.reaper.recovery import Context, on_recovery_due
+
+
+async def main(rt: Runtime) -> None:
+    ctx = Context(rt=rt, policy=RetryPolicy.from_settings(rt.settings))
+    spec = ConsumerSpec(durable="reaper-recovery", subject=events.RECOVERY, handler=partial(on_recovery_due, ctx),
+                        concurrency=16, max_deliver=50)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(bus.consume(rt.js, spec, rt.stop), name="recovery-consumer")
+        tg.create_task(sweep.run(rt), name="recovery-sweep")

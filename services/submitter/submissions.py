@@ -1,0 +1,80 @@
+"""The submitter's table: one row per job attempt, written before the provider is called.
+
+A row is claimed while a submitter is calling the provider. A claim older than `CLAIM_TTL_S` belongs to a
+submitter that died mid-call; it may be taken over, but only after asking the provider whether the
+attempt already exists, so a crash never renders twice.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import asyncpg
+import msgspec
+
+from libs.common.errors import JobError
+from libs.providers.base import SubmitRequest
+
+# Longer than the provider call timeout, so a live call is never mistaken for a dead one.
+CLAIM_TTL_S = 45.0
+
+
+class Claim(enum.Enum):
+    FRESH = "fresh"  # first call for this attempt
+    TAKEN_OVER = "taken_over"  # an earlier call died or was refused; ask the provider before resubmitting
+    ACCEPTED = "accepted"  # the provider already accepted this attempt
+    BUSY = "busy"  # another submitter is calling right now
+
+
+class Claimed(msgspec.Struct):
+    claim: Claim
+    provider_job_id: str | None = None
+
+
+async def claim(conn: asyncpg.Connection, req: SubmitRequest, provider: str) -> Claimed:
+    row = await conn.fetchrow(
+        """
+        INSERT INTO provider_submissions (job_id, attempt, provider, idempotency_key)
+        VALUES ($1, $2, $3, $4)
+        ON CONFLICT ON CONSTRAINT provider_submissions_one_per_attempt DO NOTHING
+        RETURNING id
+        """,
+        req.job_id, req.attempt, provider, req.idempotency_key,
+    )
+    if row is not None:
+        return Claimed(Claim.FRESH)
+    existing = await conn.fetchrow(
+        """
+        UPDATE provider_submissions SET claimed_at = now(), answered_at = NULL, error = NULL
+        WHERE job_id = $1 AND attempt = $2 AND provider_job_id IS NULL
+          AND (error IS NOT NULL OR claimed_at < now() - make_interval(secs => $3))
+        RETURNING id
+        """,
+        req.job_id, req.attempt, CLAIM_TTL_S,
+    )
+    if existing is not None:
+        return Claimed(Claim.TAKEN_OVER)
+    accepted = await conn.fetchval(
+        "SELECT provider_job_id FROM provider_submissions WHERE job_id = $1 AND attempt = $2",
+        req.job_id, req.attempt,
+    )
+    if accepted is not None:
+        return Claimed(Claim.ACCEPTED, provider_job_id=accepted)
+    return Claimed(Claim.BUSY)
+
+
+async def record_accepted(conn: asyncpg.Connection, req: SubmitRequest, provider_job_id: str) -> None:
+    await conn.execute(
+        """
+        UPDATE provider_submissions SET provider_job_id = $3, answered_at = now(), error = NULL
+        WHERE job_id = $1 AND attempt = $2
+        """,
+        req.job_id, req.attempt, provider_job_id,
+    )
+
+
+async def record_refused(conn: asyncpg.Connection, req: SubmitRequest, error: JobError) -> None:
+    await conn.execute(
+        "UPDATE provider_submissions SET error = $3, answered_at = now() WHERE job_id = $1 AND attempt = $2",
+        req.job_id, req.attempt, msgspec.to_builtins(error),
+    )

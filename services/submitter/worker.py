@@ -1,0 +1,124 @@
+"""The submitter: takes queued jobs and submits them to their provider through its adapter.
+
+The submission row is committed before the provider is called, and the provider is asked for an existing
+render before any resubmit, so a submitter killed at any point never causes a second render.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import partial
+
+import aiohttp
+from libs.providers.registry import adapter_for, build_adapters
+
+from libs.common import bus, events, jobs, metrics
+from libs.common.bus import ConsumerSpec, Delivery
+from libs.common.errors import ProviderError, Redeliver
+from libs.common.events import JobQueued, PollRequested
+from libs.common.jobs import JobRow
+from libs.common.outcomes import fail_or_retry
+from libs.common.retry import RetryPolicy
+from libs.common.runtime import Runtime
+from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate, transition
+from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
+from services.submitter import submissions
+from services.submitter.submissions import Claim
+
+log = logging.getLogger("vidjobs.submitter")
+
+
+@dataclass(frozen=True)
+class Context:
+    rt: Runtime
+    adapters: dict[str, ProviderAdapter]
+    policy: RetryPolicy
+
+
+async def main(rt: Runtime) -> None:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
+                      policy=RetryPolicy.from_settings(rt.settings))
+        spec = ConsumerSpec(
+            durable="submitter", subject=events.SUBMIT, handler=partial(handle, ctx),
+            concurrency=rt.settings.submit_concurrency, ack_wait_s=60,
+        )
+        await bus.consume(rt.js, spec, rt.stop)
+
+
+def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
+    callback = f"{ctx.rt.settings.gateway_url}/v1/webhooks/{job.provider}" if adapter.supports_callbacks else None
+    return SubmitRequest(
+        job_id=job.id, attempt=job.attempt, idempotency_key=f"{job.id}-a{job.attempt}",
+        request=job.request, callback_url=callback,
+    )
+
+
+async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
+    assert isinstance(event, JobQueued)
+    job = await jobs.fetch(ctx.rt.pool, event.job_id)
+    if job is None or job.finished or job.status is not JobStatus.PENDING:
+        return
+    try:
+        adapter = adapter_for(ctx.adapters, job.provider)
+    except ProviderError as err:
+        await _refused(ctx, job, err)
+        return
+    req = submit_request(ctx, job, adapter)
+    async with ctx.rt.pool.acquire() as conn:
+        claimed = await submissions.claim(conn, req, job.provider)
+    if claimed.claim is Claim.BUSY:
+        raise Redeliver("another submitter is calling the provider for this attempt", delay=5.0)
+    try:
+        accepted = await _call_provider(adapter, req, claimed)
+    except ProviderError as err:
+        metrics.PROVIDER_CALLS.labels(job.provider, "submit", err.code.value).inc()
+        async with ctx.rt.tx() as conn:
+            await submissions.record_refused(conn, req, err.to_job_error())
+        await _refused(ctx, job, err)
+        return
+    metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
+    await _accepted(ctx, job, adapter, req, accepted)
+
+
+async def _call_provider(adapter: ProviderAdapter, req: SubmitRequest, claimed: submissions.Claimed) -> Submission:
+    if claimed.claim is Claim.ACCEPTED:
+        assert claimed.provider_job_id is not None
+        return Submission(provider_job_id=claimed.provider_job_id)
+    if claimed.claim is Claim.TAKEN_OVER:
+        existing = await adapter.find(req)
+        if existing is not None:
+            log.info("provider already had this attempt; not resubmitting", extra={"job_id": req.job_id})
+            return existing
+    return await adapter.submit(req)
+
+
+async def _accepted(
+    ctx: Context, job: JobRow, adapter: ProviderAdapter, req: SubmitRequest, accepted: Submission,
+) -> None:
+    now = datetime.now(UTC)
+    emit = [] if adapter.supports_callbacks else [PollRequested(job_id=job.id, reason="submitted")]
+    async with ctx.rt.tx() as conn:
+        await submissions.record_accepted(conn, req, accepted.provider_job_id)
+        await transition(
+            conn, job.id, JobStatus.SUBMITTED, reason=f"accepted by {job.provider} as {accepted.provider_job_id}",
+            expect=[JobStatus.PENDING], emit=emit,
+            update=JobUpdate(
+                provider_job_id=accepted.provider_job_id, submitted_at=now, error=None, retry_at=None,
+                deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s),
+            ),
+        )
+    log.info("submitted", extra={"job_id": job.id, "provider_job_id": accepted.provider_job_id,
+                                 "attempt": job.attempt})
+
+
+async def _refused(ctx: Context, job: JobRow, err: ProviderError) -> None:
+    error = err.to_job_error()
+    log.warning("submission refused", extra={"job_id": job.id, "code": error.code.value, "error": err.message})
+    async with ctx.rt.tx() as conn:
+        await fail_or_retry(conn, job, error, policy=ctx.policy, reason=f"submit refused: {error.code.value}",
+                            expect=[JobStatus.PENDING], retry_after=err.retry_after)
+
