@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
+from collections.abc import Iterator
 
 import asyncpg
 
@@ -27,19 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _database_url(settings: Settings) -> str:
-    if not settings.database_url:
-        raise ConfigError(
-            "VIDJOBS_DATABASE_URL is not set; point it at the stack's database "
-            "(`vidjobs up` prints nothing else to stdout, so run this with the same environment)"
-        )
-    return settings.database_url
-
-
 async def _create_account(settings: Settings, name: str, credits: int, concurrency: int) -> str:
     from services.gateway.accounts import create_account
 
-    url = _database_url(settings)
+    url = settings.database_url
     await db.migrate(url)
     conn = await asyncpg.connect(url)
     try:
@@ -48,6 +41,25 @@ async def _create_account(settings: Settings, name: str, credits: int, concurren
     finally:
         await conn.close()
     return key
+
+
+@contextlib.contextmanager
+def embedded_database(settings: Settings) -> Iterator[Settings]:
+    """Settings with a database: VIDJOBS_DATABASE_URL, or the embedded server under the data directory
+    (shared with a running `vidjobs up`, started for the moment if none is running)."""
+    if settings.database_url:
+        yield settings
+        return
+    from cli.embedded import EmbeddedPostgres
+
+    pgdata = settings.data_path / "postgres"
+    if not (pgdata / "PG_VERSION").exists():
+        raise ConfigError(f"no database under {settings.data_path}: run `vidjobs up` first or set VIDJOBS_DATABASE_URL")
+    server = EmbeddedPostgres(pgdata).start()
+    try:
+        yield settings.with_(database_url=server.url)
+    finally:
+        server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "accounts" and args.action == "create":
             if args.credits < 0 or args.concurrency < 1:
                 raise ConfigError("--credits must be >= 0 and --concurrency >= 1")
-            print(asyncio.run(_create_account(settings, args.name, args.credits, args.concurrency)))
+            with embedded_database(settings) as resolved:
+                print(asyncio.run(_create_account(resolved, args.name, args.credits, args.concurrency)))
             return 0
     except ConfigError as exc:
         print(f"vidjobs: {exc}", file=sys.stderr)

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
-from libs.providers.webhooks import new_secret
 
 from cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from cli.supervisor import Supervisor
 from libs.common import db
 from libs.common.settings import Settings
+from libs.providers.webhooks import new_secret
 
 
 def say(message: str) -> None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import aiohttp
-from libs.providers.registry import adapter_for, build_adapters
 
 from libs.common import bus, events, jobs, metrics
 from libs.common.bus import ConsumerSpec, Delivery
@@ -20,6 +19,7 @@ from libs.common.retry import RetryPolicy
 from libs.common.runtime import Runtime
 from libs.common.states import JobStatus
 from libs.providers.base import ProviderAdapter, ProviderSignal
+from libs.providers.registry import adapter_for, build_adapters
 from services.poller import schedule
 from services.poller.signals import RENDERING, SignalContext, apply_signal
 

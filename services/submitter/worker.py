@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import aiohttp
-from libs.providers.registry import adapter_for, build_adapters
 
 from libs.common import bus, events, jobs, metrics
 from libs.common.bus import ConsumerSpec, Delivery
@@ -25,6 +24,7 @@ from libs.common.runtime import Runtime
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate, transition
 from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
+from libs.providers.registry import adapter_for, build_adapters
 from services.submitter import submissions
 from services.submitter.submissions import Claim
 

@@ -1,0 +1,158 @@
+"""Push N render jobs through a running stack and report throughput and create→ready latency.
+
+    python bench/lifecycle.py -n 500                      # starts its own embedded stack in a temp dir
+    python bench/lifecycle.py -n 500 --url URL --api-key KEY   # against a stack that is already running
+
+Jobs use the fake provider with an instant render, so the figures measure vidjobs itself: API, queues,
+workers, database, storage. Latency is taken from the server's own timestamps (created_at to the
+completed transition), so the client's polling interval does not blur it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+async def create_all(session: aiohttp.ClientSession, url: str, key: str, n: int, parallel: int) -> list[str]:
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": "fake/default", "prompt": "benchmark clip", "duration_s": 1, "params": {"render_s": 0}}
+    slots = asyncio.Semaphore(parallel)
+    ids: list[str] = []
+
+    async def one() -> None:
+        async with slots, session.post(f"{url}/v1/jobs", json=body, headers=headers) as resp:
+            data = await resp.json()
+            if resp.status != 201:
+                raise RuntimeError(f"create failed with {resp.status}: {data}")
+            ids.append(data["id"])
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    return ids
+
+
+async def wait_all(session: aiohttp.ClientSession, url: str, key: str, ids: list[str]) -> dict[str, dict]:
+    """Poll the listing until every job is terminal, printing progress as it goes."""
+    headers = {"Authorization": f"Bearer {key}"}
+    wanted, done = set(ids), {}
+    last_report = 0.0
+    while len(done) < len(wanted):
+        cursor = None
+        while True:
+            params = {"limit": "100", **({"cursor": cursor} if cursor else {})}
+            async with session.get(f"{url}/v1/jobs", params=params, headers=headers) as resp:
+                page = await resp.json()
+            for job in page["data"]:
+                if job["id"] in wanted and job["stage"] in ("ready", "failed", "canceled", "expired"):
+                    done[job["id"]] = job
+            cursor = page["next_cursor"]
+            if not cursor:
+                break
+        if time.monotonic() - last_report > 2:
+            print(f"  {len(done)}/{len(wanted)} jobs finished", file=sys.stderr, flush=True)
+            last_report = time.monotonic()
+        if len(done) < len(wanted):
+            await asyncio.sleep(0.5)
+    return done
+
+
+def report(jobs: dict[str, dict], wall_s: float) -> None:
+    ts = datetime.fromisoformat
+    completed = [j for j in jobs.values() if j["status"] == "completed"]
+    latencies = [(ts(j["updated_at"]) - ts(j["created_at"])).total_seconds() for j in completed]
+    first = min(ts(j["created_at"]) for j in jobs.values())
+    last = max(ts(j["updated_at"]) for j in jobs.values())
+    span = (last - first).total_seconds()
+    print(f"jobs: {len(jobs)}  completed: {len(completed)}  other: {len(jobs) - len(completed)}")
+    print(f"throughput: {len(completed) / span:.1f} jobs/s (first create to last completion, {span:.1f} s)")
+    print(f"create->ready p50 {percentile(latencies, 50):.3f} s  p95 {percentile(latencies, 95):.3f} s  "
+          f"p99 {percentile(latencies, 99):.3f} s  mean {statistics.fmean(latencies):.3f} s")
+    print(f"client wall time: {wall_s:.1f} s")
+
+
+async def run(url: str, key: str, n: int, parallel: int) -> None:
+    async with aiohttp.ClientSession() as session:
+        started = time.monotonic()
+        print(f"creating {n} jobs ({parallel} in flight) ...", file=sys.stderr, flush=True)
+        ids = await create_all(session, url, key, n, parallel)
+        jobs = await wait_all(session, url, key, ids)
+        report(jobs, time.monotonic() - started)
+
+
+@contextlib.asynccontextmanager
+async def own_stack(data_dir: Path):
+    """An embedded stack exactly as `vidjobs up` builds it, with an account allowed to run many jobs."""
+    from cli.embedded import free_port
+    from cli.supervisor import Supervisor
+    from cli.up import Embedded, resolve, wait_ready
+    from libs.common import db
+    from libs.common.settings import load
+
+    embedded = Embedded()
+    try:
+        settings = resolve(load().with_(data_dir=str(data_dir), http_port=free_port(), log_level="WARNING"),
+                           embedded)
+        await db.migrate(settings.database_url)
+        key = await bench_account(settings.database_url)
+        supervisor = Supervisor(settings.to_env())
+        await supervisor.start_all()
+        try:
+            await wait_ready(settings.gateway_url, supervisor)
+            yield settings.gateway_url, key
+        finally:
+            await supervisor.close()
+    finally:
+        embedded.stop()
+
+
+async def bench_account(database_url: str) -> str:
+    import asyncpg
+
+    from services.gateway.accounts import create_account
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            _, key = await create_account(conn, "bench", credits=10**9, concurrency=10_000)
+        return key
+    finally:
+        await conn.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", type=int, default=500, help="jobs to push (default 500)")
+    parser.add_argument("--parallel", type=int, default=32, help="creates in flight at once")
+    parser.add_argument("--url", help="gateway of a running stack")
+    parser.add_argument("--api-key", help="API key for --url")
+    args = parser.parse_args()
+    if args.url:
+        if not args.api_key:
+            parser.error("--url needs --api-key")
+        await run(args.url, args.api_key, args.n, args.parallel)
+        return
+    with tempfile.TemporaryDirectory(prefix="vidjobs-bench-") as tmp:
+        print("starting an embedded stack ...", file=sys.stderr, flush=True)
+        async with own_stack(Path(tmp)) as (url, key):
+            await run(url, key, args.n, args.parallel)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,132 @@
+"""The whole stack for end-to-end tests: every service as its own process (as `vidjobs up` runs them) over
+this test's own PostgreSQL database and nats-server, the filesystem backend and the fake provider."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+
+from cli.embedded import free_port
+from cli.supervisor import Supervisor
+from cli.up import wait_ready
+from libs.common import db
+from libs.common.settings import Settings
+from libs.common.states import TERMINAL, JobStatus, is_legal
+from libs.providers.webhooks import new_secret
+from tests.support import wait_until
+
+
+class Stack:
+    def __init__(self, settings: Settings, supervisor: Supervisor, session: aiohttp.ClientSession, key: str):
+        self.settings = settings
+        self.supervisor = supervisor
+        self.session = session
+        self.key = key
+
+    @property
+    def url(self) -> str:
+        return self.settings.gateway_url
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    async def create_job(self, **body: Any) -> dict:
+        payload = {"model": "fake/default", "prompt": "a red fox in snow", "duration_s": 1, **body}
+        async with self.session.post(f"{self.url}/v1/jobs", json=payload, headers=self.auth) as resp:
+            data = await resp.json()
+            assert resp.status == 201, data
+            return data
+
+    async def job(self, job_id: str) -> dict:
+        async with self.session.get(f"{self.url}/v1/jobs/{job_id}", headers=self.auth) as resp:
+            data = await resp.json()
+            assert resp.status == 200, data
+            return data
+
+    async def trail(self, job_id: str) -> list[dict]:
+        async with self.session.get(f"{self.url}/v1/jobs/{job_id}/events", headers=self.auth) as resp:
+            assert resp.status == 200
+            return (await resp.json())["data"]
+
+    async def wait_for_status(self, job_id: str, *statuses: str, within: float = 60) -> dict:
+        async def reached():
+            job = await self.job(job_id)
+            return job if job["status"] in statuses else None
+
+        return await wait_until(reached, within=within, what=f"{job_id} to reach {statuses}")
+
+    async def wait_terminal(self, job_id: str, within: float = 60) -> dict:
+        return await self.wait_for_status(job_id, *(s.value for s in TERMINAL), within=within)
+
+    async def counters(self) -> dict:
+        async with self.session.get(f"{self.settings.fake_provider_url}/v1/_counters") as resp:
+            return await resp.json()
+
+    async def download(self, url: str) -> tuple[int, bytes, dict]:
+        async with self.session.get(url) as resp:
+            return resp.status, await resp.read(), dict(resp.headers)
+
+
+def assert_legal_trail(trail: list[dict]) -> None:
+    """Every move in an audit trail is in the table, each starts where the previous ended, and nothing
+    follows a terminal state."""
+    previous: JobStatus | None = None
+    for i, move in enumerate(trail):
+        source = None if move["from"] is None else JobStatus(move["from"])
+        target = JobStatus(move["to"])
+        assert source == previous, f"move {i} starts at {source}, previous ended at {previous}: {trail}"
+        assert is_legal(source, target), f"illegal move {source} -> {target}: {trail}"
+        previous = target
+
+
+def stack_settings(tmp: Path, database_url: str, nats_url: str, **overrides: Any) -> Settings:
+    return Settings(
+        data_dir=str(tmp / "data"), database_url=database_url, nats_url=nats_url,
+        storage_url=f"file://{tmp / 'objects'}", http_port=free_port(),
+        fake_provider_url=f"http://127.0.0.1:{free_port()}", fake_webhook_secret=new_secret(),
+        signing_secret=secrets.token_urlsafe(24), recovery_delay_s=30, recovery_interval_s=30,
+    ).with_(**overrides)
+
+
+async def demo_key(database_url: str) -> str:
+    from services.gateway.accounts import create_account
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            _, key = await create_account(conn, f"test-{secrets.token_hex(3)}", credits=1_000_000, concurrency=8)
+        return key
+    finally:
+        await conn.close()
+
+
+async def _healthy(session: aiohttp.ClientSession, base: str) -> bool:
+    try:
+        async with session.get(f"{base}/healthz") as resp:
+            return resp.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+@asynccontextmanager
+async def running_stack(settings: Settings, *, key: str | None = None) -> AsyncIterator[Stack]:
+    await db.migrate(settings.database_url)
+    key = key or await demo_key(settings.database_url)
+    supervisor = Supervisor(settings.to_env())
+    await supervisor.start_all()
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_ready(settings.gateway_url, supervisor, timeout_s=60)
+            await wait_until(lambda: _healthy(session, settings.fake_provider_url), within=30, what="fake provider")
+            yield Stack(settings, supervisor, session, key)
+    finally:
+        await supervisor.close(grace_s=10)
+        await asyncio.sleep(0)

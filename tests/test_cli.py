@@ -1,0 +1,94 @@
+"""`vidjobs up` and `vidjobs accounts create` as a person runs them: embedded NATS and PostgreSQL from the
+wheels, nothing preinstalled, state under one data directory, Ctrl-C to stop, and a restart that resumes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from cli.embedded import free_port
+from tests.support import wait_until
+
+READY = re.compile(r"vidjobs ready: (\S+) api-key=(\S+)")
+
+
+def _clean_env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDJOBS_")}
+    env["VIDJOBS_DATA_DIR"] = str(data_dir)
+    return env
+
+
+async def _vidjobs(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def _ready_line(proc: asyncio.subprocess.Process) -> tuple[str, str]:
+    assert proc.stdout is not None
+    async with asyncio.timeout(180):
+        while True:
+            line = (await proc.stdout.readline()).decode()
+            assert line, f"`vidjobs up` exited ({await proc.wait()}) before it was ready"
+            if match := READY.search(line):
+                return match.group(1), match.group(2)
+
+
+async def _interrupt(proc: asyncio.subprocess.Process) -> int:
+    proc.send_signal(signal.SIGINT)
+    async with asyncio.timeout(60):
+        return await proc.wait()
+
+
+async def test_up_runs_a_job_stops_cleanly_and_resumes(tmp_path):
+    env = _clean_env(tmp_path / "state")
+    port = str(free_port())
+    proc = await _vidjobs("up", "--port", port, env=env)
+    try:
+        url, key = await _ready_line(proc)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with aiohttp.ClientSession(headers=headers) as http:
+            body = {"model": "fake/default", "prompt": "a lighthouse at dusk", "duration_s": 1,
+                    "params": {"render_s": 0.2}}
+            async with http.post(f"{url}/v1/jobs", json=body) as resp:
+                assert resp.status == 201
+                job_id = (await resp.json())["id"]
+
+            async def completed():
+                async with http.get(f"{url}/v1/jobs/{job_id}") as resp:
+                    job = await resp.json()
+                    return job if job["status"] == "completed" else None
+
+            job = await wait_until(completed, within=60, what="the job to complete")
+    finally:
+        code = await _interrupt(proc)
+    assert code == 0
+
+    # A second account from the command line, while nothing is running: only the key on stdout.
+    made = await _vidjobs("accounts", "create", "second", "--credits", "500", env=env)
+    out, _ = await made.communicate()
+    assert made.returncode == 0
+    assert re.fullmatch(r"\S+\n", out.decode()), out
+
+    again = await _vidjobs("up", "--port", port, env=env)
+    try:
+        url2, key2 = await _ready_line(again)
+        assert key2 == key  # the demo key survives a restart
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+            async with http.get(f"{url2}/v1/jobs/{job_id}") as resp:
+                resumed = await resp.json()
+            assert resumed["status"] == "completed"
+            async with http.get(resumed["outputs"]["video_url"]) as resp:
+                assert resp.status == 200
+                assert hashlib.sha256(await resp.read()).hexdigest() == job["outputs"]["sha256"]
+            async with http.get(f"{url2}/v1/account", headers={"Authorization": f"Bearer {out.decode().strip()}"}) as r:
+                assert r.status == 200 and (await r.json())["credits"]["balance"] == 500
+    finally:
+        assert await _interrupt(again) == 0
