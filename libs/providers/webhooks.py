@@ -1,0 +1,104 @@
+"""Standard Webhooks (standardwebhooks.com): signing and verifying provider callbacks.
+
+A secret is `whsec_` followed by the base64 of the key bytes. A delivery carries three headers: `webhook-id`
+(the same on every retry of one message, so a receiver can store it once), `webhook-timestamp` (unix seconds
+of this attempt) and `webhook-signature`: one or more space-separated `v1,<base64 HMAC-SHA256 of
+"{id}.{timestamp}.{body}">` (several while a key is being rotated). The timestamp is signed too, so a captured
+delivery cannot be replayed once it falls outside the tolerance, in either direction.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import secrets
+import time
+from collections.abc import Mapping
+
+from libs.common import ids
+from libs.common.errors import ConfigError, WebhookRejected
+
+SECRET_PREFIX = "whsec_"
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
+DEFAULT_TOLERANCE_S = 300
+
+
+def new_secret(nbytes: int = 32) -> str:
+    """A fresh signing secret in the `whsec_<base64>` form both sides are configured with."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(nbytes)).decode()
+
+
+def new_message_id() -> str:
+    return ids.new("msg")
+
+
+def decode_secret(secret: str) -> bytes:
+    """The key bytes of a `whsec_...` secret (the prefix is optional, as in the reference libraries)."""
+    raw = secret.removeprefix(SECRET_PREFIX)
+    try:
+        key = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ConfigError("webhook secret is not `whsec_` followed by base64") from exc
+    if not key:
+        raise ConfigError("webhook secret is empty")
+    return key
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """One `v1,<base64>` signature of a delivery."""
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    digest = hmac.new(decode_secret(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def signed_headers(secret: str, body: bytes, *, msg_id: str | None = None, timestamp: int | None = None,
+                   ) -> dict[str, str]:
+    """The three headers of one delivery attempt. Retries pass the same `msg_id` and a new timestamp."""
+    msg_id = msg_id or new_message_id()
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    return {
+        ID_HEADER: msg_id,
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: sign(secret, msg_id, timestamp, body),
+    }
+
+
+def verify(secret: str, headers: Mapping[str, str], body: bytes, *, tolerance_s: float = DEFAULT_TOLERANCE_S,
+           now: float | None = None) -> str:
+    """Check a delivery's signature and freshness and return its `webhook-id`. Raises WebhookRejected."""
+    if not secret:
+        raise WebhookRejected("no webhook secret is configured, so no delivery can be trusted")
+    msg_id = _header(headers, ID_HEADER)
+    timestamp = _fresh_timestamp(_header(headers, TIMESTAMP_HEADER), tolerance_s, now)
+    offered = _header(headers, SIGNATURE_HEADER).split()
+    expected = sign(secret, msg_id, timestamp, body).encode()
+    # Compare every offered v1 signature in constant time; any one matching is enough (key rotation).
+    if any(sig.startswith("v1,") and hmac.compare_digest(sig.encode(), expected) for sig in offered):
+        return msg_id
+    raise WebhookRejected("no v1 signature in webhook-signature matches the body")
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name)
+    if value is None:  # a plain dict is case-sensitive; HTTP header names are not
+        value = next((v for k, v in headers.items() if k.lower() == name), None)
+    if not value:
+        raise WebhookRejected(f"missing {name} header")
+    return value
+
+
+def _fresh_timestamp(raw: str, tolerance_s: float, now: float | None) -> int:
+    if not (raw.isascii() and raw.isdigit()):
+        raise WebhookRejected(f"{TIMESTAMP_HEADER} {raw[:32]!r} is not unix seconds")
+    timestamp = int(raw)
+    skew = (time.time() if now is None else now) - timestamp
+    if skew > tolerance_s:
+        raise WebhookRejected(f"{TIMESTAMP_HEADER} is {skew:.0f}s old, beyond the {tolerance_s:.0f}s tolerance")
+    if -skew > tolerance_s:
+        raise WebhookRejected(f"{TIMESTAMP_HEADER} is {-skew:.0f}s in the future, beyond the "
+                              f"{tolerance_s:.0f}s tolerance")
+    return timestamp
