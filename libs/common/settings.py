@@ -33,6 +33,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     recovery_interval_s: float = 60.0  # how often a non-terminal job is looked at again after that
     render_deadline_s: float = 900.0
     download_deadline_s: float = 300.0
+    download_attempts: int = 4  # deliveries of one download before the job fails with download_failed
     max_attempts: int = 3
     retry_base_s: float = 2.0
     retry_cap_s: float = 60.0

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from libs.common import outbox
+from libs.common import metrics, outbox
 from libs.common.errors import JobError
 from libs.common.events import Event, JobChanged
 from libs.common.jobs import JobRow, Outputs, row_to_job
@@ -116,6 +116,7 @@ async def transition(
         )
         job = row_to_job(row)
         await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *emit])
+    metrics.TRANSITIONS.labels(to.value).inc()
     log.info("job transitioned",
              extra={"job_id": job_id, "from": from_status.value, "to": to.value, "reason": reason})
     return Transitioned(from_status=from_status, job=job)

@@ -1,0 +1,5 @@
+from libs.common.runtime import run_worker
+from services.media.worker import main
+
+if __name__ == "__main__":
+    run_worker("media", main)

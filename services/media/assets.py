@@ -1,0 +1,45 @@
+"""The `assets` table (owned by media): one row per stored object of a job, unique per (job, kind)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+import msgspec
+
+
+class StoredAsset(msgspec.Struct, frozen=True, kw_only=True):
+    kind: str  # video | thumbnail | preview
+    key: str
+    content_type: str
+    bytes: int
+    sha256: str
+    width: int | None = None
+    height: int | None = None
+    duration_s: float | None = None
+
+
+_UPSERT = """
+    INSERT INTO assets (job_id, account_id, kind, key, content_type, bytes, sha256, width, height, duration_s)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    ON CONFLICT ON CONSTRAINT assets_one_per_kind DO UPDATE SET
+        key = EXCLUDED.key, content_type = EXCLUDED.content_type, bytes = EXCLUDED.bytes,
+        sha256 = EXCLUDED.sha256, width = EXCLUDED.width, height = EXCLUDED.height,
+        duration_s = EXCLUDED.duration_s, deleted_at = NULL
+"""
+
+
+async def upsert(conn: asyncpg.Connection, job_id: str, account_id: str, items: Sequence[StoredAsset]) -> None:
+    """Record stored objects; storing the same kind again (a redone upload) replaces the row."""
+    await conn.executemany(_UPSERT, [
+        (job_id, account_id, a.kind, a.key, a.content_type, a.bytes, a.sha256, a.width, a.height, a.duration_s)
+        for a in items
+    ])
+
+
+async def mark_deleted(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> int:
+    """Mark a job's asset rows deleted (once); returns how many were marked now."""
+    status = await conn.execute(
+        "UPDATE assets SET deleted_at = clock_timestamp() WHERE job_id = $1 AND deleted_at IS NULL", job_id,
+    )
+    return int(status.split()[-1])

@@ -1,0 +1,107 @@
+"""Stream a provider's output into a local file, measuring and hashing it on the way.
+
+Memory stays flat whatever the size: the body is read in chunks, each written and hashed off the event loop,
+and the byte cap is enforced while reading, not after. Every failure becomes `MediaError(DOWNLOAD_FAILED)`
+with a message that says what went wrong, so the caller only has to decide between retrying and giving up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import BinaryIO
+from urllib.parse import urlsplit
+
+import aiohttp
+import msgspec
+
+from libs.common.errors import ErrorCode, MediaError
+from services.media import telemetry
+
+CHUNK_BYTES = 1 << 20
+# A provider that stops sending for this long is stuck, whatever the overall time cap still allows.
+SOCK_READ_S = 30.0
+CONNECT_S = 10.0
+
+
+class Fetched(msgspec.Struct, frozen=True, kw_only=True):
+    path: Path
+    bytes: int
+    sha256: str
+
+
+class _Sink:
+    """A file being written and hashed; its methods block, so callers run them in a thread."""
+
+    def __init__(self, path: Path):
+        self._file: BinaryIO = open(path, "wb")
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self._file.write(chunk)
+        self.digest.update(chunk)
+        self.size += len(chunk)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _failed(message: str) -> MediaError:
+    return MediaError(ErrorCode.DOWNLOAD_FAILED, message)
+
+
+def check_url(url: str | None) -> str:
+    """Only plain web URLs are fetched; anything else would never succeed on a retry either."""
+    if not url or urlsplit(url).scheme not in ("http", "https"):
+        raise _failed("The provider reported a finished render without a usable download address.")
+    return url
+
+
+async def fetch_to_file(
+    session: aiohttp.ClientSession, url: str, dest: Path, *, headers: Mapping[str, str], max_bytes: int,
+    timeout_s: float,
+) -> Fetched:
+    """Download `url` into `dest` within `timeout_s` seconds and `max_bytes` bytes."""
+    started = time.perf_counter()
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S, sock_read=SOCK_READ_S)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url, headers=dict(headers), timeout=timeout) as resp:
+                _check_response(resp, max_bytes)
+                fetched = await _stream(resp, dest, max_bytes)
+    except TimeoutError as exc:
+        raise _failed(f"Fetching the finished render from the provider took longer than {timeout_s:.0f} s.") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise _failed(f"The provider answered HTTP {exc.status} when we fetched the finished render.") from exc
+    except aiohttp.ClientError as exc:
+        raise _failed(f"The connection to the provider failed while fetching the render ({type(exc).__name__}).") \
+            from exc
+    telemetry.DOWNLOAD_SECONDS.observe(time.perf_counter() - started)
+    telemetry.DOWNLOAD_BYTES.inc(fetched.bytes)
+    return fetched
+
+
+def _check_response(resp: aiohttp.ClientResponse, max_bytes: int) -> None:
+    resp.raise_for_status()
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        raise _too_big(max_bytes)
+
+
+def _too_big(max_bytes: int) -> MediaError:
+    return _failed(f"The finished render is larger than the {max_bytes / 1e6:.0f} MB we accept.")
+
+
+async def _stream(resp: aiohttp.ClientResponse, dest: Path, max_bytes: int) -> Fetched:
+    sink = await asyncio.to_thread(_Sink, dest)
+    try:
+        async for chunk in resp.content.iter_chunked(CHUNK_BYTES):
+            if sink.size + len(chunk) > max_bytes:
+                raise _too_big(max_bytes)
+            await asyncio.to_thread(sink.write, chunk)
+    finally:
+        await asyncio.to_thread(sink.close)
+    return Fetched(path=dest, bytes=sink.size, sha256=sink.digest.hexdigest())

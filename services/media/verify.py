@@ -1,0 +1,102 @@
+"""Prove a downloaded file is a real, playable video before anyone is shown it.
+
+A file passes when an MP4-family demuxer opens it, it has a video track with a positive duration and sane
+dimensions, and at least one real frame decodes. Only MP4-family demuxers are allowed, so a playlist or
+concat file from a provider can never make the decoder read other files or URLs. Everything here blocks:
+callers run it in a worker thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import av
+import av.container
+import av.error
+import av.video.stream
+import msgspec
+from PIL import Image
+
+from libs.common.errors import ErrorCode, MediaError
+
+# The demuxers we accept (FFmpeg's names for the MP4/QuickTime family); we store the file as video.mp4.
+ALLOWED_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2"
+_OPEN_OPTIONS = {"format_whitelist": ALLOWED_FORMATS, "protocol_whitelist": "file"}
+MAX_SIDE = 8192  # larger than any render we sell; refuses decoder bombs before a frame is allocated
+MAX_FRAMES = 300  # decoded at most while looking for the poster frame
+POSTER_AT_S = 1.0  # the thumbnail frame: a second in (or a quarter of a shorter clip), past any fade-in
+
+
+class VideoInfo(msgspec.Struct, frozen=True, kw_only=True):
+    width: int
+    height: int
+    duration_s: float
+    codec: str
+
+
+@dataclass(frozen=True)
+class Inspection:
+    info: VideoInfo
+    poster: Image.Image  # a decoded frame, for the thumbnail
+
+
+def not_video(reason: str) -> MediaError:
+    return MediaError(
+        ErrorCode.VERIFICATION_FAILED,
+        f"The provider returned a file that is not a playable video ({reason}). "
+        "Run the job again; if it keeps happening, try another model.",
+    )
+
+
+def inspect_video(path: Path) -> Inspection:
+    """Open, check and decode the start of a video; raises MediaError(VERIFICATION_FAILED)."""
+    try:
+        with av.open(str(path), container_options=_OPEN_OPTIONS, metadata_errors="replace") as container:
+            return _inspect(container)
+    except av.error.FFmpegError as exc:
+        raise not_video("it cannot be read as an MP4 video") from exc
+
+
+def _inspect(container: av.container.InputContainer) -> Inspection:
+    if not container.streams.video:
+        raise not_video("it has no video track")
+    stream = container.streams.video[0]
+    _check_size(stream.codec_context.width, stream.codec_context.height, known_only=True)
+    duration = duration_of(container, stream)
+    if duration <= 0:
+        raise not_video("it has no duration")
+    frame = _poster_frame(container, stream, at_s=min(POSTER_AT_S, duration / 4))
+    _check_size(frame.width, frame.height, known_only=False)
+    info = VideoInfo(width=frame.width, height=frame.height, duration_s=duration, codec=stream.codec_context.name)
+    return Inspection(info=info, poster=frame.to_image())
+
+
+def _check_size(width: int, height: int, *, known_only: bool) -> None:
+    # Before decoding, a header may not state its size yet (0); after decoding it must.
+    if known_only and not (width and height):
+        return
+    if not (0 < width <= MAX_SIDE and 0 < height <= MAX_SIDE):
+        raise not_video(f"its picture size {width}x{height} is out of range")
+
+
+def duration_of(container: av.container.InputContainer, stream: av.video.stream.VideoStream) -> float:
+    """Seconds, from the video track if it says, else from the container; 0 when neither knows."""
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / av.time_base
+    return 0.0
+
+
+def _poster_frame(
+    container: av.container.InputContainer, stream: av.video.stream.VideoStream, *, at_s: float,
+) -> av.VideoFrame:
+    chosen = None
+    for count, frame in enumerate(container.decode(stream), start=1):
+        chosen = frame
+        if frame.time is None or frame.time >= at_s or count >= MAX_FRAMES:
+            break
+    if chosen is None:
+        raise not_video("no frame of it could be decoded")
+    return chosen

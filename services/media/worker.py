@@ -1,0 +1,184 @@
+"""The media worker: copies a finished render from its provider into our storage, verifies it, makes its
+thumbnail and completes the job; and removes a deleted job's objects.
+
+Downloading is its own stage with its own retries: a failed download is tried again (JetStream redelivers
+the request with backoff) until its delivery budget or the stage deadline runs out, and never causes a
+re-render. A file that is not a video fails the job at once: fetching it again would fetch the same file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from functools import partial
+
+import aiohttp
+
+from libs.common import bus, events, jobs, metrics
+from libs.common.bus import ConsumerSpec, Delivery
+from libs.common.errors import ErrorCode, JobError, MediaError, Redeliver
+from libs.common.events import AssetsDeleteRequested, DownloadRequested
+from libs.common.jobs import JobRow
+from libs.common.runtime import Runtime
+from libs.common.settings import Settings
+from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate, transition
+from libs.providers.base import ProviderAdapter
+from libs.providers.registry import adapter_for, build_adapters
+from libs.storage.base import Storage, job_prefix
+from libs.storage.factory import open_storage
+from services.media import assets, telemetry
+from services.media.pipeline import Copier, Stored
+
+log = logging.getLogger("vidjobs.media")
+
+MIN_ATTEMPT_S = 1.0  # even a late attempt gets this long to fetch
+# Per-request time caps are set by each download; this only bounds connecting and silent peers.
+SESSION_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=30)
+
+
+@dataclass
+class Media:
+    rt: Runtime
+    storage: Storage
+    copier: Copier
+    adapters: dict[str, ProviderAdapter]
+    busy: set[str] = field(default_factory=set)  # jobs this process is copying right now
+
+
+async def main(rt: Runtime) -> None:
+    storage = open_storage(rt.settings)
+    try:
+        async with aiohttp.ClientSession(timeout=SESSION_TIMEOUT) as session:
+            copier = Copier(session=session, storage=storage, max_bytes=rt.settings.max_download_bytes,
+                            decode_slots=asyncio.Semaphore(rt.settings.media_concurrency))
+            media = Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
+            await serve(media)
+    finally:
+        await storage.close()
+
+
+async def serve(media: Media) -> None:
+    """Run both consumers until the runtime's stop event is set."""
+    settings = media.rt.settings
+    downloads = ConsumerSpec(durable="media-download", subject=events.DOWNLOAD, handler=partial(on_download, media),
+                             concurrency=settings.download_concurrency, ack_wait_s=60.0)
+    deletes = ConsumerSpec(durable="media-assets-delete", subject=events.ASSETS_DELETE,
+                           handler=partial(on_assets_delete, media), concurrency=4)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(bus.consume(media.rt.js, downloads, media.rt.stop), name="download-consumer")
+        tg.create_task(bus.consume(media.rt.js, deletes, media.rt.stop), name="assets-delete-consumer")
+
+
+async def on_download(media: Media, event: events.Event, delivery: Delivery) -> None:
+    assert isinstance(event, DownloadRequested)
+    job = await jobs.fetch(media.rt.pool, event.job_id)
+    if job is None or job.finished or job.status is not JobStatus.DOWNLOADING:
+        log.info("nothing to download", extra={"job_id": event.job_id, "status": job and job.status.value})
+        return
+    if job.id in media.busy:
+        # A recovery re-sent the request while this process is still copying: let that copy finish first.
+        raise Redeliver("already copying this job", delay=5.0)
+    media.busy.add(job.id)
+    try:
+        await _copy(media, job, delivery)
+    finally:
+        media.busy.discard(job.id)
+
+
+async def _copy(media: Media, job: JobRow, delivery: Delivery) -> None:
+    deadline = download_deadline(job, media.rt.settings)
+    headers = adapter_for(media.adapters, job.provider).download_headers()
+    log.info("copying render", extra={"job_id": job.id, "attempt": delivery.attempt})
+    try:
+        stored = await media.copier.copy(job, headers=headers, timeout_s=_seconds_left(deadline, MIN_ATTEMPT_S))
+    except MediaError as err:
+        await _copy_failed(media, job, err, delivery, deadline)
+        return
+    await _complete(media, job, stored)
+
+
+def download_deadline(job: JobRow, settings: Settings) -> datetime:
+    """When the download stage gives up: the job's stage deadline, else a fixed time after it entered it."""
+    return job.deadline_at or job.updated_at + timedelta(seconds=settings.download_deadline_s)
+
+
+def may_retry(err: MediaError, attempt: int, budget: int, deadline: datetime, now: datetime) -> bool:
+    return err.code is ErrorCode.DOWNLOAD_FAILED and attempt < budget and now < deadline
+
+
+def _seconds_left(deadline: datetime, floor: float = 0.0) -> float:
+    return max(floor, (deadline - datetime.now(UTC)).total_seconds())
+
+
+async def _copy_failed(media: Media, job: JobRow, err: MediaError, delivery: Delivery, deadline: datetime) -> None:
+    extra = {"job_id": job.id, "code": err.code.value, "attempt": delivery.attempt, "error": err.message}
+    if may_retry(err, delivery.attempt, media.rt.settings.download_attempts, deadline, datetime.now(UTC)):
+        telemetry.COPIES.labels("retry", err.code.value).inc()
+        log.warning("download failed; it will be retried", extra=extra)
+        settings = media.rt.settings
+        delay = bus.retry_delay(delivery.attempt, base=settings.retry_base_s, cap=settings.retry_cap_s)
+        raise Redeliver(err.message, delay=min(delay, _seconds_left(deadline)))
+    telemetry.COPIES.labels("failed", err.code.value).inc()
+    log.error("copy failed; failing the job", extra=extra)
+    await _fail(media, job, err)
+
+
+def _final_message(err: MediaError) -> str:
+    if err.code is ErrorCode.DOWNLOAD_FAILED:
+        return f"{err.message} We stopped retrying the download; run the job again to render it anew."
+    return err.message
+
+
+async def _fail(media: Media, job: JobRow, err: MediaError) -> None:
+    error = JobError.of(err.code, _final_message(err))
+    async with media.rt.tx() as conn:
+        done = await transition(conn, job.id, JobStatus.FAILED, reason=f"media: {err.code.value}",
+                                expect=[JobStatus.DOWNLOADING], update=JobUpdate(error=error, progress=None))
+    if done is not None:
+        metrics.JOB_ERRORS.labels(err.code.value).inc()
+        # An earlier attempt may have uploaded before it crashed; a failed job keeps no objects.
+        await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
+
+
+async def _complete(media: Media, job: JobRow, stored: Stored) -> None:
+    # The status and the asset rows commit together: a completed job always has its rows, and a job that
+    # moved on meanwhile (canceled, deleted) gets none.
+    async with media.rt.tx() as conn:
+        done = await transition(
+            conn, job.id, JobStatus.COMPLETED, reason="render stored, verified and thumbnailed",
+            expect=[JobStatus.DOWNLOADING], update=JobUpdate(outputs=stored.outputs, progress=None),
+        )
+        if done is not None:
+            await assets.upsert(conn, job.id, job.account_id, stored.assets)
+    if done is None:
+        await _discard_if_orphaned(media, job)
+        return
+    telemetry.COPIES.labels("completed", "").inc()
+    log.info("render stored", extra={"job_id": job.id, "bytes": stored.outputs.bytes,
+                                     "sha256": stored.outputs.sha256})
+
+
+async def _discard_if_orphaned(media: Media, job: JobRow) -> None:
+    current = await jobs.fetch(media.rt.pool, job.id)
+    if current is not None and current.deleted_at is None and current.status is JobStatus.COMPLETED:
+        return  # another delivery completed it, with these very objects
+    removed = await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
+    log.info("job moved on while its render was copied; objects removed",
+             extra={"job_id": job.id, "objects": removed})
+
+
+async def on_assets_delete(media: Media, event: events.Event, delivery: Delivery) -> None:
+    assert isinstance(event, AssetsDeleteRequested)
+    job = await jobs.fetch(media.rt.pool, event.job_id)
+    if job is None:
+        return  # the row is gone, and its asset rows with it (ON DELETE CASCADE)
+    if job.deleted_at is None and job.status is not JobStatus.EXPIRED:
+        log.warning("asset deletion asked for a live job; ignored", extra={"job_id": job.id})
+        return
+    removed = await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
+    marked = await assets.mark_deleted(media.rt.pool, job.id)
+    telemetry.OBJECTS_DELETED.inc(removed)
+    log.info("job assets removed", extra={"job_id": job.id, "objects": removed, "rows": marked})
