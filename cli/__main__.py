@@ -21,6 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the whole stack in the foreground on embedded defaults")
     up.add_argument("--data-dir", help="where state is kept (VIDJOBS_DATA_DIR, default ./.vidjobs)")
     up.add_argument("--port", type=int, help="gateway port (VIDJOBS_HTTP_PORT, default 8080)")
+    sub.add_parser("migrate", help="apply database migrations (the services also do this at start)")
     accounts = sub.add_parser("accounts", help="manage accounts").add_subparsers(dest="action", required=True)
     create = accounts.add_parser("create", help="create an account and print its API key")
     create.add_argument("name")
@@ -75,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.port:
                 changes["http_port"] = args.port
             return up(settings.with_(**changes))
+        if args.command == "migrate":
+            with embedded_database(settings) as resolved:
+                applied = asyncio.run(db.migrate(resolved.database_url))
+            print(f"schema up to date; applied {len(applied)} migration(s): {', '.join(applied) or 'none'}",
+                  file=sys.stderr)
+            return 0
         if args.command == "accounts" and args.action == "create":
             if args.credits < 0 or args.concurrency < 1:
                 raise ConfigError("--credits must be >= 0 and --concurrency >= 1")

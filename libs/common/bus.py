@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -37,7 +38,7 @@ CHANGES_STREAM = "VIDJOBS_CHANGES"
 DEAD_STREAM = "VIDJOBS_DEAD"
 DEAD_PREFIX = "vidjobs.dead"
 
-STREAMS = [
+_STREAMS = [
     # Work: each subject has exactly one durable consumer; a message leaves once it is acked.
     StreamConfig(
         name=WORK_STREAM, subjects=["vidjobs.work.>"], retention=RetentionPolicy.WORK_QUEUE,
@@ -63,8 +64,12 @@ async def connect(url: str, name: str) -> tuple[NATS, JetStreamContext]:
     return nc, nc.jetstream(timeout=10)
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    for config in STREAMS:
+def stream_configs(replicas: int = 1) -> list[StreamConfig]:
+    return [dataclasses.replace(c, num_replicas=replicas) for c in _STREAMS]
+
+
+async def ensure_streams(js: JetStreamContext, *, replicas: int = 1) -> None:
+    for config in stream_configs(replicas):
         try:
             await js.add_stream(config)
         except BadRequestError:
@@ -90,6 +95,8 @@ class ConsumerSpec:
     concurrency: int = 8
     ack_wait_s: float = 30.0
     max_deliver: int = 20
+    # Deferred messages (nak with delay) stay ack-pending; a consumer that defers many must allow many.
+    max_ack_pending: int | None = None
     on_dead: Callable[[Event], Awaitable[None]] | None = None
 
 
@@ -101,7 +108,8 @@ def retry_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0) -> float:
 async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event) -> None:
     config = ConsumerConfig(
         durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=spec.ack_wait_s,
-        max_deliver=spec.max_deliver, max_ack_pending=spec.concurrency * 4, filter_subject=spec.subject,
+        max_deliver=spec.max_deliver, max_ack_pending=spec.max_ack_pending or spec.concurrency * 4,
+        filter_subject=spec.subject,
     )
     psub = await js.pull_subscribe(spec.subject, durable=spec.durable, stream=WORK_STREAM, config=config)
     slots = asyncio.Semaphore(spec.concurrency)

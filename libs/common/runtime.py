@@ -68,7 +68,7 @@ async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) ->
     pool = await db.create_pool(settings.database_url, max_size=pool_size)
     nc, js = await bus.connect(settings.nats_url, name=f"vidjobs-{name}")
     try:
-        await bus.ensure_streams(js)
+        await bus.ensure_streams(js, replicas=settings.stream_replicas)
         rt = Runtime(name=name, settings=settings, pool=pool, nc=nc, js=js, relay=Relay(pool, js))
         relay_task = asyncio.create_task(rt.relay.run(rt.stop), name="outbox-relay")
         try:

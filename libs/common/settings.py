@@ -43,6 +43,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
     webhook_tolerance_s: int = 300
     metrics_port: int = 0  # worker /healthz and /metrics; 0 picks a free port
+    stream_replicas: int = 1  # JetStream replicas per stream: 3 in production clusters
     submit_concurrency: int = 16
     download_concurrency: int = 4
     media_concurrency: int = 2

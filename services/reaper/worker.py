@@ -17,7 +17,8 @@ from services.reaper.recovery import Context, on_recovery_due
 async def main(rt: Runtime) -> None:
     ctx = Context(rt=rt, policy=RetryPolicy.from_settings(rt.settings))
     spec = ConsumerSpec(durable="reaper-recovery", subject=events.RECOVERY, handler=partial(on_recovery_due, ctx),
-                        concurrency=16, max_deliver=50)
+                        concurrency=16, max_deliver=50,
+                        max_ack_pending=1_000_000)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(rt.js, spec, rt.stop), name="recovery-consumer")
         tg.create_task(sweep.run(rt), name="recovery-sweep")
