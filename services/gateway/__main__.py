@@ -1,0 +1,58 @@
+"""`python -m services.gateway`: serve the API until SIGTERM or SIGINT, then stop cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+from aiohttp import web
+
+from libs.common import logs
+from libs.common.errors import ConfigError
+from libs.common.settings import Settings, load
+from services.gateway.app import create_app
+
+log = logging.getLogger("vidjobs.gateway")
+
+# Open event streams end on shutdown at once; ordinary requests get this long to finish.
+SHUTDOWN_TIMEOUT_S = 10.0
+
+
+async def serve(settings: Settings) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    await runner.setup()  # opens the database pool, NATS, storage and provider adapters
+    try:
+        site = web.TCPSite(runner, settings.http_host, settings.http_port)
+        await site.start()
+        log.info("gateway listening", extra={"url": settings.gateway_url})
+        await stop.wait()
+        log.info("gateway stopping")
+        return 0
+    finally:
+        await runner.cleanup()
+
+
+def main() -> None:
+    try:
+        settings = load()
+    except ConfigError as exc:
+        print(f"vidjobs gateway: {exc}", file=sys.stderr)
+        sys.exit(2)
+    logs.setup("gateway", level=settings.log_level, fmt=settings.log_format)
+    try:
+        code = uvloop.run(serve(settings))
+    except ConfigError as exc:
+        log.error(str(exc))
+        code = 2
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Accounts, API keys and credit reservations (tables the gateway owns).
+
+An API key is shown once, when it is made, and stored only as its SHA-256: a leaked database does not leak
+keys. The CLI imports `create_account` and `add_api_key`, so this module starts nothing on import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+import asyncpg
+import msgspec
+
+from libs.common import ids
+from libs.common.errors import StoreError
+
+KEY_PREFIX = "vj_"
+
+
+class Account(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    concurrent_jobs: int
+    credits_balance: int
+    credits_reserved: int
+
+
+def new_api_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_key(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+async def create_account(conn: asyncpg.Connection, name: str, *, credits: int, concurrency: int) -> tuple[str, str]:
+    """A new account with `credits` and a concurrency limit; returns (account_id, api_key)."""
+    account_id = ids.new("acct")
+    key = new_api_key()
+    async with conn.transaction():
+        await conn.execute(
+            "INSERT INTO accounts (id, name, concurrent_jobs, credits_balance) VALUES ($1, $2, $3, $4)",
+            account_id, name, concurrency, credits,
+        )
+        await add_api_key(conn, account_id, key)
+    return account_id, key
+
+
+async def add_api_key(conn: asyncpg.Connection, account_id: str, key: str) -> None:
+    """Register a known key for an account. Registering the same key again is a no-op; a key that already
+    belongs to another account is refused."""
+    inserted = await conn.fetchval(
+        """
+        INSERT INTO api_keys (id, account_id, key_hash, prefix) VALUES ($1, $2, $3, $4)
+        ON CONFLICT ON CONSTRAINT api_keys_hash_unique DO NOTHING
+        RETURNING id
+        """,
+        ids.new("key"), account_id, hash_key(key), key[:8],
+    )
+    if inserted is None:
+        owner = await conn.fetchval("SELECT account_id FROM api_keys WHERE key_hash = $1", hash_key(key))
+        if owner != account_id:
+            raise StoreError("this API key is already registered to another account")
+
+
+async def by_key(conn: asyncpg.Connection | asyncpg.Pool, key: str) -> Account | None:
+    """The account a live (unrevoked) key belongs to."""
+    row = await conn.fetchrow(
+        """
+        SELECT a.id, a.name, a.concurrent_jobs, a.credits_balance, a.credits_reserved
+        FROM api_keys k JOIN accounts a ON a.id = k.account_id
+        WHERE k.key_hash = $1 AND k.revoked_at IS NULL
+        """,
+        hash_key(key),
+    )
+    return None if row is None else Account(**dict(row))
+
+
+async def fetch(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> Account | None:
+    row = await conn.fetchrow(
+        "SELECT id, name, concurrent_jobs, credits_balance, credits_reserved FROM accounts WHERE id = $1",
+        account_id,
+    )
+    return None if row is None else Account(**dict(row))
+
+
+async def reserve_credits(conn: asyncpg.Connection, account_id: str, amount: int) -> bool:
+    """Hold `amount` credits for a job, only if that much is free. One guarded statement, so two requests
+    racing for the last credits cannot both win."""
+    row = await conn.fetchval(
+        """
+        UPDATE accounts SET credits_reserved = credits_reserved + $2
+        WHERE id = $1 AND credits_balance - credits_reserved >= $2
+        RETURNING id
+        """,
+        account_id, amount,
+    )
+    return row is not None
+
+
+async def active_jobs(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
+    return await conn.fetchval(
+        """
+        SELECT count(*) FROM jobs
+        WHERE account_id = $1 AND deleted_at IS NULL
+          AND status NOT IN ('completed', 'failed', 'canceled', 'expired')
+        """,
+        account_id,
+    )

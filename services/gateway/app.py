@@ -1,0 +1,78 @@
+"""The gateway application: the route table, the middlewares, and the resources it owns while it runs."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from libs.common.runtime import open_runtime
+from libs.common.settings import Settings
+from libs.providers.registry import build_adapters
+from libs.storage.factory import open_storage
+from services.gateway import (
+    routes_account,
+    routes_files,
+    routes_jobs,
+    routes_ops,
+    routes_page,
+    routes_webhooks,
+    stream,
+)
+from services.gateway.auth import auth_middleware
+from services.gateway.errors import error_middleware
+from services.gateway.observe import metrics_middleware
+from services.gateway.openapi import openapi_route
+from services.gateway.routing import Route, register
+from services.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
+
+PROVIDER_TIMEOUT_S = 30
+
+
+def route_table(settings: Settings) -> list[Route]:
+    routes = [
+        *routes_jobs.ROUTES, *stream.ROUTES, *routes_account.ROUTES, *routes_webhooks.ROUTES,
+        *routes_ops.ROUTES, *routes_page.ROUTES,
+    ]
+    # Objects are served here only when they live on our own disk; S3 hands out its own signed URLs.
+    if settings.storage_location().startswith("file:"):
+        routes += routes_files.ROUTES
+    return [*routes, openapi_route(routes)]
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    """Everything the gateway holds while it runs, opened in order and closed in reverse."""
+    settings = app[SETTINGS]
+    storage = open_storage(settings)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(storage.close)
+        rt = await stack.enter_async_context(open_runtime("gateway", settings))
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROVIDER_TIMEOUT_S)))
+        adapters = build_adapters(settings, session)
+        for adapter in adapters.values():
+            stack.push_async_callback(adapter.close)
+        app[GATEWAY] = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters)
+        yield
+
+
+async def _closing(app: web.Application) -> None:
+    # Shutdown waits for running handlers; open event streams would otherwise hold it for their full life.
+    if (gw := app.get(GATEWAY)) is not None:
+        gw.closing.set()
+
+
+def create_app(settings: Settings) -> web.Application:
+    routes = route_table(settings)
+    app = web.Application(
+        middlewares=[metrics_middleware, error_middleware, auth_middleware],
+        client_max_size=settings.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[PUBLIC_ROUTES] = frozenset(r.name for r in routes if not r.auth)
+    register(app, routes)
+    app.cleanup_ctx.append(_resources)
+    app.on_shutdown.append(_closing)
+    return app

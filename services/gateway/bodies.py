@@ -1,0 +1,128 @@
+"""Request and response bodies of the public API (API.md), as msgspec Structs.
+
+Requests forbid unknown fields, so a typo is answered with 422 naming it instead of being ignored. The
+OpenAPI document is generated from these same Structs.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from libs.common.errors import JobError
+from libs.common.jobs import JobRequest
+from libs.common.states import JobStatus, Stage
+
+MAX_PROMPT_CHARS = 2000
+
+Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128,
+                            description="`<provider>/<model name>`", examples=["fake/default"])]
+# `\S` (searched, not matched): a prompt of only spaces is as empty as no prompt.
+Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S")]
+UploadId = Annotated[str, Meta(pattern=r"^upl_[0-9a-z]{1,64}$", description="an id from POST /v1/uploads")]
+AspectRatio = Literal["16:9", "9:16", "1:1"]
+Resolution = Literal["480p", "720p", "1080p"]
+
+
+class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /v1/jobs`."""
+
+    model: Model
+    prompt: Prompt
+    duration_s: Annotated[int, Meta(ge=1, le=60)] = 5
+    aspect_ratio: AspectRatio = "16:9"
+    resolution: Resolution = "720p"
+    seed: Annotated[int, Meta(ge=0, le=2**32 - 1)] | None = None
+    negative_prompt: Annotated[str, Meta(max_length=MAX_PROMPT_CHARS)] | None = None
+    input_image: UploadId | None = None
+    params: dict[str, Any] = {}
+
+    def to_request(self) -> JobRequest:
+        return msgspec.convert(msgspec.to_builtins(self), JobRequest)
+
+
+class JobOutputs(msgspec.Struct, kw_only=True):
+    video_url: str
+    thumbnail_url: str
+    preview_url: str | None
+    expires_at: datetime
+    duration_s: float
+    width: int
+    height: int
+    bytes: int
+    sha256: str
+
+
+class Cost(msgspec.Struct, kw_only=True):
+    estimated_credits: int
+    actual_credits: int | None
+
+
+class JobOut(msgspec.Struct, kw_only=True):
+    """A job as every read shows it."""
+
+    id: str
+    status: JobStatus
+    stage: Stage
+    model: str
+    prompt: str
+    created_at: datetime
+    updated_at: datetime
+    attempt: int
+    queue_position: int | None
+    progress: float | None
+    error: JobError | None
+    outputs: JobOutputs | None
+    cost: Cost
+
+
+class JobList(msgspec.Struct, kw_only=True):
+    data: list[JobOut]
+    next_cursor: str | None
+
+
+class ListQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Query string of `GET /v1/jobs`."""
+
+    status: JobStatus | None = None
+    limit: Annotated[int, Meta(ge=1, le=100)] = 20
+    cursor: str | None = None
+
+
+class TransitionOut(msgspec.Struct, kw_only=True):
+    from_: JobStatus | None = msgspec.field(name="from")  # None for creation
+    to: JobStatus
+    at: datetime
+    reason: str
+
+
+class Trail(msgspec.Struct, kw_only=True):
+    data: list[TransitionOut]
+
+
+class Credits(msgspec.Struct, kw_only=True):
+    balance: int
+    reserved: int
+
+
+class Limits(msgspec.Struct, kw_only=True):
+    concurrent_jobs: int
+
+
+class AccountOut(msgspec.Struct, kw_only=True):
+    id: str
+    credits: Credits
+    limits: Limits
+    active_jobs: int
+
+
+class WebhookAck(msgspec.Struct, kw_only=True):
+    received: bool
+    duplicate: bool
+
+
+class Health(msgspec.Struct, kw_only=True):
+    status: str

@@ -1,0 +1,72 @@
+"""Turning request bodies and query strings into Structs, and decode failures into errors that name the field.
+
+A body that is not JSON is a 400; JSON that breaks the schema is a 422. Either way nothing past this point
+runs, so a bad request never reaches a queue or creates a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+import msgspec
+from aiohttp import web
+
+from services.gateway.errors import ApiError, GatewayCode, invalid
+
+T = TypeVar("T")
+
+# msgspec reports a failed pattern as the regex itself; a person deserves the rule in words.
+_PATTERN_HINTS = {
+    "model": "must be `<provider>/<model name>`, e.g. `fake/default`",
+    "prompt": "must not be blank",
+    "input_image": "must be an upload id (`upl_...`) from POST /v1/uploads",
+}
+
+
+def field_message(exc: msgspec.ValidationError) -> str:
+    """`Expected int <= 60 - at $.duration_s` becomes `duration_s: Expected int <= 60`."""
+    text = str(exc)
+    head, sep, tail = text.rpartition(" - at `$")
+    if not sep:
+        return text  # a missing or unknown field: msgspec already names it
+    path = tail.rstrip("`").lstrip(".")
+    if "matching regex" in head and path in _PATTERN_HINTS:
+        head = _PATTERN_HINTS[path]
+    return f"{path}: {head}"
+
+
+def is_json(content_type: str) -> bool:
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The raw body, refused early when its declared length is already over the limit."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(413, GatewayCode.PAYLOAD_TOO_LARGE, f"request body is larger than {max_bytes} bytes")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise ApiError(413, GatewayCode.PAYLOAD_TOO_LARGE,
+                       f"request body is larger than {max_bytes} bytes") from exc
+
+
+async def read_json(request: web.Request, kind: type[T], max_bytes: int) -> T:
+    if not is_json(request.content_type):
+        raise ApiError(415, GatewayCode.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
+    raw = await read_body(request, max_bytes)
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.ValidationError as exc:
+        raise invalid(field_message(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise invalid(f"body is not valid JSON: {exc}", status=400) from exc
+
+
+def read_query(query: Mapping[str, str], kind: type[T]) -> T:
+    if len(query) != len(set(query)):
+        raise invalid("each query parameter may be given once", status=400)
+    try:
+        return msgspec.convert(dict(query), kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise invalid(field_message(exc)) from exc

@@ -1,0 +1,104 @@
+"""Every error the API answers, as one JSON shape: `{"error": {"code", "message", "retryable"}}`.
+
+Job-level failures use the shared taxonomy (`ErrorCode`); failures that only exist at the HTTP edge
+(authentication, a missing resource, a reused idempotency key) have a small taxonomy of their own here.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+import msgspec
+from aiohttp import web
+
+from libs.common.errors import ErrorCode
+
+log = logging.getLogger("vidjobs.gateway")
+
+
+class GatewayCode(enum.StrEnum):
+    UNAUTHORIZED = "unauthorized"  # no API key, or one we do not know
+    FORBIDDEN = "forbidden"  # a signed URL that is tampered with or expired
+    NOT_FOUND = "not_found"  # no such resource for this account
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    CONFLICT = "conflict"  # an idempotency key reused with a different body
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    NOT_READY = "not_ready"  # a dependency (database, NATS) is unreachable
+
+
+Code = ErrorCode | GatewayCode
+
+
+class ErrorBody(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+    retryable: bool
+
+
+class ErrorOut(msgspec.Struct, frozen=True):
+    error: ErrorBody
+
+
+class ApiError(Exception):
+    """Raised by a handler to answer with an error; the middleware renders it."""
+
+    def __init__(self, status: int, code: Code, message: str, *, retryable: bool = False,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retryable = retryable
+        self.headers = headers or {}
+
+
+def invalid(message: str, *, status: int = 422) -> ApiError:
+    return ApiError(status, ErrorCode.INVALID_INPUT, message)
+
+
+def not_found(what: str = "job") -> ApiError:
+    return ApiError(404, GatewayCode.NOT_FOUND, f"no such {what}")
+
+
+def error_response(status: int, code: Code, message: str, *, retryable: bool = False,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    body = ErrorOut(ErrorBody(code=code.value, message=message, retryable=retryable))
+    return web.Response(status=status, body=msgspec.json.encode(body), content_type="application/json",
+                        headers=headers)
+
+
+# aiohttp raises these itself (routing, body limits); they get our shape too.
+_HTTP_CODES: dict[int, Code] = {
+    400: ErrorCode.INVALID_INPUT,
+    401: GatewayCode.UNAUTHORIZED,
+    403: GatewayCode.FORBIDDEN,
+    404: GatewayCode.NOT_FOUND,
+    405: GatewayCode.METHOD_NOT_ALLOWED,
+    413: GatewayCode.PAYLOAD_TOO_LARGE,
+    415: GatewayCode.UNSUPPORTED_MEDIA_TYPE,
+}
+
+
+def _from_http(exc: web.HTTPException) -> web.Response:
+    code = _HTTP_CODES.get(exc.status, ErrorCode.INTERNAL if exc.status >= 500 else ErrorCode.INVALID_INPUT)
+    headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+    message = "request body is too large" if exc.status == 413 else exc.reason.lower()
+    return error_response(exc.status, code, message, headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return error_response(err.status, err.code, err.message, retryable=err.retryable, headers=err.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _from_http(exc)
+    except Exception:
+        # Never a row or a stack trace to the client: the details go to the log.
+        log.exception("unhandled error", extra={"path": request.path, "method": request.method})
+        return error_response(500, ErrorCode.INTERNAL, "internal error; it has been logged", retryable=True)

@@ -1,0 +1,40 @@
+"""Request metrics. Labels are bounded: the route's name from the table (never the raw path, which holds job
+ids), the method, and the status code."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+from prometheus_client import Counter, Histogram
+
+REQUESTS = Counter("vidjobs_http_requests_total", "HTTP requests answered by the gateway",
+                   ["route", "method", "status"])
+LATENCY = Histogram(
+    "vidjobs_http_request_seconds", "Time to answer an HTTP request (a stream counts until it closes)",
+    ["route", "method"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, 600),
+)
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def route_label(request: web.Request) -> str:
+    return request.match_info.route.name or "unmatched"
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        method = request.method if request.method in _METHODS else "other"
+        route = route_label(request)
+        REQUESTS.labels(route, method, str(status)).inc()
+        LATENCY.labels(route, method).observe(time.perf_counter() - started)

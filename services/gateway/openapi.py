@@ -1,0 +1,91 @@
+"""`GET /openapi.json`, generated from the route table and the msgspec Structs the handlers use."""
+
+from __future__ import annotations
+
+import http
+import re
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from services.gateway.routing import ResponseSpec, Route
+
+_REF = "#/components/schemas/{name}"
+_PATH_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
+
+
+def _structs(routes: list[Route]) -> list[type]:
+    found: list[type] = []
+    for route in routes:
+        candidates = [route.body, route.query, *route.responses.values()]
+        found += [c for c in candidates if isinstance(c, type) and c not in found]
+    return found
+
+
+def _content(spec: ResponseSpec, schema_of: dict[type, Any]) -> dict[str, Any]:
+    if isinstance(spec, type):
+        return {"application/json": {"schema": schema_of[spec]}}
+    return {spec: {"schema": {"type": "string"}}} if spec else {}
+
+
+def _parameters(route: Route, components: dict[str, Any]) -> list[dict[str, Any]]:
+    params = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+              for n in _PATH_PARAM.findall(route.path)]
+    if route.query is not None:
+        schema = components[route.query.__name__]
+        for name, prop in schema["properties"].items():
+            params.append({"name": name, "in": "query", "required": name in schema.get("required", []),
+                           "schema": prop})
+    params += [{"name": h, "in": "header", "required": False, "description": d, "schema": {"type": "string"}}
+               for h, d in route.headers.items()]
+    return params
+
+
+def _operation(route: Route, schema_of: dict[type, Any], components: dict[str, Any]) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "operationId": route.name,
+        "summary": route.summary,
+        "parameters": _parameters(route, components),
+        "security": [{"bearer": []}] if route.auth else [],
+        "responses": {
+            str(status): {"description": http.HTTPStatus(status).phrase, "content": _content(spec, schema_of)}
+            for status, spec in sorted(route.responses.items())
+        },
+    }
+    if route.body is not None:
+        op["requestBody"] = {"required": True, "content": _content(route.body, schema_of)}
+    return op
+
+
+def document(routes: list[Route]) -> dict[str, Any]:
+    structs = _structs(routes)
+    schemas, components = msgspec.json.schema_components(structs, ref_template=_REF)
+    schema_of = dict(zip(structs, schemas, strict=True))
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        if route.documented:
+            path = _PATH_PARAM.sub(r"{\1}", route.path)
+            paths.setdefault(path, {})[route.method.lower()] = _operation(route, schema_of, components)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "vidjobs", "version": "1", "description": "AI video render jobs, end to end."},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "API key"}},
+        },
+    }
+
+
+def openapi_route(routes: list[Route]) -> Route:
+    """The document's own route; it lists itself too."""
+    body = b""
+
+    async def serve(_: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    route = Route("GET", "/openapi.json", serve, "openapi", "This document", auth=False,
+                  responses={200: "application/json"})
+    body = msgspec.json.encode(document([*routes, route]))
+    return route

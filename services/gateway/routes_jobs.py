@@ -1,0 +1,170 @@
+"""`/v1/jobs`: create, read, list, cancel, delete, and the audit trail."""
+
+from __future__ import annotations
+
+import re
+
+import asyncpg
+from aiohttp import web
+
+from libs.common import jobs
+from libs.common.errors import ErrorCode, JobError, ProviderError
+from libs.common.jobs import JobRequest, JobRow
+from libs.common.states import TERMINAL, JobStatus
+from libs.common.transitions import JobUpdate, transition
+from libs.providers.base import ProviderAdapter
+from libs.providers.registry import adapter_for
+from services.gateway import accounts, cursor, idempotency, store
+from services.gateway.accounts import Account
+from services.gateway.bodies import CreateJob, JobList, JobOut, ListQuery, Trail, TransitionOut
+from services.gateway.decoding import read_json, read_query
+from services.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
+from services.gateway.pricing import estimate_credits
+from services.gateway.routing import Route, json_response
+from services.gateway.state import Gateway, account, gateway
+from services.gateway.views import job_view
+
+# What `libs.common.ids` makes. Anything else cannot name a job, and must never reach a NATS subject.
+JOB_ID = re.compile(r"^job_[0-9a-z]{1,64}$")
+
+
+def check_provider(adapters: dict[str, ProviderAdapter], request: JobRequest) -> None:
+    try:
+        adapter = adapter_for(adapters, request.provider)
+    except ProviderError as err:
+        known = ", ".join(sorted(adapters)) or "none"
+        raise invalid(f"model: unknown provider {request.provider!r} (known: {known})") from err
+    try:
+        adapter.validate(request)
+    except ProviderError as err:
+        raise invalid(err.message) from err
+
+
+def check_input_image(request: JobRequest) -> None:
+    # Uploads are not stored yet, so no upload id can name one; refusing here keeps the job from failing later.
+    if request.input_image is not None:
+        raise invalid(f"input_image: no such upload {request.input_image!r}")
+
+
+def view(gw: Gateway, job: JobRow) -> JobOut:
+    return job_view(job, gw.storage, gw.settings.signed_url_ttl_s)
+
+
+async def _create_once(
+    gw: Gateway, owner: Account, body: CreateJob, request: JobRequest, key: str | None,
+) -> tuple[JobRow, bool]:
+    """(job, created). Credit reservation, the job, and the idempotency key commit together or not at all."""
+    body_hash = idempotency.digest(body)
+    estimate = estimate_credits(request)
+    async with gw.rt.tx() as conn:
+        if key is not None and (earlier := await idempotency.previous(conn, owner.id, key, body_hash)):
+            return await _replayed(conn, owner.id, earlier), False
+        if not await accounts.reserve_credits(conn, owner.id, estimate):
+            raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED,
+                           f"this job needs {estimate} credits and the account has fewer free; add credit")
+        job = await jobs.create(conn, account_id=owner.id, request=request, estimated_credits=estimate,
+                                recovery_delay_s=gw.settings.recovery_delay_s)
+        if key is not None:
+            await idempotency.remember(conn, owner.id, key, body_hash, job.id)
+        return job, True
+
+
+async def _replayed(conn: asyncpg.Connection, account_id: str, job_id: str) -> JobRow:
+    job = await store.owned_job(conn, account_id, job_id)
+    if job is None:
+        raise ApiError(409, GatewayCode.CONFLICT,
+                       f"the job made with this {idempotency.HEADER} has been deleted; use a new key")
+    return job
+
+
+async def create_job(request: web.Request) -> web.Response:
+    gw, owner = gateway(request), account(request)
+    body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
+    job_request = body.to_request()
+    check_provider(gw.adapters, job_request)
+    check_input_image(job_request)
+    key = idempotency.key_from(request)
+    try:
+        job, created = await _create_once(gw, owner, body, job_request, key)
+    except idempotency.LostRace:
+        # The winner has committed by now: answer as a replay of its request.
+        job, created = await _create_once(gw, owner, body, job_request, key)
+    return json_response(view(gw, job), status=201 if created else 200,
+                         headers={"Location": f"/v1/jobs/{job.id}"})
+
+
+def job_id_of(request: web.Request) -> str:
+    job_id = request.match_info["job_id"]
+    if not JOB_ID.match(job_id):
+        raise not_found()
+    return job_id
+
+
+async def owned_or_404(request: web.Request) -> JobRow:
+    job_id = job_id_of(request)
+    job = await store.owned_job(gateway(request).rt.pool, account(request).id, job_id)
+    if job is None:
+        raise not_found()
+    return job
+
+
+async def get_job(request: web.Request) -> web.Response:
+    return json_response(view(gateway(request), await owned_or_404(request)))
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    gw, owner = gateway(request), account(request)
+    query = read_query(request.query, ListQuery)
+    after = cursor.decode(query.cursor) if query.cursor else None
+    rows = await store.list_jobs(gw.rt.pool, owner.id, status=query.status, after=after, limit=query.limit + 1)
+    page = rows[: query.limit]
+    next_cursor = cursor.encode(page[-1].created_at, page[-1].id) if len(rows) > query.limit else None
+    return json_response(JobList(data=[view(gw, job) for job in page], next_cursor=next_cursor))
+
+
+async def cancel_job(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    job = await owned_or_404(request)
+    if job.status not in TERMINAL:
+        async with gw.rt.tx() as conn:
+            await transition(conn, job.id, JobStatus.CANCELED, reason="canceled by owner",
+                             update=JobUpdate(error=JobError.of(ErrorCode.CANCELED)))
+        # Moved or not (another worker may have finished it first), the answer is the job as it now stands.
+        job = await owned_or_404(request)
+    return json_response(view(gw, job))
+
+
+async def delete_job(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    async with gw.rt.tx() as conn:
+        deleted = await jobs.mark_deleted(conn, job_id_of(request), account(request).id)
+    if not deleted:
+        raise not_found()
+    return web.Response(status=204)
+
+
+async def job_events(request: web.Request) -> web.Response:
+    job = await owned_or_404(request)
+    rows = await store.trail(gateway(request).rt.pool, job.id)
+    moves = [TransitionOut(from_=r["from_status"], to=r["to_status"], at=r["at"], reason=r["reason"]) for r in rows]
+    return json_response(Trail(data=moves))
+
+
+_JOB = "/v1/jobs/{job_id}"
+_ERRORS: dict[int, type] = {401: ErrorOut, 404: ErrorOut}
+
+ROUTES = [
+    Route("POST", "/v1/jobs", create_job, "create_job", "Create a render job", body=CreateJob,
+          headers={idempotency.HEADER: "repeat a request safely: same key and body answer the same job"},
+          responses={201: JobOut, 200: JobOut, 400: ErrorOut, 401: ErrorOut, 402: ErrorOut, 409: ErrorOut,
+                     413: ErrorOut, 415: ErrorOut, 422: ErrorOut}),
+    Route("GET", "/v1/jobs", list_jobs, "list_jobs", "The account's jobs, newest first", query=ListQuery,
+          responses={200: JobList, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
+    Route("GET", _JOB, get_job, "get_job", "One job", responses={200: JobOut, **_ERRORS}),
+    Route("POST", f"{_JOB}/cancel", cancel_job, "cancel_job", "Cancel a job (unchanged if already finished)",
+          responses={200: JobOut, **_ERRORS}),
+    Route("DELETE", _JOB, delete_job, "delete_job", "Delete a job; its assets are removed in the background",
+          responses={204: None, **_ERRORS}),
+    Route("GET", f"{_JOB}/events", job_events, "job_events", "The job's audit trail",
+          responses={200: Trail, **_ERRORS}),
+]

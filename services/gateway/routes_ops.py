@@ -1,0 +1,48 @@
+"""Operations: liveness, readiness (database and NATS reachable) and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.gateway.bodies import Health
+from services.gateway.errors import ApiError, ErrorOut, GatewayCode
+from services.gateway.routing import Route, json_response
+from services.gateway.state import gateway
+
+log = logging.getLogger("vidjobs.gateway")
+
+_PROBE_TIMEOUT_S = 2.0
+
+
+async def healthz(_: web.Request) -> web.Response:
+    return json_response(Health(status="ok"))
+
+
+async def readyz(request: web.Request) -> web.Response:
+    rt = gateway(request).rt
+    try:
+        await asyncio.wait_for(rt.pool.fetchval("SELECT 1"), _PROBE_TIMEOUT_S)
+    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        log.warning("not ready: database", extra={"error": repr(exc)})
+        raise ApiError(503, GatewayCode.NOT_READY, "database unreachable", retryable=True) from exc
+    if not rt.nc.is_connected:
+        raise ApiError(503, GatewayCode.NOT_READY, "NATS unreachable", retryable=True)
+    return json_response(Health(status="ready"))
+
+
+async def metrics(_: web.Request) -> web.Response:
+    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+ROUTES = [
+    Route("GET", "/healthz", healthz, "healthz", "The process is up", auth=False, responses={200: Health}),
+    Route("GET", "/readyz", readyz, "readyz", "Database and NATS are reachable", auth=False,
+          responses={200: Health, 503: ErrorOut}),
+    Route("GET", "/metrics", metrics, "metrics", "Prometheus metrics", auth=False,
+          responses={200: "text/plain"}),
+]

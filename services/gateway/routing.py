@@ -1,0 +1,40 @@
+"""One table of routes, read twice: to register the handlers and to write the OpenAPI document, so the
+document cannot drift from what is served."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+from aiohttp import web
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# A response is a Struct (JSON), a media type for anything else, or None for an empty body.
+ResponseSpec = type[msgspec.Struct] | str | None
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Handler
+    name: str
+    summary: str
+    responses: Mapping[int, ResponseSpec]
+    auth: bool = True
+    body: type[msgspec.Struct] | str | None = None
+    query: type[msgspec.Struct] | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)  # request header -> description
+    documented: bool = True
+
+
+def json_response(body: msgspec.Struct, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=msgspec.json.encode(body), content_type="application/json",
+                        headers=headers)
+
+
+def register(app: web.Application, routes: list[Route]) -> None:
+    for route in routes:
+        app.router.add_route(route.method, route.path, route.handler, name=route.name)

@@ -1,0 +1,42 @@
+"""Typed application and request state."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from libs.common.runtime import Runtime
+from libs.common.settings import Settings
+from libs.providers.base import ProviderAdapter
+from libs.storage.base import Storage
+from services.gateway.accounts import Account
+
+
+@dataclass
+class Gateway:
+    """Everything a handler needs, opened at startup and closed at cleanup."""
+
+    settings: Settings
+    rt: Runtime
+    storage: Storage
+    adapters: dict[str, ProviderAdapter]
+    # Set when the server begins shutting down, so long-lived streams end instead of holding it open.
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+SETTINGS = web.AppKey("settings", Settings)
+GATEWAY = web.AppKey("gateway", Gateway)
+ACCOUNT = web.RequestKey("account", Account)
+
+
+def gateway(request: web.Request) -> Gateway:
+    return request.app[GATEWAY]
+
+
+def account(request: web.Request) -> Account:
+    """The authenticated account; the auth middleware sets it on every protected route."""
+    return request[ACCOUNT]
+# Names of routes under /v1 that need no API key (the provider webhook).
+PUBLIC_ROUTES = web.AppKey("public_routes", frozenset[str])

@@ -1,0 +1,118 @@
+"""`GET /v1/jobs/{id}/stream`: Server-Sent Events, one `event: job` on connect and on every change.
+
+A change notification only says "look again": the stream rereads the job, exactly like every other
+consumer, so a lost or repeated notification cannot show a wrong state. A slow reread on a timer covers
+notifications that never arrive (core NATS delivers at most once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+
+import asyncpg
+import msgspec
+import nats.errors
+from aiohttp import web
+from nats.aio.msg import Msg
+
+from libs.common import events
+from libs.common.jobs import JobRow
+from libs.common.states import TERMINAL
+from services.gateway import store
+from services.gateway.errors import ErrorOut
+from services.gateway.routes_jobs import job_id_of, owned_or_404, view
+from services.gateway.routing import Route
+from services.gateway.state import Gateway, account, gateway
+
+log = logging.getLogger("vidjobs.gateway.stream")
+
+KEEPALIVE_S = 15.0
+
+_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",  # a buffering proxy would hold events back until the stream closes
+}
+
+
+class Tick(enum.Enum):
+    CHANGED = "changed"
+    QUIET = "quiet"
+    CLOSING = "closing"
+
+
+async def _next_tick(changed: asyncio.Event, closing: asyncio.Event, quiet_s: float) -> Tick:
+    waits = {asyncio.ensure_future(changed.wait()): Tick.CHANGED,
+             asyncio.ensure_future(closing.wait()): Tick.CLOSING}
+    try:
+        done, _ = await asyncio.wait(waits, timeout=quiet_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+    if any(waits[t] is Tick.CLOSING for t in done):
+        return Tick.CLOSING
+    changed.clear()
+    return Tick.CHANGED if done else Tick.QUIET
+
+
+async def _send(resp: web.StreamResponse, gw: Gateway, job: JobRow) -> None:
+    data = msgspec.json.encode(view(gw, job))
+    await resp.write(b"event: job\ndata: " + data + b"\n\n")
+
+
+def _client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def _follow(request: web.Request, resp: web.StreamResponse, job: JobRow, changed: asyncio.Event) -> None:
+    """Send the job whenever it changes, until it is terminal, deleted, the client leaves or we shut down."""
+    gw = gateway(request)
+    while job.status not in TERMINAL and not _client_gone(request):
+        tick = await _next_tick(changed, gw.closing, KEEPALIVE_S)
+        if tick is Tick.CLOSING:
+            return
+        if tick is Tick.QUIET:
+            await resp.write(b": keepalive\n\n")
+        latest = await store.owned_job(gw.rt.pool, account(request).id, job.id)
+        if latest is None:
+            return  # deleted: nothing more will ever change
+        if (latest.status, latest.updated_at) != (job.status, job.updated_at):
+            await _send(resp, gw, latest)
+        job = latest
+
+
+async def stream_job(request: web.Request) -> web.StreamResponse:
+    gw = gateway(request)
+    changed = asyncio.Event()
+
+    async def on_change(_: Msg) -> None:
+        changed.set()
+
+    # Subscribe before the first read, so a change between the two cannot be missed.
+    sub = await gw.rt.nc.subscribe(f"{events.CHANGED_PREFIX}.{job_id_of(request)}", cb=on_change)
+    try:
+        job = await owned_or_404(request)
+        resp = web.StreamResponse(headers=_HEADERS)
+        await resp.prepare(request)
+        try:
+            await _send(resp, gw, job)
+            await _follow(request, resp, job, changed)
+        except ConnectionResetError:
+            pass  # the client left; nothing to answer
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            # Headers are sent, so no error body is possible: end the stream; the client reconnects.
+            log.warning("event stream ended early", extra={"job_id": job.id, "error": repr(exc)})
+        return resp
+    finally:
+        with contextlib.suppress(nats.errors.Error):  # a closed connection has dropped it already
+            await sub.unsubscribe()
+
+
+ROUTES = [
+    Route("GET", "/v1/jobs/{job_id}/stream", stream_job, "stream_job",
+          "Server-Sent Events: `event: job` with the job on connect and on every change; closes when terminal",
+          responses={200: "text/event-stream", 401: ErrorOut, 404: ErrorOut}),
+]

@@ -1,0 +1,147 @@
+"""The gateway on a real loopback port, over this test's own PostgreSQL database, nats-server and filesystem
+storage; helpers shared by the gateway tests (each test module makes its own small fixtures from them)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+from aiohttp.test_utils import TestClient, TestServer
+
+from cli.embedded import free_port
+from libs.common import jobs
+from libs.common.jobs import JobRequest, JobRow, Outputs
+from libs.common.settings import Settings
+from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate, transition
+from libs.providers.webhooks import new_secret
+from services.gateway.accounts import create_account
+from services.gateway.app import create_app
+from services.gateway.state import GATEWAY, Gateway
+
+JOB_BODY = {"model": "fake/default", "prompt": "a red fox in snow", "duration_s": 5, "aspect_ratio": "16:9",
+            "resolution": "720p", "seed": 7, "negative_prompt": None, "input_image": None, "params": {}}
+
+
+def gateway_settings(tmp: Path, database_url: str, nats_url: str, **overrides: Any) -> Settings:
+    return Settings(
+        data_dir=str(tmp / "data"), database_url=database_url, nats_url=nats_url,
+        storage_url=f"file://{tmp / 'objects'}", http_port=free_port(),
+        # Nothing listens there: these tests never reach a provider.
+        fake_provider_url=f"http://127.0.0.1:{free_port()}", fake_webhook_secret=new_secret(),
+        signing_secret=secrets.token_urlsafe(24), recovery_delay_s=3600, log_format="text",
+    ).with_(**overrides)
+
+
+@dataclass
+class Harness:
+    settings: Settings
+    client: TestClient
+    app: Any
+
+    @property
+    def gw(self) -> Gateway:
+        return self.app[GATEWAY]
+
+    @property
+    def pool(self) -> asyncpg.Pool:
+        return self.gw.rt.pool
+
+    async def account(self, *, credits: int = 100_000, concurrency: int = 2) -> tuple[str, str]:
+        async with self.pool.acquire() as conn:
+            return await create_account(conn, f"t-{secrets.token_hex(3)}", credits=credits, concurrency=concurrency)
+
+    async def key(self, **kwargs: Any) -> str:
+        return (await self.account(**kwargs))[1]
+
+    async def post_job(self, key: str, body: Any = None, *, headers: dict[str, str] | None = None,
+                       **changes: Any) -> tuple[int, Any]:
+        payload = {**JOB_BODY, **changes} if body is None else body
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        resp = await self.client.post("/v1/jobs", data=data, headers={
+            **auth(key), "Content-Type": "application/json", **(headers or {})})
+        return resp.status, await resp.json()
+
+    async def get(self, key: str | None, path: str) -> tuple[int, Any]:
+        resp = await self.client.get(path, headers=auth(key) if key else {})
+        return resp.status, (await resp.json() if resp.content_type == "application/json" else None)
+
+    async def count(self, sql: str, *args: Any) -> int:
+        return await self.pool.fetchval(sql, *args)
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@asynccontextmanager
+async def running_gateway(settings: Settings) -> AsyncIterator[Harness]:
+    app = create_app(settings)
+    async with TestClient(TestServer(app, host=settings.http_host, port=settings.http_port)) as client:
+        yield Harness(settings=settings, client=client, app=app)
+
+
+def assert_error(body: Any, code: str, *mentions: str) -> None:
+    """The one error shape, with the given code, whose message names each of `mentions`."""
+    assert set(body) == {"error"}, body
+    assert set(body["error"]) == {"code", "message", "retryable"}, body
+    assert body["error"]["code"] == code, body
+    assert isinstance(body["error"]["retryable"], bool)
+    for word in mentions:
+        assert word in body["error"]["message"], body
+
+
+async def drive(pool: asyncpg.Pool, job_id: str, *path: JobStatus, update: JobUpdate | None = None) -> JobRow:
+    """Move a job through `path` with the real transition function, as the workers would."""
+    moved = None
+    async with pool.acquire() as conn:
+        for to in path:
+            moved = await transition(conn, job_id, to, reason=f"test: {to}", update=update if to is path[-1] else None)
+            assert moved is not None, f"{job_id} could not move to {to}"
+    assert moved is not None
+    return moved.job
+
+
+async def store_outputs(h: Harness, account_id: str, job_id: str, *, video: bytes,
+                        thumbnail: bytes = b"\xff\xd8\xff\xe0thumb") -> Outputs:
+    """Files in storage and the outputs that name them, as the media service would make them."""
+    prefix = f"accounts/{account_id}/jobs/{job_id}/"
+    await h.gw.storage.put_bytes(prefix + "video.mp4", video, "video/mp4")
+    await h.gw.storage.put_bytes(prefix + "thumb.jpg", thumbnail, "image/jpeg")
+    return Outputs(video_key=prefix + "video.mp4", thumbnail_key=prefix + "thumb.jpg", duration_s=1.0,
+                   width=1280, height=720, bytes=len(video), sha256=hashlib.sha256(video).hexdigest())
+
+
+async def completed_job(h: Harness, account_id: str, *, video: bytes = b"\x00\x00\x00\x18ftypmp42" + bytes(4096),
+                        ) -> JobRow:
+    """A job that rendered and whose files are in storage."""
+    async with h.pool.acquire() as conn, conn.transaction():
+        job = await jobs.create(conn, account_id=account_id, request=JobRequest(model="fake/default", prompt="done"),
+                                estimated_credits=10, recovery_delay_s=3600)
+    outputs = await store_outputs(h, account_id, job.id, video=video)
+    return await drive(h.pool, job.id, JobStatus.SUBMITTED, JobStatus.DOWNLOADING, JobStatus.COMPLETED,
+                       update=JobUpdate(outputs=outputs, actual_credits=10))
+
+
+async def read_event(resp: aiohttp.ClientResponse) -> tuple[str, dict] | None:
+    """The next SSE event (keepalive comments skipped), or None when the stream ends."""
+    name, data = "message", []
+    while True:
+        line = await resp.content.readline()
+        if not line:
+            return None
+        text = line.decode().rstrip("\r\n")
+        if text == "" and data:
+            return name, json.loads("\n".join(data))
+        if text.startswith("event:"):
+            name = text[6:].strip()
+        elif text.startswith("data:"):
+            data.append(text[5:].strip())

@@ -1,0 +1,139 @@
+"""Operations and documents: health, readiness, metrics, the OpenAPI document, the web page, and the
+`python -m services.gateway` process itself."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.gateway.app import route_table
+from tests.support import wait_until
+from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
+
+
+@pytest.fixture
+async def h(tmp_path, database_url, nats_url):
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
+        yield harness
+
+
+async def test_health_and_readiness(h):
+    assert (await h.get(None, "/healthz")) == (200, {"status": "ok"})
+    assert (await h.get(None, "/readyz")) == (200, {"status": "ready"})
+
+
+async def test_readiness_follows_nats(h, nats_server):
+    nats_server.stop()
+
+    async def answers(status: int) -> bool:
+        return (await h.get(None, "/readyz"))[0] == status
+
+    await wait_until(lambda: answers(503), within=15, what="/readyz to report NATS down")
+    _, body = await h.get(None, "/readyz")
+    assert_error(body, "not_ready", "NATS")
+    nats_server.start()  # same port: the client reconnects by itself
+    await wait_until(lambda: answers(200), within=15, what="/readyz to recover")
+
+
+async def test_metrics_count_requests_by_route_not_by_path(h):
+    key = await h.key()
+    await h.get(key, "/v1/jobs/job_a")
+    await h.get(key, "/v1/jobs/job_b")
+
+    resp = await h.client.get("/metrics")
+    text = await resp.text()
+
+    assert resp.status == 200
+    samples = {tuple(sorted(s.labels.items())): s.value
+               for family in text_string_to_metric_families(text) if family.name == "vidjobs_http_requests"
+               for s in family.samples if s.name == "vidjobs_http_requests_total"}
+    assert samples[(("method", "GET"), ("route", "get_job"), ("status", "404"))] >= 2
+    assert "job_a" not in text
+
+
+async def test_openapi_lists_every_route_with_the_contract_fields(h):
+    status, doc = await h.get(None, "/openapi.json")
+    assert status == 200 and doc["openapi"].startswith("3.")
+
+    documented = {(method.upper(), path) for path, ops in doc["paths"].items() for method in ops}
+    served = {(r.method, re.sub(r"\{(\w+)(:[^}]*)?\}", r"{\1}", r.path))
+              for r in route_table(h.settings) if r.documented}
+    assert documented == served
+    for method, path in [("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
+                         ("POST", "/v1/jobs/{job_id}/cancel"), ("DELETE", "/v1/jobs/{job_id}"),
+                         ("GET", "/v1/jobs/{job_id}/events"), ("GET", "/v1/jobs/{job_id}/stream"),
+                         ("GET", "/v1/account"), ("POST", "/v1/webhooks/{provider}"), ("GET", "/healthz"),
+                         ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json")]:
+        assert (method, path) in documented, (method, path)
+
+    schemas = doc["components"]["schemas"]
+    assert set(schemas["JobOut"]["properties"]) == {
+        "id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
+        "progress", "error", "outputs", "cost"}
+    assert set(schemas["CreateJob"]["properties"]) == {
+        "model", "prompt", "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image",
+        "params"}
+    assert set(schemas["JobStatus"]["enum"]) == {"pending", "submitted", "processing", "retrying", "downloading",
+                                                 "completed", "failed", "canceled", "expired"}
+    assert set(schemas["TransitionOut"]["properties"]) == {"from", "to", "at", "reason"}
+    assert doc["paths"]["/v1/webhooks/{provider}"]["post"]["security"] == []
+
+
+async def test_the_page_and_its_assets_are_served(h):
+    resp = await h.client.get("/")
+    html = await resp.text()
+    assert resp.status == 200 and resp.content_type == "text/html"
+    assert "/static/app.js" in html and "Render" in html
+    assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
+    script = await h.client.get("/static/app.js")
+    assert script.status == 200 and "/stream" in await script.text()
+    assert (await h.client.get("/static/style.css")).status == 200
+    for name in ["index.html.bak", "..%2Fapp.py", "__init__.py"]:
+        assert (await h.client.get(f"/static/{name}")).status == 404
+
+
+async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
+    async with aiohttp.ClientSession() as session:
+
+        async def ready() -> bool:
+            assert proc.returncode is None, "the gateway exited before it was ready"
+            try:
+                async with session.get(f"{url}/readyz") as resp:
+                    return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(ready, within=60, what="the gateway process to be ready")
+
+
+async def test_the_process_serves_and_stops_cleanly_on_sigterm(tmp_path, database_url, nats_url):
+    settings = gateway_settings(tmp_path, database_url, nats_url)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.gateway", env={**os.environ, **settings.to_env()},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await _wait_ready(settings.gateway_url, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 20) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_a_bad_setting_exits_2_naming_the_variable():
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.gateway", env={**os.environ, "VIDJOBS_HTTP_PORT": "eighty"},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 2
+    assert b"VIDJOBS_HTTP_PORT" in err

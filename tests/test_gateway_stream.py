@@ -1,0 +1,115 @@
+"""The SSE stream: the job on connect, a new event after each real transition (published by the outbox relay
+as JobChanged), closed after a terminal state or deletion, and no subscription left behind."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from libs.common import events, jobs
+from libs.common.states import JobStatus
+from services.gateway import stream
+from tests.support import wait_until
+from tests.test_gateway_harness import assert_error, auth, drive, gateway_settings, read_event, running_gateway
+
+
+@pytest.fixture
+async def h(tmp_path, database_url, nats_url):
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
+        yield harness
+
+
+def change_subscriptions(h) -> list:
+    return [sub for sub in h.gw.rt.nc._subs.values() if sub.subject.startswith(events.CHANGED_PREFIX)]
+
+
+async def _open(h, key: str, job_id: str):
+    resp = await h.client.get(f"/v1/jobs/{job_id}/stream", headers=auth(key))
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    return resp
+
+
+async def test_stream_sends_the_job_then_each_change_and_closes_when_terminal(h):
+    key = await h.key()
+    _, job = await h.post_job(key)
+    resp = await _open(h, key, job["id"])
+
+    assert await read_event(resp) == ("job", job)
+
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED)
+    name, submitted = await asyncio.wait_for(read_event(resp), 10)
+    assert (name, submitted["status"], submitted["stage"]) == ("job", "submitted", "submitted")
+
+    await drive(h.pool, job["id"], JobStatus.PROCESSING)
+    _, rendering = await asyncio.wait_for(read_event(resp), 10)
+    assert rendering["stage"] == "rendering"
+
+    await h.client.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(key))
+    _, canceled = await asyncio.wait_for(read_event(resp), 10)
+    assert canceled["status"] == "canceled"
+    assert await asyncio.wait_for(read_event(resp), 10) is None  # the server closed the stream
+
+
+async def test_a_finished_job_is_sent_once_and_the_stream_closes(h):
+    key = await h.key()
+    _, job = await h.post_job(key)
+    await drive(h.pool, job["id"], JobStatus.FAILED)
+    resp = await _open(h, key, job["id"])
+    _, sent = await read_event(resp)
+    assert sent["status"] == "failed"
+    assert await asyncio.wait_for(read_event(resp), 10) is None
+
+
+async def test_deleting_the_job_closes_its_stream(h):
+    account_id, key = await h.account()
+    _, job = await h.post_job(key)
+    resp = await _open(h, key, job["id"])
+    await read_event(resp)
+
+    async with h.pool.acquire() as conn, conn.transaction():
+        await jobs.mark_deleted(conn, job["id"], account_id)
+    h.gw.rt.relay.poke()
+
+    assert await asyncio.wait_for(read_event(resp), 10) is None
+
+
+async def test_unknown_job_is_a_json_404_not_a_stream(h):
+    resp = await h.client.get("/v1/jobs/job_nope/stream", headers=auth(await h.key()))
+    assert resp.status == 404
+    assert_error(await resp.json(), "not_found")
+    assert change_subscriptions(h) == []  # the subscription made before the read was removed
+
+
+async def test_a_client_that_leaves_leaves_no_subscription(h, monkeypatch):
+    monkeypatch.setattr(stream, "KEEPALIVE_S", 0.2)
+    key = await h.key()
+    _, job = await h.post_job(key)
+    resp = await _open(h, key, job["id"])
+    _, first = await read_event(resp)
+    assert first["status"] == "pending" and len(change_subscriptions(h)) == 1
+
+    resp.close()
+
+    async def unsubscribed() -> bool:
+        return change_subscriptions(h) == []
+
+    await wait_until(unsubscribed, within=10, what="the stream's NATS subscription to be removed")
+
+
+async def test_quiet_streams_send_keepalives(h, monkeypatch):
+    monkeypatch.setattr(stream, "KEEPALIVE_S", 0.2)
+    key = await h.key()
+    _, job = await h.post_job(key)
+    resp = await _open(h, key, job["id"])
+    await read_event(resp)
+    assert await asyncio.wait_for(resp.content.readline(), 5) == b": keepalive\n"
+
+
+async def test_an_id_that_is_not_a_job_id_never_becomes_a_subject(h):
+    key = await h.key()
+    for job_id in ["job_*", "job_>", "job_a.b"]:
+        resp = await h.client.get(f"/v1/jobs/{job_id}/stream", headers=auth(key))
+        assert resp.status == 404, job_id
+    assert change_subscriptions(h) == []
