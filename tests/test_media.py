@@ -259,7 +259,8 @@ async def running_media(settings: Settings) -> AsyncIterator[Runtime]:
 
 async def downloading_job(rt: Runtime, output_url: str, *, request_download: bool = True) -> str:
     """A job the provider has just finished, with its DownloadRequested in the outbox."""
-    await rt.pool.execute("INSERT INTO accounts (id, name) VALUES ('acct_media', 'media') ON CONFLICT DO NOTHING")
+    await rt.pool.execute(
+        "INSERT INTO accounts (id, name, credits_balance) VALUES ('acct_media', 'media', 1000) ON CONFLICT DO NOTHING")
     async with rt.tx() as conn:
         job = await jobs.create(conn, account_id="acct_media", estimated_credits=10, recovery_delay_s=600,
                                 request=JobRequest(model="fake/default", prompt="a fox in snow", duration_s=1))

@@ -12,7 +12,8 @@ from libs.common.states import LEGAL, JobStatus
 
 
 async def _account(pool, account_id: str = "acct_t") -> str:
-    await pool.execute("INSERT INTO accounts (id, name) VALUES ($1, $1) ON CONFLICT DO NOTHING", account_id)
+    await pool.execute("INSERT INTO accounts (id, name, credits_balance) VALUES ($1, $1, 1000) ON CONFLICT DO NOTHING",
+                       account_id)
     return account_id
 
 
@@ -82,3 +83,32 @@ async def test_racing_workers_make_one_move(pool):
     count = await pool.fetchval(
         "SELECT count(*) FROM job_transitions WHERE job_id = $1 AND to_status = 'submitted'", job.id)
     assert count == 1
+
+
+async def _credits(pool, account_id: str = "acct_t") -> tuple[int, int]:
+    row = await pool.fetchrow("SELECT credits_balance, credits_reserved FROM accounts WHERE id = $1", account_id)
+    return row["credits_balance"], row["credits_reserved"]
+
+
+async def _reserved_job(pool) -> jobs.JobRow:
+    job = await _job(pool)
+    await pool.execute("UPDATE accounts SET credits_balance = 100")
+    return job
+
+
+async def test_completion_charges_the_estimate_once(pool):
+    job = await _reserved_job(pool)
+    async with pool.acquire() as conn:
+        for to in (JobStatus.SUBMITTED, JobStatus.DOWNLOADING, JobStatus.COMPLETED, JobStatus.EXPIRED):
+            assert await transitions.transition(conn, job.id, to, reason="test") is not None
+    assert await _credits(pool) == (90, 0)  # expiry after completion charges nothing more
+
+
+async def test_cancel_and_delete_give_the_reservation_back(pool):
+    canceled, deleted = await _reserved_job(pool), await _reserved_job(pool)
+    assert await _credits(pool) == (100, 20)
+    async with pool.acquire() as conn, conn.transaction():
+        await transitions.transition(conn, canceled.id, JobStatus.CANCELED, reason="owner")
+        assert await jobs.mark_deleted(conn, deleted.id, deleted.account_id)
+        assert not await jobs.mark_deleted(conn, deleted.id, deleted.account_id)
+    assert await _credits(pool) == (100, 0)

@@ -75,6 +75,10 @@ class StoreError(VidjobsError):
     """A database operation failed in a way the caller may handle."""
 
 
+class QuotaExhausted(VidjobsError):
+    """The account has too little free credit for what was asked."""
+
+
 class ProviderError(VidjobsError):
     """A provider call failed; `code` classifies it, `retry_after` honours the provider's pacing."""
 

@@ -8,7 +8,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from libs.common import ids, outbox
+from libs.common import credits, ids, outbox
 from libs.common.errors import JobError
 from libs.common.events import AssetsDeleteRequested, JobChanged, JobQueued, RecoveryDue
 from libs.common.states import TERMINAL, JobStatus
@@ -93,11 +93,13 @@ async def create(
     conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
     recovery_delay_s: float,
 ) -> JobRow:
-    """Insert a pending job with its creation audit row, its submit event and its first recovery check.
+    """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
+    first recovery check. Raises QuotaExhausted (and creates nothing) when the credit is not there.
 
     Creation is the one status write outside `transitions.transition`: it has no previous status to guard.
     Must run inside the caller's transaction.
     """
+    await credits.reserve(conn, account_id=account_id, amount=estimated_credits)
     job_id = ids.new("job")
     row = await conn.fetchrow(
         """
@@ -128,12 +130,15 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
         """
         UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL
         WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
-        RETURNING status, updated_at
+        RETURNING status, updated_at, estimated_credits
         """,
         job_id, account_id,
     )
     if row is None:
         return False
+    if JobStatus(row["status"]) not in TERMINAL:
+        # A deleted live job will never reach a terminal transition: give its reservation back now.
+        await credits.settle(conn, account_id=account_id, estimated=row["estimated_credits"], charged=0)
     await outbox.add(conn, [
         AssetsDeleteRequested(job_id=job_id),
         JobChanged(job_id=job_id, status="deleted", at=row["updated_at"]),

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from libs.common import metrics, outbox
+from libs.common import credits, metrics, outbox
 from libs.common.errors import JobError
 from libs.common.events import Event, JobChanged
 from libs.common.jobs import JobRow, Outputs, row_to_job
@@ -115,6 +115,9 @@ async def transition(
             job_id, from_status.value, to.value, reason,
         )
         job = row_to_job(row)
+        if to in TERMINAL and from_status not in TERMINAL:
+            await credits.settle(conn, account_id=job.account_id, estimated=job.estimated_credits,
+                                 charged=credits.charge_for(to, job.estimated_credits, job.actual_credits))
         await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *emit])
     metrics.TRANSITIONS.labels(to.value).inc()
     log.info("job transitioned",

@@ -85,20 +85,6 @@ async def fetch(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> Acc
     return None if row is None else Account(**dict(row))
 
 
-async def reserve_credits(conn: asyncpg.Connection, account_id: str, amount: int) -> bool:
-    """Hold `amount` credits for a job, only if that much is free. One guarded statement, so two requests
-    racing for the last credits cannot both win."""
-    row = await conn.fetchval(
-        """
-        UPDATE accounts SET credits_reserved = credits_reserved + $2
-        WHERE id = $1 AND credits_balance - credits_reserved >= $2
-        RETURNING id
-        """,
-        account_id, amount,
-    )
-    return row is not None
-
-
 async def active_jobs(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
     return await conn.fetchval(
         """

@@ -8,13 +8,13 @@ import asyncpg
 from aiohttp import web
 
 from libs.common import jobs
-from libs.common.errors import ErrorCode, JobError, ProviderError
+from libs.common.errors import ErrorCode, JobError, ProviderError, QuotaExhausted
 from libs.common.jobs import JobRequest, JobRow
 from libs.common.states import TERMINAL, JobStatus
 from libs.common.transitions import JobUpdate, transition
 from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for
-from services.gateway import accounts, cursor, idempotency, store
+from services.gateway import cursor, idempotency, store
 from services.gateway.accounts import Account
 from services.gateway.bodies import CreateJob, JobList, JobOut, ListQuery, Trail, TransitionOut
 from services.gateway.decoding import read_json, read_query
@@ -59,11 +59,11 @@ async def _create_once(
     async with gw.rt.tx() as conn:
         if key is not None and (earlier := await idempotency.previous(conn, owner.id, key, body_hash)):
             return await _replayed(conn, owner.id, earlier), False
-        if not await accounts.reserve_credits(conn, owner.id, estimate):
-            raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED,
-                           f"this job needs {estimate} credits and the account has fewer free; add credit")
-        job = await jobs.create(conn, account_id=owner.id, request=request, estimated_credits=estimate,
-                                recovery_delay_s=gw.settings.recovery_delay_s)
+        try:
+            job = await jobs.create(conn, account_id=owner.id, request=request, estimated_credits=estimate,
+                                    recovery_delay_s=gw.settings.recovery_delay_s)
+        except QuotaExhausted as err:
+            raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         if key is not None:
             await idempotency.remember(conn, owner.id, key, body_hash, job.id)
         return job, True
