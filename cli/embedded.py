@@ -87,8 +87,11 @@ class EmbeddedPostgres:
         self._server = None
 
     def start(self) -> EmbeddedPostgres:
-        os.environ.setdefault("XDG_RUNTIME_DIR", str(self.data_dir.parent))
-        import pgserver  # imported late: it probes the machine on import
+        # pgserver keeps a lock file in the runtime directory, which must be private to this user.
+        runtime = self.data_dir.parent / "run"
+        runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
+        import pgserver  # imported late: it reads the runtime directory on import
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")

@@ -9,6 +9,7 @@ import io
 import itertools
 import json
 import re
+import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +27,8 @@ from tests.support import wait_until
 from tests.test_gateway_harness import drive, gateway_settings, running_gateway, store_outputs
 
 CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None)
+if CHROMIUM is None and os.environ.get("CI"):
+    raise RuntimeError("CI must test the web page in a real browser, and no Chromium is installed (.ci/run installs it)")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine")
 
 

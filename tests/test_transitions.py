@@ -102,6 +102,7 @@ async def test_completion_charges_the_estimate_once(pool):
         for to in (JobStatus.SUBMITTED, JobStatus.DOWNLOADING, JobStatus.COMPLETED, JobStatus.EXPIRED):
             assert await transitions.transition(conn, job.id, to, reason="test") is not None
     assert await _credits(pool) == (90, 0)  # expiry after completion charges nothing more
+    assert (await jobs.fetch(pool, job.id)).actual_credits == 10
 
 
 async def test_cancel_and_delete_give_the_reservation_back(pool):

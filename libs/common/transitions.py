@@ -68,12 +68,15 @@ def allowed_sources(to: JobStatus, expect: Collection[JobStatus] | None) -> list
     return sorted(s.value for s in chosen)
 
 
-def _update_sql(columns: dict[str, Any], terminal: bool) -> tuple[str, list[Any]]:
+def _update_sql(columns: dict[str, Any], to: JobStatus) -> tuple[str, list[Any]]:
     sets = ["status = $3", "updated_at = clock_timestamp()"]
     values: list[Any] = []
-    if terminal:
+    if to in TERMINAL:
         # A finished job needs no more watching (and the schema's CHECK insists on it).
         columns = {**columns, "recover_at": None, "retry_at": None, "deadline_at": None}
+    if to is JobStatus.COMPLETED and "actual_credits" not in columns:
+        # What was charged is on the job: the provider's reported cost where given, else the estimate.
+        sets.append("actual_credits = COALESCE(j.actual_credits, j.estimated_credits)")
     for i, (name, value) in enumerate(columns.items(), start=4):
         sets.append(f"{name} = ${i}")
         values.append(value)
@@ -102,7 +105,7 @@ async def transition(
 ) -> Transitioned | None:
     """Move `job_id` to `to` if its status is still one of `expect` (default: every legal source)."""
     sources = allowed_sources(to, expect)
-    sql, values = _update_sql(update.columns() if update else {}, to in TERMINAL)
+    sql, values = _update_sql(update.columns() if update else {}, to)
     async with conn.transaction():
         row = await conn.fetchrow(sql, job_id, sources, to.value, *values)
         if row is None:
