@@ -8,8 +8,8 @@ import asyncio
 import io
 import itertools
 import json
-import re
 import os
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,7 +28,7 @@ from tests.test_gateway_harness import drive, gateway_settings, running_gateway,
 
 CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None)
 if CHROMIUM is None and os.environ.get("CI"):
-    raise RuntimeError("CI must test the web page in a real browser, and no Chromium is installed (.ci/run installs it)")
+    raise RuntimeError("CI tests the web page in a real browser, and no Chromium is installed (.ci/run installs it)")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine")
 
 
