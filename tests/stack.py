@@ -87,6 +87,20 @@ def assert_legal_trail(trail: list[dict]) -> None:
         previous = target
 
 
+async def assert_every_trail_legal(database_url: str) -> None:
+    """Whatever a test did, every job's audit trail in the database holds only legal moves."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT job_id, from_status, to_status, at, reason FROM job_transitions ORDER BY id")
+    finally:
+        await conn.close()
+    trails: dict[str, list[dict]] = {}
+    for r in rows:
+        trails.setdefault(r["job_id"], []).append({"from": r["from_status"], "to": r["to_status"]})
+    for trail in trails.values():
+        assert_legal_trail(trail)
+
+
 def stack_settings(tmp: Path, database_url: str, nats_url: str, **overrides: Any) -> Settings:
     return Settings(
         data_dir=str(tmp / "data"), database_url=database_url, nats_url=nats_url,
@@ -127,6 +141,7 @@ async def running_stack(settings: Settings, *, key: str | None = None) -> AsyncI
             await wait_ready(settings.gateway_url, supervisor, timeout_s=60)
             await wait_until(lambda: _healthy(session, settings.fake_provider_url), within=30, what="fake provider")
             yield Stack(settings, supervisor, session, key)
+        await assert_every_trail_legal(settings.database_url)
     finally:
         await supervisor.close(grace_s=10)
         await asyncio.sleep(0)
