@@ -43,6 +43,14 @@ class AssetsDeleteRequested(msgspec.Struct, tag="assets.delete_requested"):
     job_id: str
 
 
+class CancelRequested(msgspec.Struct, tag="cancel.requested"):
+    """We stopped caring about a render (canceled, deleted, past its deadline): ask the provider to stop."""
+
+    job_id: str
+    provider: str
+    provider_job_id: str
+
+
 class RecoveryDue(msgspec.Struct, tag="recovery.due"):
     """Look at a job at `due_at` in case its signals were lost."""
 
@@ -66,9 +74,13 @@ POLL = "vidjobs.work.poll"
 DOWNLOAD = "vidjobs.work.download"
 ASSETS_DELETE = "vidjobs.work.assets_delete"
 RECOVERY = "vidjobs.work.recovery"
+CANCEL = "vidjobs.work.cancel"
 CHANGED_PREFIX = "vidjobs.changed"
 
-WorkEvent = JobQueued | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
+WorkEvent = (
+    JobQueued | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
+    | CancelRequested
+)
 Event = WorkEvent | JobChanged
 
 SUBJECT_OF: dict[type, str] = {
@@ -78,6 +90,7 @@ SUBJECT_OF: dict[type, str] = {
     DownloadRequested: DOWNLOAD,
     AssetsDeleteRequested: ASSETS_DELETE,
     RecoveryDue: RECOVERY,
+    CancelRequested: CANCEL,
 }
 
 

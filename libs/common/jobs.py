@@ -10,7 +10,7 @@ import msgspec
 
 from libs.common import credits, ids, outbox
 from libs.common.errors import JobError
-from libs.common.events import AssetsDeleteRequested, JobChanged, JobQueued, RecoveryDue
+from libs.common.events import AssetsDeleteRequested, CancelRequested, JobChanged, JobQueued, RecoveryDue
 from libs.common.states import TERMINAL, JobStatus
 
 
@@ -123,6 +123,14 @@ async def create(
     return job
 
 
+def stop_at_provider(job: JobRow, was: JobStatus | None = None) -> list[CancelRequested]:
+    """The message that asks the provider to stop rendering this job, if it may still be rendering (judged
+    by `was`, its status before the change at hand, when given)."""
+    if job.provider_job_id is None or (was or job.status) not in (JobStatus.SUBMITTED, JobStatus.PROCESSING):
+        return []
+    return [CancelRequested(job_id=job.id, provider=job.provider, provider_job_id=job.provider_job_id)]
+
+
 async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -> bool:
     """Hide a job from every read at once and ask for its assets to be removed. Deletion is not a status:
     the row keeps its status, and every consumer treats `deleted_at` as terminal. False if no such job."""
@@ -130,16 +138,18 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
         """
         UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL
         WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
-        RETURNING status, updated_at, estimated_credits
+        RETURNING *
         """,
         job_id, account_id,
     )
     if row is None:
         return False
-    if JobStatus(row["status"]) not in TERMINAL:
+    job = row_to_job(row)
+    if job.status not in TERMINAL:
         # A deleted live job will never reach a terminal transition: give its reservation back now.
-        await credits.settle(conn, account_id=account_id, estimated=row["estimated_credits"], charged=0)
+        await credits.settle(conn, account_id=account_id, estimated=job.estimated_credits, charged=0)
     await outbox.add(conn, [
+        *stop_at_provider(job),
         AssetsDeleteRequested(job_id=job_id),
         JobChanged(job_id=job_id, status="deleted", at=row["updated_at"]),
     ])

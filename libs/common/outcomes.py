@@ -11,18 +11,18 @@ from libs.common import metrics
 from libs.common.errors import JobError
 from libs.common.events import RecoveryDue
 from libs.common.jobs import JobRow
-from libs.common.retry import RetryPolicy, next_retry
+from libs.common.retry import Policies, next_retry
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate, Transitioned, transition
 
 
 async def fail_or_retry(
-    conn: asyncpg.Connection, job: JobRow, error: JobError, *, policy: RetryPolicy, reason: str,
+    conn: asyncpg.Connection, job: JobRow, error: JobError, *, policies: Policies, reason: str,
     expect: Collection[JobStatus], retry_after: float | None = None,
 ) -> Transitioned | None:
     now = datetime.now(UTC)
-    when = next_retry(policy, error, attempt=job.attempt, created_at=job.created_at, now=now,
-                      retry_after=retry_after)
+    policy = policies.for_provider(job.provider)
+    when = next_retry(policy, error, attempt=job.attempt, created_at=job.created_at, now=now, retry_after=retry_after)
     metrics.JOB_ERRORS.labels(error.code.value).inc()
     if when is not None:
         return await transition(

@@ -19,11 +19,28 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
     max_elapsed_s: float = 3600.0
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> RetryPolicy:
-        return cls(
+    def from_settings(cls, settings: Settings, provider: str | None = None) -> RetryPolicy:
+        """The global policy, with the provider's overrides from VIDJOBS_RETRY_POLICIES on top."""
+        policy = cls(
             max_attempts=settings.max_attempts, base_s=settings.retry_base_s, cap_s=settings.retry_cap_s,
             max_elapsed_s=settings.render_deadline_s * settings.max_attempts,
         )
+        overrides = settings.retry_policies.get(provider or "")
+        if overrides is None:
+            return policy
+        return msgspec.structs.replace(policy, **msgspec.to_builtins(overrides))
+
+
+class Policies:
+    """Retry policy by provider, built once per process."""
+
+    def __init__(self, settings: Settings):
+        self._settings = settings
+        self._default = RetryPolicy.from_settings(settings)
+        self._by_provider = {p: RetryPolicy.from_settings(settings, p) for p in settings.retry_policies}
+
+    def for_provider(self, provider: str) -> RetryPolicy:
+        return self._by_provider.get(provider, self._default)
 
 
 def spends_attempt(error: JobError) -> bool:

@@ -10,6 +10,8 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import asyncpg
 import uvloop
@@ -19,9 +21,12 @@ from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from libs.common import bus, db, logs
-from libs.common.errors import ConfigError
+from libs.common.errors import ConfigError, ErrorCode, JobError
+from libs.common.events import Event
 from libs.common.outbox import Relay
 from libs.common.settings import Settings, load
+from libs.common.states import JobStatus, sources_of
+from libs.common.transitions import JobUpdate, transition
 
 log = logging.getLogger("vidjobs.runtime")
 
@@ -101,6 +106,27 @@ async def health_app(rt: Runtime) -> web.AppRunner:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     log.info("health and metrics listening", extra={"port": port})
     return runner
+
+
+def consumer(rt: Runtime, durable: str, subject: str, handler: bus.Handler, **options: Any) -> bus.ConsumerSpec:
+    """A consumer with this deployment's ack wait and delivery budget; a message that exhausts the budget is
+    dead-lettered and its job failed with `internal`, never left looping."""
+    defaults: dict[str, Any] = {
+        "ack_wait_s": rt.settings.ack_wait_s, "max_deliver": rt.settings.max_deliveries,
+        "on_dead": partial(fail_internal, rt),
+    }
+    return bus.ConsumerSpec(durable=durable, subject=subject, handler=handler, **{**defaults, **options})
+
+
+async def fail_internal(rt: Runtime, event: Event) -> None:
+    job_id = getattr(event, "job_id", None)
+    if job_id is None:
+        return
+    error = JobError.of(ErrorCode.INTERNAL, "A step of this job kept failing on our side, so it was stopped and "
+                                            "reported. Submit it again; you were not charged.")
+    async with rt.tx() as conn:
+        await transition(conn, job_id, JobStatus.FAILED, reason=f"gave up on {type(event).__name__}",
+                         expect=sources_of(JobStatus.FAILED), update=JobUpdate(error=error, progress=None))
 
 
 WorkerMain = Callable[[Runtime], Awaitable[None]]

@@ -16,8 +16,20 @@ from libs.common.errors import ConfigError
 
 PREFIX = "VIDJOBS_"
 
+# Settings whose environment value is JSON.
+_JSON_FIELDS = {"retry_policies"}
+
 # Variables the test harness and CLI set for their own use; they are not service settings.
 _NOT_SETTINGS = {"VIDJOBS_TEST_DATABASE_URL", "VIDJOBS_TEST_NATS_URL"}
+
+
+class ProviderPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """Retry policy overrides for one provider; unset fields take the global settings."""
+
+    max_attempts: int | None = None
+    base_s: float | None = None
+    cap_s: float | None = None
+    max_elapsed_s: float | None = None
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -37,6 +49,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_attempts: int = 3
     retry_base_s: float = 2.0
     retry_cap_s: float = 60.0
+    # Per provider, as JSON: {"replicate": {"max_attempts": 5, "cap_s": 120}}
+    retry_policies: dict[str, ProviderPolicy] = {}
+    provider_timeout_s: float = 30.0  # one HTTP call to a provider
+    ack_wait_s: float = 30.0  # a consumer's message is redelivered if not acked (or heartbeated) this long
+    max_deliveries: int = 10  # deliveries of one message before it is dead-lettered
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
     signed_url_ttl_s: int = 3600
     fake_provider_url: str = "http://127.0.0.1:8090"
@@ -71,7 +88,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         """The environment that reproduces these settings in a child process."""
         env = {}
         for field in msgspec.structs.fields(self):
-            env[PREFIX + field.name.upper()] = str(getattr(self, field.name))
+            value = getattr(self, field.name)
+            text = msgspec.json.encode(value).decode() if field.name in _JSON_FIELDS else str(value)
+            env[PREFIX + field.name.upper()] = text
         return env
 
 
@@ -82,6 +101,11 @@ def load(environ: dict[str, str] | None = None) -> Settings:
         for key, value in environ.items()
         if key.startswith(PREFIX) and key not in _NOT_SETTINGS
     }
+    for name in _JSON_FIELDS & raw.keys():
+        try:
+            raw[name] = msgspec.json.decode(raw[name])
+        except msgspec.DecodeError as exc:
+            raise ConfigError(f"bad setting: {PREFIX}{name.upper()} is not JSON: {exc}") from exc
     try:
         return msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
@@ -90,6 +114,9 @@ def load(environ: dict[str, str] | None = None) -> Settings:
 
 def _env_name(message: str) -> str:
     # msgspec says "... - at `$.http_port`"; name the variable a person actually sets.
+    if message.startswith("Object contains unknown field `"):
+        name = message.split("`")[1]
+        return f"unknown setting {PREFIX}{name.upper()} (see the settings table in README.md)"
     if "`$." in message:
         head, _, tail = message.partition("`$.")
         name, _, rest = tail.partition("`")

@@ -7,14 +7,16 @@ import aiohttp
 from libs.common.errors import ErrorCode, ProviderError
 from libs.common.settings import Settings
 from libs.providers.base import ProviderAdapter
-from libs.providers.fake.adapter import FakeAdapter
+from libs.providers.fake.adapter import FakeAdapter, PollingFakeAdapter
 
 
 def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[str, ProviderAdapter]:
     """Every configured adapter by provider name, sharing the caller's HTTP session (the caller closes it)."""
     fake = FakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
                        tolerance_s=settings.webhook_tolerance_s)
-    return {fake.name: fake}
+    polling = PollingFakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
+                                 tolerance_s=settings.webhook_tolerance_s)
+    return {fake.name: fake, polling.name: polling}
 
 
 def adapter_for(adapters: dict[str, ProviderAdapter], provider_name: str) -> ProviderAdapter:

@@ -7,7 +7,7 @@ import re
 import asyncpg
 from aiohttp import web
 
-from libs.common import jobs
+from libs.common import jobs, outbox
 from libs.common.errors import ErrorCode, JobError, ProviderError, QuotaExhausted
 from libs.common.jobs import JobRequest, JobRow
 from libs.common.states import TERMINAL, JobStatus
@@ -127,8 +127,10 @@ async def cancel_job(request: web.Request) -> web.Response:
     job = await owned_or_404(request)
     if job.status not in TERMINAL:
         async with gw.rt.tx() as conn:
-            await transition(conn, job.id, JobStatus.CANCELED, reason="canceled by owner",
-                             update=JobUpdate(error=JobError.of(ErrorCode.CANCELED)))
+            moved = await transition(conn, job.id, JobStatus.CANCELED, reason="canceled by owner",
+                                     update=JobUpdate(error=JobError.of(ErrorCode.CANCELED)))
+            if moved is not None:
+                await outbox.add(conn, jobs.stop_at_provider(moved.job, was=moved.from_status))
         # Moved or not (another worker may have finished it first), the answer is the job as it now stands.
         job = await owned_or_404(request)
     return json_response(view(gw, job))

@@ -17,11 +17,11 @@ from functools import partial
 import aiohttp
 
 from libs.common import bus, events, jobs, metrics
-from libs.common.bus import ConsumerSpec, Delivery
+from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, JobError, MediaError, Redeliver
 from libs.common.events import AssetsDeleteRequested, DownloadRequested
 from libs.common.jobs import JobRow
-from libs.common.runtime import Runtime
+from libs.common.runtime import Runtime, consumer
 from libs.common.settings import Settings
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate, transition
@@ -63,10 +63,10 @@ async def main(rt: Runtime) -> None:
 async def serve(media: Media) -> None:
     """Run both consumers until the runtime's stop event is set."""
     settings = media.rt.settings
-    downloads = ConsumerSpec(durable="media-download", subject=events.DOWNLOAD, handler=partial(on_download, media),
-                             concurrency=settings.download_concurrency, ack_wait_s=60.0)
-    deletes = ConsumerSpec(durable="media-assets-delete", subject=events.ASSETS_DELETE,
-                           handler=partial(on_assets_delete, media), concurrency=4)
+    downloads = consumer(media.rt, "media-download", events.DOWNLOAD, partial(on_download, media),
+                         concurrency=settings.download_concurrency)
+    deletes = consumer(media.rt, "media-assets-delete", events.ASSETS_DELETE, partial(on_assets_delete, media),
+                       concurrency=4)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(media.rt.js, downloads, media.rt.stop), name="download-consumer")
         tg.create_task(bus.consume(media.rt.js, deletes, media.rt.stop), name="assets-delete-consumer")

@@ -13,7 +13,7 @@ from libs.common.errors import ErrorCode, JobError, Redeliver
 from libs.common.events import DownloadRequested
 from libs.common.jobs import JobRow
 from libs.common.outcomes import fail_or_retry
-from libs.common.retry import RetryPolicy
+from libs.common.retry import Policies
 from libs.common.runtime import Runtime
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate, transition
@@ -27,7 +27,7 @@ RENDERING = (JobStatus.SUBMITTED, JobStatus.PROCESSING)
 @dataclass(frozen=True)
 class SignalContext:
     rt: Runtime
-    policy: RetryPolicy
+    policies: Policies
 
 
 def is_stale(job: JobRow, sig: ProviderSignal) -> bool:
@@ -82,7 +82,7 @@ async def _apply(
             await _succeeded(ctx, conn, job, sig, source)
         case ProviderState.FAILED | ProviderState.CANCELED:
             error = sig.error or JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "The provider stopped the render.")
-            await fail_or_retry(conn, job, error, policy=ctx.policy, expect=RENDERING,
+            await fail_or_retry(conn, job, error, policies=ctx.policies, expect=RENDERING,
                                 reason=f"{source}: provider reported {sig.state.value} ({error.code.value})")
 
 

@@ -11,12 +11,12 @@ from functools import partial
 import aiohttp
 
 from libs.common import bus, events, jobs, metrics
-from libs.common.bus import ConsumerSpec, Delivery
+from libs.common.bus import Delivery
 from libs.common.errors import ProviderError, Redeliver
-from libs.common.events import InboxReceived, PollRequested
+from libs.common.events import CancelRequested, InboxReceived, PollRequested
 from libs.common.jobs import JobRow
-from libs.common.retry import RetryPolicy
-from libs.common.runtime import Runtime
+from libs.common.retry import Policies
+from libs.common.runtime import Runtime, consumer
 from libs.common.states import JobStatus
 from libs.providers.base import ProviderAdapter, ProviderSignal
 from libs.providers.registry import adapter_for, build_adapters
@@ -37,15 +37,15 @@ class Context:
 
 
 async def main(rt: Runtime) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)) as session:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
-                      signals=SignalContext(rt=rt, policy=RetryPolicy.from_settings(rt.settings)))
-        inbox = ConsumerSpec(durable="poller-inbox", subject=events.INBOX, handler=partial(on_inbox, ctx),
-                             concurrency=16)
-        polls = ConsumerSpec(durable="poller-poll", subject=events.POLL, handler=partial(on_poll, ctx),
-                             concurrency=16)
+                      signals=SignalContext(rt=rt, policies=Policies(rt.settings)))
+        inbox = consumer(rt, "poller-inbox", events.INBOX, partial(on_inbox, ctx), concurrency=16)
+        polls = consumer(rt, "poller-poll", events.POLL, partial(on_poll, ctx), concurrency=16)
+        cancels = consumer(rt, "poller-cancel", events.CANCEL, partial(on_cancel, ctx), concurrency=8)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(bus.consume(rt.js, inbox, rt.stop), name="inbox-consumer")
+            tg.create_task(bus.consume(rt.js, cancels, rt.stop), name="cancel-consumer")
             tg.create_task(bus.consume(rt.js, polls, rt.stop), name="poll-consumer")
             tg.create_task(run_schedule(ctx), name="poll-scheduler")
 
@@ -88,6 +88,22 @@ async def on_poll(ctx: Context, event: events.Event, delivery: Delivery) -> None
             await schedule.add(conn, event.job_id)
         return
     await poll_once(ctx, event.job_id, source=f"poll ({event.reason or 'requested'})")
+
+
+async def on_cancel(ctx: Context, event: events.Event, delivery: Delivery) -> None:
+    """Ask the provider to stop a render we no longer want. Best effort: a provider that cannot cancel
+    finishes the render, and its late signals find a finished job."""
+    assert isinstance(event, CancelRequested)
+    try:
+        await adapter_for(ctx.adapters, event.provider).cancel(event.provider_job_id)
+    except ProviderError as err:
+        metrics.PROVIDER_CALLS.labels(event.provider, "cancel", err.code.value).inc()
+        if err.retryable:
+            raise Redeliver(f"cancel failed: {err.message}", delay=err.retry_after or 2.0) from err
+        log.warning("provider refused to cancel", extra={"job_id": event.job_id, "code": err.code.value})
+        return
+    metrics.PROVIDER_CALLS.labels(event.provider, "cancel", "ok").inc()
+    log.info("asked the provider to stop", extra={"job_id": event.job_id, "provider_job_id": event.provider_job_id})
 
 
 async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:

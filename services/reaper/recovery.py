@@ -22,7 +22,7 @@ from libs.common.errors import ErrorCode, JobError, Redeliver
 from libs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
 from libs.common.jobs import JobRow
 from libs.common.outcomes import fail_or_retry
-from libs.common.retry import RetryPolicy, spends_attempt
+from libs.common.retry import Policies, spends_attempt
 from libs.common.runtime import Runtime
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate, transition
@@ -37,7 +37,7 @@ OWNER = f"reaper-{socket.gethostname()}-{os.getpid()}"
 @dataclass(frozen=True)
 class Context:
     rt: Runtime
-    policy: RetryPolicy
+    policies: Policies
 
 
 async def on_recovery_due(ctx: Context, event: events.Event, delivery: Delivery) -> None:
@@ -114,5 +114,8 @@ async def _end_backoff(ctx: Context, conn: asyncpg.Connection, job: JobRow, now:
 async def _render_timed_out(ctx: Context, conn: asyncpg.Connection, job: JobRow) -> None:
     seconds = int(ctx.rt.settings.render_deadline_s)
     error = JobError.of(ErrorCode.TIMEOUT, f"The provider did not finish the render within {seconds} s.")
-    await fail_or_retry(conn, job, error, policy=ctx.policy, reason="render deadline passed",
-                        expect=[JobStatus.SUBMITTED, JobStatus.PROCESSING])
+    moved = await fail_or_retry(conn, job, error, policies=ctx.policies, reason="render deadline passed",
+                                expect=[JobStatus.SUBMITTED, JobStatus.PROCESSING])
+    if moved is not None:
+        # Whatever happens next, this render is abandoned: stop paying for it.
+        await outbox.add(conn, jobs.stop_at_provider(job))

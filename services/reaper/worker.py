@@ -7,18 +7,17 @@ import asyncio
 from functools import partial
 
 from libs.common import bus, events
-from libs.common.bus import ConsumerSpec
-from libs.common.retry import RetryPolicy
-from libs.common.runtime import Runtime
+from libs.common.retry import Policies
+from libs.common.runtime import Runtime, consumer
 from services.reaper import sweep
 from services.reaper.recovery import Context, on_recovery_due
 
 
 async def main(rt: Runtime) -> None:
-    ctx = Context(rt=rt, policy=RetryPolicy.from_settings(rt.settings))
-    spec = ConsumerSpec(durable="reaper-recovery", subject=events.RECOVERY, handler=partial(on_recovery_due, ctx),
-                        concurrency=16, max_deliver=50,
-                        max_ack_pending=1_000_000)
+    ctx = Context(rt=rt, policies=Policies(rt.settings))
+    # Checks wait here until due (a delayed nak each), so this consumer defers often and holds many.
+    spec = consumer(rt, "reaper-recovery", events.RECOVERY, partial(on_recovery_due, ctx), concurrency=16,
+                    max_deliver=50, max_ack_pending=1_000_000)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(rt.js, spec, rt.stop), name="recovery-consumer")
         tg.create_task(sweep.run(rt), name="recovery-sweep")

@@ -1,8 +1,8 @@
 """The submitter's table: one row per job attempt, written before the provider is called.
 
-A row is claimed while a submitter is calling the provider. A claim older than `CLAIM_TTL_S` belongs to a
-submitter that died mid-call; it may be taken over, but only after asking the provider whether the
-attempt already exists, so a crash never renders twice.
+A row is claimed while a submitter is calling the provider. A claim older than the claim TTL (longer than a
+provider call may take) belongs to a submitter that died mid-call; it may be taken over, but only after
+asking the provider whether the attempt already exists, so a crash never renders twice.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ import msgspec
 
 from libs.common.errors import JobError
 from libs.providers.base import SubmitRequest
-
-# Longer than the provider call timeout, so a live call is never mistaken for a dead one.
-CLAIM_TTL_S = 45.0
 
 
 class Claim(enum.Enum):
@@ -31,7 +28,7 @@ class Claimed(msgspec.Struct):
     provider_job_id: str | None = None
 
 
-async def claim(conn: asyncpg.Connection, req: SubmitRequest, provider: str) -> Claimed:
+async def claim(conn: asyncpg.Connection, req: SubmitRequest, provider: str, *, ttl_s: float) -> Claimed:
     row = await conn.fetchrow(
         """
         INSERT INTO provider_submissions (job_id, attempt, provider, idempotency_key)
@@ -50,7 +47,7 @@ async def claim(conn: asyncpg.Connection, req: SubmitRequest, provider: str) -> 
           AND (error IS NOT NULL OR claimed_at < now() - make_interval(secs => $3))
         RETURNING id
         """,
-        req.job_id, req.attempt, CLAIM_TTL_S,
+        req.job_id, req.attempt, ttl_s,
     )
     if existing is not None:
         return Claimed(Claim.TAKEN_OVER)

@@ -14,13 +14,13 @@ from functools import partial
 import aiohttp
 
 from libs.common import bus, events, jobs, metrics
-from libs.common.bus import ConsumerSpec, Delivery
+from libs.common.bus import Delivery
 from libs.common.errors import ProviderError, Redeliver
 from libs.common.events import JobQueued, PollRequested
 from libs.common.jobs import JobRow
 from libs.common.outcomes import fail_or_retry
-from libs.common.retry import RetryPolicy
-from libs.common.runtime import Runtime
+from libs.common.retry import Policies
+from libs.common.runtime import Runtime, consumer
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate, transition
 from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
@@ -35,17 +35,15 @@ log = logging.getLogger("vidjobs.submitter")
 class Context:
     rt: Runtime
     adapters: dict[str, ProviderAdapter]
-    policy: RetryPolicy
+    policies: Policies
 
 
 async def main(rt: Runtime) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)) as session:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
-                      policy=RetryPolicy.from_settings(rt.settings))
-        spec = ConsumerSpec(
-            durable="submitter", subject=events.SUBMIT, handler=partial(handle, ctx),
-            concurrency=rt.settings.submit_concurrency, ack_wait_s=60,
-        )
+                      policies=Policies(rt.settings))
+        spec = consumer(rt, "submitter", events.SUBMIT, partial(handle, ctx),
+                        concurrency=rt.settings.submit_concurrency)
         await bus.consume(rt.js, spec, rt.stop)
 
 
@@ -69,7 +67,8 @@ async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
         return
     req = submit_request(ctx, job, adapter)
     async with ctx.rt.pool.acquire() as conn:
-        claimed = await submissions.claim(conn, req, job.provider)
+        # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
+        claimed = await submissions.claim(conn, req, job.provider, ttl_s=ctx.rt.settings.provider_timeout_s + 15)
     if claimed.claim is Claim.BUSY:
         raise Redeliver("another submitter is calling the provider for this attempt", delay=5.0)
     try:
@@ -119,6 +118,6 @@ async def _refused(ctx: Context, job: JobRow, err: ProviderError) -> None:
     error = err.to_job_error()
     log.warning("submission refused", extra={"job_id": job.id, "code": error.code.value, "error": err.message})
     async with ctx.rt.tx() as conn:
-        await fail_or_retry(conn, job, error, policy=ctx.policy, reason=f"submit refused: {error.code.value}",
+        await fail_or_retry(conn, job, error, policies=ctx.policies, reason=f"submit refused: {error.code.value}",
                             expect=[JobStatus.PENDING], retry_after=err.retry_after)
 

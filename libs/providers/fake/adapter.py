@@ -272,3 +272,11 @@ def _is_number(value: object) -> bool:
 
 def _invalid(message: str) -> ProviderError:
     return ProviderError(ErrorCode.INVALID_INPUT, message)
+
+
+class PollingFakeAdapter(FakeAdapter):
+    """The fake provider reached without callbacks (`fake-poll/<model>`): it behaves like a provider that only
+    answers status polls, so the tapered polling path runs for real."""
+
+    name = "fake-poll"
+    supports_callbacks = False
