@@ -38,6 +38,7 @@ OWNER = f"reaper-{socket.gethostname()}-{os.getpid()}"
 class Context:
     rt: Runtime
     policies: Policies
+    owner: str = OWNER  # who holds the leases this reaper takes
 
 
 async def on_recovery_due(ctx: Context, event: events.Event, delivery: Delivery) -> None:
@@ -51,7 +52,7 @@ async def on_recovery_due(ctx: Context, event: events.Event, delivery: Delivery)
     if job.recover_at > now:
         raise Redeliver("recovery check not yet due", delay=(job.recover_at - now).total_seconds())
     async with ctx.rt.tx() as conn:
-        if await leases.take(conn, job.id, OWNER, LEASE_TTL_S) is None:
+        if await leases.take(conn, job.id, ctx.owner, LEASE_TTL_S) is None:
             raise Redeliver("job is leased by another reaper", delay=await leases.seconds_left(conn, job.id))
         current = await jobs.fetch(conn, job.id)
         if current is None or current.finished or current.recover_at != job.recover_at:

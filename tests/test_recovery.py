@@ -1,0 +1,181 @@
+"""The delayed recovery check (DESIGN.md "Recovery") against a real PostgreSQL: the five cases it must hold
+in, and the lease that keeps two reapers from recovering one job."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from libs.common import jobs
+from libs.common.bus import Delivery
+from libs.common.errors import Redeliver
+from libs.common.events import RECOVERY, RecoveryDue
+from libs.common.jobs import JobRequest
+from libs.common.outbox import Relay
+from libs.common.retry import Policies
+from libs.common.runtime import Runtime
+from libs.common.settings import Settings
+from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate, transition
+from services.reaper.recovery import Context, on_recovery_due
+
+DELIVERY = Delivery(attempt=1, subject=RECOVERY)
+
+
+@pytest.fixture
+async def ctx(pool: asyncpg.Pool) -> AsyncIterator[Context]:
+    """A reaper context over the real database. Its relay never runs, so every event the check hands off
+    stays in the outbox where the test can count it."""
+    settings = Settings(recovery_interval_s=60)
+    rt = Runtime(name="reaper", settings=settings, pool=pool, nc=None, js=None, relay=Relay(pool, None))  # type: ignore[arg-type]
+    await pool.execute("INSERT INTO accounts (id, name, credits_balance) VALUES ('acct_r', 'r', 10000)")
+    yield Context(rt=rt, policies=Policies(settings), owner="reaper-a")
+
+
+async def _rendering_job(pool: asyncpg.Pool, *, due_in_s: float = -1) -> jobs.JobRow:
+    """A submitted job whose recovery check is due (or not yet), as a provider that went quiet leaves it."""
+    async with pool.acquire() as conn, conn.transaction():
+        job = await jobs.create(conn, account_id="acct_r", request=JobRequest(model="fake/default", prompt="p"),
+                                estimated_credits=10, recovery_delay_s=60)
+        await transition(conn, job.id, JobStatus.SUBMITTED, reason="accepted",
+                         update=JobUpdate(provider_job_id=f"rnd_{job.id}"))
+        await conn.execute("UPDATE jobs SET recover_at = now() + make_interval(secs => $2) WHERE id = $1",
+                           job.id, due_in_s)
+        await conn.execute("DELETE FROM outbox")
+        return await jobs.fetch(conn, job.id)
+
+
+def _check(job: jobs.JobRow) -> RecoveryDue:
+    assert job.recover_at is not None
+    return RecoveryDue(job_id=job.id, due_at=job.recover_at)
+
+
+async def _handed_off(pool: asyncpg.Pool) -> list[str]:
+    return [bytes(r["payload"]).decode() for r in await pool.fetch(
+        "SELECT payload FROM outbox WHERE subject = 'vidjobs.work.poll' ORDER BY id")]
+
+
+async def test_a_quiet_job_is_handed_to_the_poller_and_checked_again_later(ctx, pool):
+    job = await _rendering_job(pool)
+
+    await on_recovery_due(ctx, _check(job), DELIVERY)
+
+    assert len(await _handed_off(pool)) == 1
+    after = await jobs.fetch(pool, job.id)
+    assert after.recover_at > datetime.now(UTC) + timedelta(seconds=50)
+    assert await pool.fetchval("SELECT owner FROM recovery_leases WHERE job_id = $1", job.id) == "reaper-a"
+
+
+async def test_callback_won_the_race_so_the_check_does_nothing(ctx, pool):
+    job = await _rendering_job(pool)
+    check = _check(job)
+    async with pool.acquire() as conn:  # the callback path finishes the job first
+        await transition(conn, job.id, JobStatus.DOWNLOADING, reason="callback")
+        await transition(conn, job.id, JobStatus.COMPLETED, reason="stored")
+    await pool.execute("DELETE FROM outbox")
+
+    await on_recovery_due(ctx, check, DELIVERY)
+
+    assert await _handed_off(pool) == []
+    assert await pool.fetchval("SELECT count(*) FROM recovery_leases") == 0
+
+
+async def test_a_check_not_yet_due_is_deferred_until_it_is(ctx, pool):
+    job = await _rendering_job(pool, due_in_s=30)
+
+    with pytest.raises(Redeliver) as deferred:
+        await on_recovery_due(ctx, _check(job), DELIVERY)
+
+    assert 25 < deferred.value.delay <= 30
+    assert await _handed_off(pool) == []
+
+
+async def test_a_check_delivered_twice_hands_off_once(ctx, pool):
+    job = await _rendering_job(pool)
+    check = _check(job)
+
+    results = await asyncio.gather(*(on_recovery_due(ctx, check, DELIVERY) for _ in range(2)),
+                                   return_exceptions=True)
+    later = await on_recovery_due(ctx, check, Delivery(attempt=2, subject=RECOVERY))  # and once more, late
+
+    assert len(await _handed_off(pool)) == 1
+    assert all(r is None or isinstance(r, Redeliver) for r in results), results
+    assert later is None
+
+
+async def test_two_reapers_never_recover_one_job_at_once(ctx, pool):
+    job = await _rendering_job(pool)
+    other = Context(rt=ctx.rt, policies=ctx.policies, owner="reaper-b")
+    # Hold the row so both reapers are inside their checks together.
+    async with pool.acquire() as blocker:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", job.id)
+        racing = [asyncio.create_task(on_recovery_due(c, _check(job), DELIVERY)) for c in (ctx, other)]
+        await asyncio.sleep(0.3)
+        await tx.rollback()
+        results = await asyncio.gather(*racing, return_exceptions=True)
+
+    assert len(await _handed_off(pool)) == 1, results
+    assert sum(isinstance(r, Redeliver) for r in results) <= 1
+
+
+async def test_a_job_deleted_meanwhile_is_left_alone(ctx, pool):
+    job = await _rendering_job(pool)
+    check = _check(job)
+    async with pool.acquire() as conn, conn.transaction():
+        assert await jobs.mark_deleted(conn, job.id, job.account_id)
+
+    await on_recovery_due(ctx, check, DELIVERY)
+
+    assert await _handed_off(pool) == []
+    assert (await jobs.fetch(pool, job.id)).recover_at is None
+
+
+async def test_a_hand_off_that_fails_once_leaves_nothing_and_succeeds_when_redelivered(ctx, pool):
+    job = await _rendering_job(pool)
+    check = _check(job)
+    # The database refuses the first hand-off, as a failover or a full disk would. (A sequence, because it is
+    # the one thing the refused transaction's rollback does not undo.)
+    await pool.execute("""
+        CREATE SEQUENCE refusals;
+        CREATE FUNCTION refuse_once() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF nextval('refusals') = 1 THEN
+                RAISE EXCEPTION 'hand-off refused once';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_once BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION refuse_once();
+    """)
+
+    with pytest.raises(asyncpg.RaiseError):
+        await on_recovery_due(ctx, check, DELIVERY)
+    # The failed attempt rolled back whole: no lease held, no hand-off, the job still due.
+    assert await pool.fetchval("SELECT count(*) FROM recovery_leases") == 0
+    assert await _handed_off(pool) == []
+    assert (await jobs.fetch(pool, job.id)).recover_at == job.recover_at
+
+    await on_recovery_due(ctx, check, Delivery(attempt=2, subject=RECOVERY))
+
+    assert len(await _handed_off(pool)) == 1
+
+
+async def test_a_retrying_job_goes_back_to_the_queue_when_its_backoff_ends(ctx, pool):
+    job = await _rendering_job(pool)
+    async with pool.acquire() as conn:
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        await transition(conn, job.id, JobStatus.RETRYING, reason="provider down",
+                         update=JobUpdate(retry_at=past, recover_at=past))
+    job = await jobs.fetch(pool, job.id)
+
+    await on_recovery_due(ctx, _check(job), DELIVERY)
+
+    after = await jobs.fetch(pool, job.id)
+    assert after.status is JobStatus.PENDING and after.attempt == 2
+    queued = await pool.fetchval("SELECT count(*) FROM outbox WHERE subject = 'vidjobs.work.submit'")
+    assert queued == 1
