@@ -179,3 +179,16 @@ async def test_a_retrying_job_goes_back_to_the_queue_when_its_backoff_ends(ctx, 
     assert after.status is JobStatus.PENDING and after.attempt == 2
     queued = await pool.fetchval("SELECT count(*) FROM outbox WHERE subject = 'vidjobs.work.submit'")
     assert queued == 1
+
+
+async def test_the_next_check_is_not_held_up_by_the_previous_lease(ctx, pool):
+    job = await _rendering_job(pool)
+    await on_recovery_due(ctx, _check(job), DELIVERY)
+    # Time passes: the job's next check comes due, and another reaper picks it up.
+    await pool.execute("UPDATE jobs SET recover_at = now() - interval '1 second' WHERE id = $1", job.id)
+    await pool.execute("UPDATE recovery_leases SET expires_at = (SELECT recover_at FROM jobs WHERE id = $1)", job.id)
+    other = Context(rt=ctx.rt, policies=ctx.policies, owner="reaper-b")
+
+    await on_recovery_due(other, _check(await jobs.fetch(pool, job.id)), DELIVERY)
+
+    assert len(await _handed_off(pool)) == 2

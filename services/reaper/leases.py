@@ -1,5 +1,6 @@
 """Recovery leases: at most one reaper recovers a job at a time. A lease ends by itself at `expires_at`,
-so a reaper that dies holding one delays recovery by one TTL, never forever."""
+so a reaper that dies holding one delays recovery by one TTL, never forever; a hand-off that succeeds holds
+its lease until the job's next check is due."""
 
 from __future__ import annotations
 
@@ -20,6 +21,19 @@ async def take(conn: asyncpg.Connection, job_id: str, owner: str, ttl_s: float) 
         RETURNING token
         """,
         job_id, uuid.uuid4(), owner, ttl_s,
+    )
+
+
+async def hold_until_next_check(conn: asyncpg.Connection, job_id: str) -> None:
+    """Keep the lease while the handed-off work runs, and end it when the job's next check comes due, so that
+    check (on any reaper) is never deferred by the lease of the one before."""
+    await conn.execute(
+        """
+        UPDATE recovery_leases
+        SET expires_at = COALESCE((SELECT recover_at FROM jobs WHERE id = $1), clock_timestamp())
+        WHERE job_id = $1
+        """,
+        job_id,
     )
 
 

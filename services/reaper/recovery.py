@@ -58,6 +58,7 @@ async def on_recovery_due(ctx: Context, event: events.Event, delivery: Delivery)
         if current is None or current.finished or current.recover_at != job.recover_at:
             return  # it moved while we looked
         await recover(ctx, conn, current, now)
+        await leases.hold_until_next_check(conn, job.id)
 
 
 async def recover(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: datetime) -> None:
