@@ -4,6 +4,7 @@ and PostgreSQL from the `pgserver` wheel. Both are started, observed ready, and 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -16,9 +17,26 @@ from libs.common.errors import ConfigError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port that is free now, picked below the kernel's ephemeral range: a process that later binds port 0
+    (a worker's metrics server, an outgoing connection) can then never be handed the same one first."""
+    low, _ = _ephemeral_range()
+    for _ in range(200):
+        port = random.randint(max(1024, low - 12000), low - 1)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ConfigError("no free TCP port found on this machine")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def nats_binary() -> str:
