@@ -17,8 +17,7 @@ from libs.common.events import CancelRequested, InboxReceived, PollRequested
 from libs.common.jobs import JobRow
 from libs.common.retry import Policies
 from libs.common.runtime import Runtime, consumer
-from libs.common.states import JobStatus
-from libs.providers.base import ProviderAdapter, ProviderSignal
+from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from libs.providers.registry import adapter_for, build_adapters
 from services.poller import schedule
 from services.poller.signals import RENDERING, SignalContext, apply_signal
@@ -107,10 +106,10 @@ async def on_cancel(ctx: Context, event: events.Event, delivery: Delivery) -> No
 
 
 async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
-    """Ask the provider about a rendering job; False once there is nothing left to ask about."""
+    """Ask the provider about a rendering job; True while the provider is still rendering it."""
     job = await jobs.fetch(ctx.rt.pool, job_id)
     if job is None or job.finished or job.status not in RENDERING or job.provider_job_id is None:
-        return job is not None and not job.finished and job.status is JobStatus.PENDING
+        return False
     adapter = adapter_for(ctx.adapters, job.provider)
     try:
         sig = await adapter.status(job.provider_job_id)
@@ -122,7 +121,7 @@ async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
         return True
     metrics.PROVIDER_CALLS.labels(job.provider, "status", "ok").inc()
     await apply_signal(ctx.signals, job, sig, source=source)
-    return True
+    return sig.state in (ProviderState.QUEUED, ProviderState.RUNNING)
 
 
 async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) -> None:
