@@ -58,6 +58,20 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     signed_url_ttl_s: int = 3600
     fake_provider_url: str = "http://127.0.0.1:8090"
     fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
+    # Real providers: an adapter is offered only when its API key is set. Base URLs are settings so tests
+    # (and regional endpoints) can point them elsewhere.
+    replicate_url: str = "https://api.replicate.com"
+    replicate_api_token: str = ""
+    replicate_webhook_secret: str = ""  # `whsec_...`, from Replicate's webhook signing-secret endpoint
+    fal_url: str = "https://queue.fal.run"
+    fal_api_key: str = ""
+    fal_jwks_url: str = "https://rest.alpha.fal.ai/.well-known/jwks.json"
+    runway_url: str = "https://api.dev.runwayml.com"
+    runway_api_key: str = ""
+    luma_url: str = "https://api.lumalabs.ai"
+    luma_api_key: str = ""
+    veo_url: str = "https://generativelanguage.googleapis.com"
+    veo_api_key: str = ""
     webhook_tolerance_s: int = 300
     metrics_port: int = 0  # worker /healthz and /metrics; 0 picks a free port
     stream_replicas: int = 1  # JetStream replicas per stream: 3 in production clusters
