@@ -52,6 +52,9 @@ class ProviderSignal(msgspec.Struct, kw_only=True):
     output_url: str | None = None
     error: JobError | None = None
     cost: float | None = None
+    # False for a callback nobody signed (Luma): it only says where to look, so the poller asks the
+    # provider for the job's status before acting on it.
+    verified: bool = True
 
 
 @runtime_checkable

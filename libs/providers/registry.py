@@ -12,11 +12,19 @@ from libs.providers.fake.adapter import FakeAdapter, PollingFakeAdapter
 
 def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[str, ProviderAdapter]:
     """Every configured adapter by provider name, sharing the caller's HTTP session (the caller closes it)."""
-    fake = FakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
-                       tolerance_s=settings.webhook_tolerance_s)
-    polling = PollingFakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
-                                 tolerance_s=settings.webhook_tolerance_s)
-    return {fake.name: fake, polling.name: polling}
+    adapters: list[ProviderAdapter] = [
+        FakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
+                    tolerance_s=settings.webhook_tolerance_s),
+        PollingFakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
+                           tolerance_s=settings.webhook_tolerance_s),
+    ]
+    # Real providers join only when their API key is configured.
+    # replicate
+    # fal
+    # runway
+    # luma
+    # veo
+    return {adapter.name: adapter for adapter in adapters}
 
 
 def adapter_for(adapters: dict[str, ProviderAdapter], provider_name: str) -> ProviderAdapter:

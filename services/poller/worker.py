@@ -67,6 +67,9 @@ async def on_inbox(ctx: Context, event: events.Event, delivery: Delivery) -> Non
         log.warning("callback for an unknown job", extra={"inbox_id": event.inbox_id,
                                                           "provider_job_id": sig.provider_job_id})
         return
+    if not sig.verified:
+        await poll_once(ctx, job.id, source="unsigned callback, confirmed by a status poll")
+        return
     await apply_signal(ctx.signals, job, sig, source="callback")
 
 
