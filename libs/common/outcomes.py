@@ -13,12 +13,12 @@ from libs.common.events import RecoveryDue
 from libs.common.jobs import JobRow
 from libs.common.retry import Policies, next_retry
 from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, Transitioned, transition
+from libs.common.transitions import Guard, JobUpdate, Transitioned, transition
 
 
 async def fail_or_retry(
     conn: asyncpg.Connection, job: JobRow, error: JobError, *, policies: Policies, reason: str,
-    expect: Collection[JobStatus], retry_after: float | None = None,
+    expect: Collection[JobStatus], retry_after: float | None = None, guard: Guard | None = None,
 ) -> Transitioned | None:
     now = datetime.now(UTC)
     policy = policies.for_provider(job.provider)
@@ -28,9 +28,9 @@ async def fail_or_retry(
         return await transition(
             conn, job.id, JobStatus.RETRYING, reason=f"{reason}; retry at {when.isoformat()}", expect=expect,
             update=JobUpdate(error=error, retry_at=when, recover_at=when, progress=None),
-            emit=[RecoveryDue(job_id=job.id, due_at=when)],
+            emit=[RecoveryDue(job_id=job.id, due_at=when)], guard=guard,
         )
     return await transition(
         conn, job.id, JobStatus.FAILED, reason=reason, expect=expect,
-        update=JobUpdate(error=error, progress=None),
+        update=JobUpdate(error=error, progress=None), guard=guard,
     )

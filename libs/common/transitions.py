@@ -51,6 +51,14 @@ class JobUpdate(msgspec.Struct, kw_only=True):
         return out
 
 
+class Guard(msgspec.Struct, kw_only=True, frozen=True):
+    """What else must still hold of the row for the move to apply: a signal about one attempt's render must
+    not move the job once it has gone on to another attempt. UNSET checks nothing."""
+
+    attempt: int = UNSET
+    provider_job_id: str | None = UNSET
+
+
 class Transitioned(msgspec.Struct):
     from_status: JobStatus
     job: JobRow
@@ -68,7 +76,20 @@ def allowed_sources(to: JobStatus, expect: Collection[JobStatus] | None) -> list
     return sorted(s.value for s in chosen)
 
 
-def _update_sql(columns: dict[str, Any], to: JobStatus) -> tuple[str, list[Any]]:
+def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
+    if guard is None:
+        return "", []
+    clauses, values = [], []
+    if guard.attempt is not UNSET:
+        values.append(guard.attempt)
+        clauses.append(f"AND attempt = ${first + len(values) - 1}")
+    if guard.provider_job_id is not UNSET:
+        values.append(guard.provider_job_id)
+        clauses.append(f"AND provider_job_id IS NOT DISTINCT FROM ${first + len(values) - 1}::text")
+    return " ".join(clauses), values
+
+
+def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> tuple[str, list[Any]]:
     sets = ["status = $3", "updated_at = clock_timestamp()"]
     values: list[Any] = []
     if to in TERMINAL:
@@ -80,10 +101,12 @@ def _update_sql(columns: dict[str, Any], to: JobStatus) -> tuple[str, list[Any]]
     for i, (name, value) in enumerate(columns.items(), start=4):
         sets.append(f"{name} = ${i}")
         values.append(value)
+    guard_clause, guard_values = _guard_sql(guard, 4 + len(values))
+    values.extend(guard_values)
     sql = f"""
         WITH prev AS (
             SELECT id, status FROM jobs
-            WHERE id = $1 AND status = ANY($2::job_status[]) AND deleted_at IS NULL
+            WHERE id = $1 AND status = ANY($2::job_status[]) AND deleted_at IS NULL {guard_clause}
             FOR UPDATE
         )
         UPDATE jobs AS j SET {", ".join(sets)}
@@ -102,10 +125,12 @@ async def transition(
     expect: Collection[JobStatus] | None = None,
     update: JobUpdate | None = None,
     emit: Sequence[Event] = (),
+    guard: Guard | None = None,
 ) -> Transitioned | None:
-    """Move `job_id` to `to` if its status is still one of `expect` (default: every legal source)."""
+    """Move `job_id` to `to` if its status is still one of `expect` (default: every legal source) and the
+    `guard` still holds."""
     sources = allowed_sources(to, expect)
-    sql, values = _update_sql(update.columns() if update else {}, to)
+    sql, values = _update_sql(update.columns() if update else {}, to, guard)
     async with conn.transaction():
         row = await conn.fetchrow(sql, job_id, sources, to.value, *values)
         if row is None:

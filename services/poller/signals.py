@@ -16,7 +16,7 @@ from libs.common.outcomes import fail_or_retry
 from libs.common.retry import Policies
 from libs.common.runtime import Runtime
 from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, transition
+from libs.common.transitions import Guard, JobUpdate, transition
 from libs.providers.base import ProviderSignal, ProviderState
 
 log = logging.getLogger("vidjobs.poller")
@@ -47,7 +47,15 @@ async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, 
     async with ctx.rt.tx() as conn:
         if job.status is JobStatus.PENDING:
             job = await _adopt(ctx, conn, job, sig, source)
+            if job.finished or is_stale(job, sig):
+                return
         await _apply(ctx, conn, job, sig, source)
+
+
+def _same_render(job: JobRow) -> Guard:
+    """Every move below was decided from `job` as read: it applies only while the row is still on that
+    attempt and that render, however long the provider took to answer."""
+    return Guard(attempt=job.attempt, provider_job_id=job.provider_job_id)
 
 
 async def _adopt(
@@ -59,7 +67,7 @@ async def _adopt(
     now = datetime.now(UTC)
     moved = await transition(
         conn, job.id, JobStatus.SUBMITTED, reason=f"{source} arrived before the submit answer",
-        expect=[JobStatus.PENDING],
+        expect=[JobStatus.PENDING], guard=Guard(attempt=sig.attempt, provider_job_id=None),
         update=JobUpdate(provider_job_id=sig.provider_job_id, submitted_at=now,
                          deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s)),
     )
@@ -82,14 +90,15 @@ async def _apply(
             await _succeeded(ctx, conn, job, sig, source)
         case ProviderState.FAILED | ProviderState.CANCELED:
             error = sig.error or JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "The provider stopped the render.")
-            await fail_or_retry(conn, job, error, policies=ctx.policies, expect=RENDERING,
+            await fail_or_retry(conn, job, error, policies=ctx.policies, expect=RENDERING, guard=_same_render(job),
                                 reason=f"{source}: provider reported {sig.state.value} ({error.code.value})")
 
 
 async def _running(conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, source: str) -> None:
     if job.status is JobStatus.SUBMITTED:
         await transition(conn, job.id, JobStatus.PROCESSING, reason=f"{source}: rendering started",
-                         expect=[JobStatus.SUBMITTED], update=JobUpdate(progress=sig.progress))
+                         expect=[JobStatus.SUBMITTED], update=JobUpdate(progress=sig.progress),
+                         guard=_same_render(job))
     elif sig.progress is not None:
         await jobs.record_progress(conn, job.id, sig.progress)
 
@@ -100,11 +109,11 @@ async def _succeeded(
     if not sig.output_url:
         error = JobError.of(ErrorCode.VERIFICATION_FAILED, "The provider reported success without an output.")
         await transition(conn, job.id, JobStatus.FAILED, reason=f"{source}: success without output",
-                         expect=RENDERING, update=JobUpdate(error=error, progress=None))
+                         expect=RENDERING, update=JobUpdate(error=error, progress=None), guard=_same_render(job))
         return
     deadline = datetime.now(UTC) + timedelta(seconds=ctx.rt.settings.download_deadline_s)
     await transition(
         conn, job.id, JobStatus.DOWNLOADING, reason=f"{source}: render finished", expect=RENDERING,
         update=JobUpdate(provider_output=sig.output_url, progress=None, deadline_at=deadline),
-        emit=[DownloadRequested(job_id=job.id)],
+        emit=[DownloadRequested(job_id=job.id)], guard=_same_render(job),
     )

@@ -108,7 +108,9 @@ async def _end_backoff(ctx: Context, conn: asyncpg.Connection, job: JobRow, now:
     due = now + timedelta(seconds=ctx.rt.settings.recovery_delay_s)
     await transition(
         conn, job.id, JobStatus.PENDING, reason=f"backoff over; attempt {attempt}", expect=[JobStatus.RETRYING],
-        update=JobUpdate(attempt=attempt, retry_at=None, error=None, deadline_at=None, recover_at=due),
+        # The next attempt has no render yet: a late signal about the last one must not find it here.
+        update=JobUpdate(attempt=attempt, retry_at=None, error=None, deadline_at=None, recover_at=due,
+                         provider_job_id=None, provider_output=None),
         emit=[JobQueued(job_id=job.id), RecoveryDue(job_id=job.id, due_at=due)],
     )
 

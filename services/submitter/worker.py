@@ -12,11 +12,12 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import aiohttp
+import asyncpg
 
-from libs.common import bus, events, jobs, metrics
+from libs.common import bus, events, jobs, metrics, outbox
 from libs.common.bus import Delivery
 from libs.common.errors import ProviderError, Redeliver
-from libs.common.events import JobQueued, PollRequested
+from libs.common.events import CancelRequested, JobQueued, PollRequested
 from libs.common.jobs import JobRow
 from libs.common.outcomes import fail_or_retry
 from libs.common.retry import Policies
@@ -102,7 +103,7 @@ async def _accepted(
     emit = [] if adapter.supports_callbacks else [PollRequested(job_id=job.id, reason="submitted")]
     async with ctx.rt.tx() as conn:
         await submissions.record_accepted(conn, req, accepted.provider_job_id)
-        await transition(
+        moved = await transition(
             conn, job.id, JobStatus.SUBMITTED, reason=f"accepted by {job.provider} as {accepted.provider_job_id}",
             expect=[JobStatus.PENDING], emit=emit,
             update=JobUpdate(
@@ -110,8 +111,17 @@ async def _accepted(
                 deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s),
             ),
         )
+        if moved is None and await _abandoned(conn, job.id):
+            # Canceled or deleted while the provider was answering: this render is nobody's, so stop it.
+            await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,
+                                                    provider_job_id=accepted.provider_job_id)])
     log.info("submitted", extra={"job_id": job.id, "provider_job_id": accepted.provider_job_id,
                                  "attempt": job.attempt})
+
+
+async def _abandoned(conn: asyncpg.Connection, job_id: str) -> bool:
+    current = await jobs.fetch(conn, job_id)
+    return current is None or current.finished
 
 
 async def _refused(ctx: Context, job: JobRow, err: ProviderError) -> None:
