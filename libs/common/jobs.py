@@ -71,6 +71,8 @@ class JobRow(msgspec.Struct, kw_only=True):
     deadline_at: datetime | None
     recover_at: datetime | None
     deleted_at: datetime | None
+    route: str | None = None
+    wait_reason: str | None = None
 
     @property
     def finished(self) -> bool:

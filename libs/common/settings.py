@@ -17,7 +17,7 @@ from libs.common.errors import ConfigError
 PREFIX = "VIDJOBS_"
 
 # Settings whose environment value is JSON.
-_JSON_FIELDS = {"retry_policies"}
+_JSON_FIELDS = {"retry_policies", "provider_limits", "model_routes"}
 
 # Variables the test harness and CLI set for their own use; they are not service settings.
 _NOT_SETTINGS = {"VIDJOBS_TEST_DATABASE_URL", "VIDJOBS_TEST_NATS_URL"}
@@ -30,6 +30,19 @@ class ProviderPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, o
     base_s: float | None = None
     cap_s: float | None = None
     max_elapsed_s: float | None = None
+
+
+class ProviderLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """How hard we may push one provider, across every submitter replica."""
+
+    concurrency: int = 32  # renders in flight at once (submitting, queued or rendering there)
+    rate_per_s: float = 10.0  # submissions per second, on average
+    burst: int = 10  # submissions allowed at once after a quiet spell
+
+
+class RouteShare(msgspec.Struct, forbid_unknown_fields=True):
+    model: str  # a real model, `<provider>/<name>`
+    share: float  # relative weight
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -52,6 +65,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Per provider, as JSON: {"replicate": {"max_attempts": 5, "cap_s": 120}}
     retry_policies: dict[str, ProviderPolicy] = {}
     provider_timeout_s: float = 30.0  # one HTTP call to a provider
+    # Per provider, as JSON: {"runway": {"concurrency": 4, "rate_per_s": 1, "burst": 2}}
+    provider_limits: dict[str, ProviderLimits] = {}
+    breaker_threshold: int = 5  # consecutive provider_unavailable answers that pause a provider
+    breaker_cooldown_s: float = 30.0  # first pause; doubles while probes keep failing (capped at 10 min)
+    # Model aliases, as JSON: {"house/default": [{"model": "fake/default", "share": 95},
+    #                                             {"model": "luma/ray-2", "share": 5}]}
+    model_routes: dict[str, list[RouteShare]] = {}
     ack_wait_s: float = 30.0  # a consumer's message is redelivered if not acked (or heartbeated) this long
     max_deliveries: int = 10  # deliveries of one message before it is dead-lettered
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
