@@ -131,10 +131,12 @@ async def _healthy(session: aiohttp.ClientSession, base: str) -> bool:
 
 
 @asynccontextmanager
-async def running_stack(settings: Settings, *, key: str | None = None) -> AsyncIterator[Stack]:
+async def running_stack(
+    settings: Settings, *, key: str | None = None, services: dict[str, str] | None = None,
+) -> AsyncIterator[Stack]:
     await db.migrate(settings.database_url)
     key = key or await demo_key(settings.database_url)
-    supervisor = Supervisor(settings.to_env())
+    supervisor = Supervisor(settings.to_env(), services=services)
     await supervisor.start_all()
     try:
         async with aiohttp.ClientSession() as session:

@@ -11,8 +11,9 @@ import pytest
 from libs.common.states import JobStatus
 from tests.test_gateway_harness import JOB_BODY, assert_error, auth, drive, gateway_settings, running_gateway
 
+# Every field API.md names, plus `queue_reason` (why a queued job waits), added in the same style.
 API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
-                "progress", "error", "outputs", "cost"}
+                "queue_reason", "progress", "error", "outputs", "cost"}
 
 
 @pytest.fixture

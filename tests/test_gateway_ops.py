@@ -76,7 +76,7 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
     schemas = doc["components"]["schemas"]
     assert set(schemas["JobOut"]["properties"]) == {
         "id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
-        "progress", "error", "outputs", "cost"}
+        "queue_reason", "progress", "error", "outputs", "cost"}
     assert set(schemas["CreateJob"]["properties"]) == {
         "model", "prompt", "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image",
         "params"}

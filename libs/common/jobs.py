@@ -158,6 +158,20 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
     return True
 
 
+async def set_wait_reason(conn: asyncpg.Connection, job_id: str, reason: str) -> None:
+    """Say why a queued job is not submitted yet (not a status change; the next transition clears it)."""
+    at = await conn.fetchval(
+        """
+        UPDATE jobs SET wait_reason = $2, updated_at = clock_timestamp()
+        WHERE id = $1 AND status = 'pending' AND deleted_at IS NULL AND wait_reason IS DISTINCT FROM $2
+        RETURNING updated_at
+        """,
+        job_id, reason,
+    )
+    if at is not None:
+        await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.PENDING.value, at=at)])
+
+
 async def record_progress(conn: asyncpg.Connection, job_id: str, progress: float) -> bool:
     """Store a provider's own progress figure for a rendering job (not a status change)."""
     row = await conn.fetchrow(

@@ -73,6 +73,7 @@ class JobOut(msgspec.Struct, kw_only=True):
     updated_at: datetime
     attempt: int
     queue_position: int | None
+    queue_reason: str | None  # why a queued job is not submitted yet (a paused or busy provider)
     progress: float | None
     error: JobError | None
     outputs: JobOutputs | None

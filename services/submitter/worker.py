@@ -13,6 +13,7 @@ from functools import partial
 
 import aiohttp
 import asyncpg
+from prometheus_client import Counter
 
 from libs.common import bus, events, jobs, metrics, outbox
 from libs.common.bus import Delivery
@@ -26,10 +27,12 @@ from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate, transition
 from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from libs.providers.registry import adapter_for, build_adapters
-from services.submitter import submissions
+from services.submitter import limits, submissions
 from services.submitter.submissions import Claim
 
 log = logging.getLogger("vidjobs.submitter")
+
+WAITS = Counter("vidjobs_submit_waits_total", "Submissions held back by a provider's limits", ["provider", "kind"])
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,9 @@ async def main(rt: Runtime) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)) as session:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
                       policies=Policies(rt.settings))
+        # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
         spec = consumer(rt, "submitter", events.SUBMIT, partial(handle, ctx),
-                        concurrency=rt.settings.submit_concurrency)
+                        concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
         await bus.consume(rt.js, spec, rt.stop)
 
 
@@ -67,9 +71,7 @@ async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
         await _refused(ctx, job, err)
         return
     req = submit_request(ctx, job, adapter)
-    async with ctx.rt.pool.acquire() as conn:
-        # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
-        claimed = await submissions.claim(conn, req, job.provider, ttl_s=ctx.rt.settings.provider_timeout_s + 15)
+    claimed = await _admit_and_claim(ctx, job, req)
     if claimed.claim is Claim.BUSY:
         raise Redeliver("another submitter is calling the provider for this attempt", delay=5.0)
     try:
@@ -78,10 +80,27 @@ async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
         metrics.PROVIDER_CALLS.labels(job.provider, "submit", err.code.value).inc()
         async with ctx.rt.tx() as conn:
             await submissions.record_refused(conn, req, err.to_job_error())
+            await limits.record_answer(conn, job.provider, err.code, ctx.rt.settings)
         await _refused(ctx, job, err)
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
     await _accepted(ctx, job, adapter, req, accepted)
+
+
+async def _admit_and_claim(ctx: Context, job: JobRow, req: SubmitRequest) -> submissions.Claimed:
+    """Claim this attempt's submission if the provider's breaker, cap and pace allow it now; otherwise say
+    why on the job and have the message come back when it may."""
+    # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
+    ttl = ctx.rt.settings.provider_timeout_s + 15
+    async with ctx.rt.tx() as conn:
+        await limits.lock_provider(conn, job.provider)
+        admission = await limits.admit(conn, job.provider, job.id, limits.limits_for(ctx.rt.settings, job.provider),
+                                       claim_ttl_s=ttl)
+        if admission.wait_s is None:
+            return await submissions.claim(conn, req, job.provider, ttl_s=ttl)
+        await jobs.set_wait_reason(conn, job.id, admission.reason or "waiting for the provider")
+    WAITS.labels(job.provider, admission.kind).inc()
+    raise Redeliver(admission.reason or "provider limit", delay=max(admission.wait_s, 0.05))
 
 
 async def _call_provider(adapter: ProviderAdapter, req: SubmitRequest, claimed: submissions.Claimed) -> Submission:
@@ -103,6 +122,7 @@ async def _accepted(
     emit = [] if adapter.supports_callbacks else [PollRequested(job_id=job.id, reason="submitted")]
     async with ctx.rt.tx() as conn:
         await submissions.record_accepted(conn, req, accepted.provider_job_id)
+        await limits.record_answer(conn, job.provider, None, ctx.rt.settings)
         moved = await transition(
             conn, job.id, JobStatus.SUBMITTED, reason=f"accepted by {job.provider} as {accepted.provider_job_id}",
             expect=[JobStatus.PENDING], emit=emit,

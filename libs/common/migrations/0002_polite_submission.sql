@@ -21,3 +21,7 @@ CREATE TABLE provider_breakers (
     probe_job_id text,                         -- half_open: the one job allowed to try
     cooldown_s   double precision NOT NULL DEFAULT 0
 );
+
+-- The submitter counts each provider's renders in flight before admitting another.
+CREATE INDEX jobs_provider_active ON jobs (provider)
+    WHERE status IN ('submitted', 'processing') AND deleted_at IS NULL;
