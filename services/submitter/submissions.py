@@ -21,6 +21,7 @@ class Claim(enum.Enum):
     TAKEN_OVER = "taken_over"  # an earlier call died or was refused; ask the provider before resubmitting
     ACCEPTED = "accepted"  # the provider already accepted this attempt
     BUSY = "busy"  # another submitter is calling right now
+    MOVED_ON = "moved_on"  # the job is no longer waiting for this attempt: nothing to submit
 
 
 class Claimed(msgspec.Struct):

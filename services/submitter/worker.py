@@ -24,7 +24,7 @@ from libs.common.outcomes import fail_or_retry
 from libs.common.retry import Policies
 from libs.common.runtime import Runtime, consumer
 from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, transition
+from libs.common.transitions import Guard, JobUpdate, transition
 from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from libs.providers.registry import adapter_for, build_adapters
 from services.submitter import limits, submissions
@@ -68,20 +68,26 @@ async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
     try:
         adapter = adapter_for(ctx.adapters, job.provider)
     except ProviderError as err:
-        await _refused(ctx, job, err)
+        async with ctx.rt.tx() as conn:
+            await _refused(ctx, conn, job, err)
         return
     req = submit_request(ctx, job, adapter)
     claimed = await _admit_and_claim(ctx, job, req)
+    if claimed.claim is Claim.MOVED_ON:
+        return
     if claimed.claim is Claim.BUSY:
         raise Redeliver("another submitter is calling the provider for this attempt", delay=5.0)
     try:
         accepted = await _call_provider(adapter, req, claimed)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(job.provider, "submit", err.code.value).inc()
+        # The refusal and the job's move away from pending commit together: a refused claim is never up for
+        # takeover while its job still looks like it is waiting for this attempt.
+        # The job row is locked first, as the claim path locks it first, so the two never deadlock.
         async with ctx.rt.tx() as conn:
+            await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, req, err.to_job_error())
             await limits.record_answer(conn, job.provider, err.code, ctx.rt.settings)
-        await _refused(ctx, job, err)
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
     await _accepted(ctx, job, adapter, req, accepted)
@@ -93,6 +99,8 @@ async def _admit_and_claim(ctx: Context, job: JobRow, req: SubmitRequest) -> sub
     # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
     ttl = ctx.rt.settings.provider_timeout_s + 15
     async with ctx.rt.tx() as conn:
+        if not await _still_waiting(conn, job):
+            return submissions.Claimed(Claim.MOVED_ON)
         await limits.lock_provider(conn, job.provider)
         admission = await limits.admit(conn, job.provider, job.id, limits.limits_for(ctx.rt.settings, job.provider),
                                        claim_ttl_s=ttl)
@@ -131,23 +139,32 @@ async def _accepted(
                 deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s),
             ),
         )
-        if moved is None and await _abandoned(conn, job.id):
-            # Canceled or deleted while the provider was answering: this render is nobody's, so stop it.
+        if moved is None and await _orphaned(conn, job.id, accepted.provider_job_id):
+            # Canceled, deleted or retried while the provider was answering: this render is nobody's; stop it.
             await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,
                                                     provider_job_id=accepted.provider_job_id)])
     log.info("submitted", extra={"job_id": job.id, "provider_job_id": accepted.provider_job_id,
                                  "attempt": job.attempt})
 
 
-async def _abandoned(conn: asyncpg.Connection, job_id: str) -> bool:
+async def _still_waiting(conn: asyncpg.Connection, job: JobRow) -> bool:
+    """Whether the job is still pending at the attempt we read; holds its row until the claim commits."""
+    row = await conn.fetchrow(
+        "SELECT status, attempt FROM jobs WHERE id = $1 AND deleted_at IS NULL FOR SHARE", job.id)
+    return row is not None and row["status"] == JobStatus.PENDING and row["attempt"] == job.attempt
+
+
+async def _orphaned(conn: asyncpg.Connection, job_id: str, provider_job_id: str) -> bool:
+    """The provider accepted a render the job no longer wants: it ended, was deleted, or moved on to
+    another attempt (a callback that adopted this very render is not an orphan)."""
     current = await jobs.fetch(conn, job_id)
-    return current is None or current.finished
+    return current is None or current.finished or current.provider_job_id != provider_job_id
 
 
-async def _refused(ctx: Context, job: JobRow, err: ProviderError) -> None:
+async def _refused(ctx: Context, conn: asyncpg.Connection, job: JobRow, err: ProviderError) -> None:
     error = err.to_job_error()
     log.warning("submission refused", extra={"job_id": job.id, "code": error.code.value, "error": err.message})
-    async with ctx.rt.tx() as conn:
-        await fail_or_retry(conn, job, error, policies=ctx.policies, reason=f"submit refused: {error.code.value}",
-                            expect=[JobStatus.PENDING], retry_after=err.retry_after)
+    await fail_or_retry(conn, job, error, policies=ctx.policies, reason=f"submit refused: {error.code.value}",
+                        expect=[JobStatus.PENDING], retry_after=err.retry_after,
+                        guard=Guard(attempt=job.attempt))
 
