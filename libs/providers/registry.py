@@ -19,11 +19,28 @@ def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[s
                            tolerance_s=settings.webhook_tolerance_s),
     ]
     # Real providers join only when their API key is configured.
-    # replicate
-    # fal
-    # runway
-    # luma
-    # veo
+    if settings.replicate_api_token:
+        from libs.providers.replicate import ReplicateAdapter
+
+        adapters.append(ReplicateAdapter(session, settings.replicate_url, settings.replicate_api_token,
+                                         settings.replicate_webhook_secret, tolerance_s=settings.webhook_tolerance_s))
+    if settings.fal_api_key:
+        from libs.providers.fal import FalAdapter
+
+        adapters.append(FalAdapter(session, settings.fal_url, settings.fal_api_key, settings.fal_jwks_url,
+                                   tolerance_s=settings.webhook_tolerance_s))
+    if settings.runway_api_key:
+        from libs.providers.runway import RunwayAdapter
+
+        adapters.append(RunwayAdapter(session, settings.runway_url, settings.runway_api_key))
+    if settings.luma_api_key:
+        from libs.providers.luma import LumaAdapter
+
+        adapters.append(LumaAdapter(session, settings.luma_url, settings.luma_api_key))
+    if settings.veo_api_key:
+        from libs.providers.veo import VeoAdapter
+
+        adapters.append(VeoAdapter(session, settings.veo_url, settings.veo_api_key))
     return {adapter.name: adapter for adapter in adapters}
 
 

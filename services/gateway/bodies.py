@@ -18,7 +18,7 @@ from libs.common.states import JobStatus, Stage
 
 MAX_PROMPT_CHARS = 2000
 
-Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length=128,
+Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128,
                             description="`<provider>/<model name>`", examples=["fake/default"])]
 # `\S` (searched, not matched): a prompt of only spaces is as empty as no prompt.
 Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S")]

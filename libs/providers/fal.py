@@ -1,0 +1,455 @@
+"""The adapter for fal.ai's queue API (`fal/<model id>`, e.g. `fal/fal-ai/kling-video/v2/master/text-to-video`).
+
+fal, as far as we use it:
+- `POST {base}/{model id}?fal_webhook=<url>` with the model's input as the JSON body and `Authorization: Key
+  <key>` queues a render: `{request_id, response_url, status_url, cancel_url, queue_position}`.
+- `GET {base}/{app}/requests/{id}/status` says `IN_QUEUE` (with `queue_position`), `IN_PROGRESS` or
+  `COMPLETED`; `GET {base}/{app}/requests/{id}` is the result (`{"video": {"url": ...}}`) or, for a failed
+  request, its error; `PUT {base}/{app}/requests/{id}/cancel` stops it. `app` is the model id's owner and
+  name only (`fal-ai/kling-video`), never its endpoint path.
+- When the request finishes fal POSTs `{request_id, gateway_request_id, status: OK | ERROR, payload, error}`
+  to the webhook URL, signed with ED25519 (`fal_signature.py`).
+- Model errors are `{"detail": [{loc, msg, type}]}` (type `content_policy_violation` for refused content);
+  infrastructure errors are `{"detail": "...", "error_type": "..."}`.
+
+fal's request id is our provider job id: it is the only thing a webhook names. The status, result and cancel
+URLs also need the model's app, which the adapter protocol does not hand to `status` and `cancel`; they take it
+as an optional `model_name` and, without it, look the request up under each app we offer (an unknown request
+answers 404 there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import msgspec
+
+from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
+from libs.common.jobs import JobRequest
+from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
+from libs.providers.fake.adapter import retry_after
+from libs.providers.fal_signature import Jwks, Verifier
+
+NAME = "fal"
+_KEY_HINT = "check VIDJOBS_FAL_API_KEY"
+_MAX_SAID = 300  # characters of fal's own words carried into a job's error message
+
+# --- the models we offer, and what each takes ------------------------------------------------------------
+
+Check = Callable[[object], str | None]  # a description of what is wrong with a value, or None
+
+
+def _boolean(value: object) -> str | None:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
+def _number(low: float, high: float) -> Check:
+    def check(value: object) -> str | None:
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        return None if ok and low <= value <= high else f"must be a number from {low:g} to {high:g}"
+
+    return check
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How one fal model takes our normalised request. Each mapping is our value → the value fal is sent,
+    or None for a value the model accepts without being told (a fixed length, a ratio taken from the image)."""
+
+    app: str  # owner/name: where its requests' status, result and cancel URLs live
+    durations: Mapping[int, str | None]
+    aspect_ratios: Mapping[str, str | None]
+    resolutions: Mapping[str, str | None]
+    negative_prompt: bool = False
+    seed: bool = False
+    image: bool = False  # image-to-video: the input image is required and sent as `image_url`
+    params: Mapping[str, Check] = field(default_factory=dict)
+
+
+_RATIOS = ("16:9", "9:16", "1:1")
+_KLING_T2V = ModelSpec(
+    app="fal-ai/kling-video", durations={5: "5", 10: "10"}, aspect_ratios={r: r for r in _RATIOS},
+    resolutions={"720p": None}, negative_prompt=True, params={"cfg_scale": _number(0, 1)},
+)
+_MINIMAX_T2V = ModelSpec(
+    app="fal-ai/minimax", durations={6: None}, aspect_ratios={"16:9": None}, resolutions={"720p": None},
+    params={"prompt_optimizer": _boolean},
+)
+# Image-to-video models take their picture's shape, whatever ratio was asked.
+_FROM_IMAGE = dict.fromkeys(_RATIOS)
+
+MODELS: dict[str, ModelSpec] = {
+    "fal-ai/kling-video/v2/master/text-to-video": _KLING_T2V,
+    "fal-ai/kling-video/v2/master/image-to-video": replace(_KLING_T2V, aspect_ratios=_FROM_IMAGE, image=True),
+    "fal-ai/veo3": ModelSpec(
+        app="fal-ai/veo3", durations={4: "4s", 6: "6s", 8: "8s"}, aspect_ratios={r: r for r in _RATIOS},
+        resolutions={"720p": "720p", "1080p": "1080p"}, negative_prompt=True, seed=True,
+        params={"generate_audio": _boolean, "enhance_prompt": _boolean, "auto_fix": _boolean},
+    ),
+    "fal-ai/minimax/video-01": _MINIMAX_T2V,
+    "fal-ai/minimax/video-01/image-to-video": replace(_MINIMAX_T2V, aspect_ratios=_FROM_IMAGE, image=True),
+}
+APPS = tuple(dict.fromkeys(spec.app for spec in MODELS.values()))
+
+# fal's model error types that say fal (or a service behind it) failed, not the input.
+_SERVER_TYPES = {"internal_server_error", "generation_timeout", "downstream_service_error",
+                 "downstream_service_unavailable"}
+_CONTENT_WORDS = ("content_policy", "content policy", "flagged by a content checker", "nsfw")
+_INPUT_WORDS = ("validation", "invalid input", "status code: 422", "status code: 400")
+
+
+# --- fal's wire format, as far as we read it --------------------------------------------------------------
+
+
+class _Queued(msgspec.Struct, kw_only=True):
+    request_id: str
+    queue_position: int | None = None
+
+
+class _Status(msgspec.Struct, kw_only=True):
+    status: str
+    queue_position: int | None = None
+    response_url: str | None = None
+    error: str | None = None
+    error_type: str | None = None
+
+
+class _File(msgspec.Struct, kw_only=True):
+    url: str | None = None
+
+
+class _Output(msgspec.Struct, kw_only=True):
+    video: _File | None = None
+
+
+class _DetailItem(msgspec.Struct, kw_only=True):
+    loc: list[str | int] = []
+    msg: str = ""
+    type: str = ""
+
+
+class _ErrorBody(msgspec.Struct, kw_only=True):
+    detail: str | list[_DetailItem] | None = None
+    error_type: str | None = None
+
+
+class _Webhook(msgspec.Struct, kw_only=True):
+    request_id: str
+    status: str
+    payload: Any = None
+    error: str | None = None
+    payload_error: str | None = None
+
+
+class _Answer(msgspec.Struct, frozen=True):
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+# --- the adapter ------------------------------------------------------------------------------------------
+
+
+class FalAdapter:
+    name = NAME
+    supports_callbacks = True
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str, jwks_url: str, *,
+                 tolerance_s: float = 300, jwks: Jwks | None = None, prefetch_keys: bool = True):
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self._auth = {"Authorization": f"Key {api_key}"}  # never logged, never part of a message
+        self.jwks = jwks or Jwks(session, jwks_url)
+        self.verifier = Verifier(self.jwks, tolerance_s=tolerance_s)
+        if prefetch_keys:
+            self.jwks.refresh_soon()  # built inside a running loop: the first webhook finds the keys
+
+    def __repr__(self) -> str:
+        return f"FalAdapter(base_url={self.base_url!r})"
+
+    def validate(self, request: JobRequest) -> None:
+        spec = _spec(request.model_name)
+        _check_params(request, spec)
+        _pick("duration_s", request.duration_s, spec.durations, request.model_name)
+        _pick("aspect_ratio", request.aspect_ratio, spec.aspect_ratios, request.model_name)
+        _pick("resolution", request.resolution, spec.resolutions, request.model_name)
+        if request.negative_prompt is not None and not spec.negative_prompt:
+            raise _invalid(f"negative_prompt: {request.model_name} takes no negative prompt; leave it null")
+        if request.seed is not None and not spec.seed:
+            raise _invalid(f"seed: {request.model_name} takes no seed; leave it null")
+        if spec.image and request.input_image is None:
+            raise _invalid(f"input_image: {request.model_name} animates an image; upload one and name it")
+        if not spec.image and request.input_image is not None:
+            raise _invalid(f"input_image: {request.model_name} takes no image; use an image-to-video model")
+
+    async def submit(self, req: SubmitRequest) -> Submission:
+        self.validate(req.request)
+        body = msgspec.json.encode(_input(req))
+        params = {"fal_webhook": req.callback_url} if req.callback_url else None
+        url = f"{self.base_url}/{quote(req.request.model_name)}"
+        answer = await self._call("POST", url, data=body, params=params,
+                                  headers={**self._auth, "Content-Type": "application/json"})
+        queued = _decode(_ok(answer), _Queued, "queue answer")
+        return Submission(provider_job_id=queued.request_id, queue_position=queued.queue_position)
+
+    async def find(self, req: SubmitRequest) -> Submission | None:
+        # fal takes no idempotency key and cannot look a request up by anything of ours, so there is nothing to
+        # find. The submitter's record is the guard instead: its submission row is written before fal is called
+        # and fal's answer is recorded as soon as it arrives, so only a crash in that one round trip leads to a
+        # second submit (the first request's webhook then matches no job and is dropped).
+        return None
+
+    async def status(self, provider_job_id: str, model_name: str | None = None) -> ProviderSignal:
+        for app in _apps(model_name):
+            answer = await self._call("GET", self._request_url(app, provider_job_id, "/status"), headers=self._auth)
+            if answer.status == 404:
+                continue  # not a request of this app
+            return await self._signal(app, provider_job_id, _decode(_ok(answer), _Status, "status"))
+        error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "fal no longer knows this render.")
+        return ProviderSignal(provider_job_id=provider_job_id, state=ProviderState.FAILED, error=error)
+
+    async def cancel(self, provider_job_id: str, model_name: str | None = None) -> None:
+        for app in _apps(model_name):
+            answer = await self._call("PUT", self._request_url(app, provider_job_id, "/cancel"), headers=self._auth)
+            if answer.status == 404:
+                continue
+            if answer.ok or answer.status == 400:  # 400: ALREADY_COMPLETED, nothing left to stop
+                return
+            raise http_error(answer)
+
+    def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
+        # With an async protocol this becomes `return await self.verifier.verify_fresh(headers, body)`.
+        return self.verifier.verify(headers, body)
+
+    def parse_callback(self, body: bytes) -> ProviderSignal:
+        hook = _decode(body, _Webhook, "webhook")
+        match hook.status:
+            case "OK":
+                url = _video_url(hook.payload)
+                # No usable payload (fal could not serialise it): the webhook only says where to look.
+                return ProviderSignal(provider_job_id=hook.request_id, state=ProviderState.SUCCEEDED,
+                                      output_url=url, verified=url is not None)
+            case "ERROR":
+                error = failure(hook.error, _error_body(hook.payload))
+                return ProviderSignal(provider_job_id=hook.request_id, state=ProviderState.FAILED, error=error)
+        raise ProviderError(ErrorCode.INTERNAL, f"fal sent a webhook with an unknown status {hook.status[:32]!r}")
+
+    def download_headers(self) -> dict[str, str]:
+        return {}  # fal's output URLs are public
+
+    async def close(self) -> None:
+        """The session belongs to the caller; only the key refresh is ours."""
+        await self.jwks.close()
+
+    async def _signal(self, app: str, request_id: str, st: _Status) -> ProviderSignal:
+        match st.status:
+            case "IN_QUEUE":
+                return ProviderSignal(provider_job_id=request_id, state=ProviderState.QUEUED,
+                                      queue_position=st.queue_position)
+            case "IN_PROGRESS":
+                return ProviderSignal(provider_job_id=request_id, state=ProviderState.RUNNING)
+            case "COMPLETED" if st.error or st.error_type:
+                body = _ErrorBody(detail=st.error, error_type=st.error_type)
+                return ProviderSignal(provider_job_id=request_id, state=ProviderState.FAILED,
+                                      error=failure(st.error, body))
+            case "COMPLETED":
+                return await self._result(app, request_id, st.response_url)
+        raise ProviderError(ErrorCode.INTERNAL, f"fal reported an unknown request status {st.status[:32]!r}")
+
+    async def _result(self, app: str, request_id: str, response_url: str | None) -> ProviderSignal:
+        answer = await self._call("GET", self._own(response_url) or self._request_url(app, request_id),
+                                  headers=self._auth)
+        if answer.ok:
+            try:
+                payload = msgspec.json.decode(answer.body)
+            except msgspec.DecodeError as exc:
+                raise ProviderError(ErrorCode.INTERNAL, f"fal sent a malformed result: {exc}") from exc
+            return ProviderSignal(provider_job_id=request_id, state=ProviderState.SUCCEEDED,
+                                  output_url=_video_url(payload))
+        body = _error_answer(answer.body)
+        if not _render_failed(answer, body):
+            raise http_error(answer)
+        error = failure(_said(body) or f"HTTP {answer.status}", body, refused=answer.status in (400, 422))
+        return ProviderSignal(provider_job_id=request_id, state=ProviderState.FAILED, error=error)
+
+    def _request_url(self, app: str, request_id: str, tail: str = "") -> str:
+        return f"{self.base_url}/{quote(app)}/requests/{quote(request_id, safe='')}{tail}"
+
+    def _own(self, url: str | None) -> str | None:
+        """A URL fal handed us, used only when it points back at fal's queue: our key goes nowhere else."""
+        return url if url and url.startswith(self.base_url + "/") else None
+
+    async def _call(self, method: str, url: str, **kwargs: Any) -> _Answer:
+        """fal's answer, whatever its status. Only failing to get one raises (as a ProviderError)."""
+        what = f"{method} {url.removeprefix(self.base_url)}"
+        try:
+            async with self.session.request(method, url, **kwargs) as resp:
+                return _Answer(resp.status, await resp.read(), resp.headers)
+        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
+            raise ProviderError(ErrorCode.TIMEOUT, f"fal did not answer {what} in time.") from exc
+        except aiohttp.ClientError as exc:
+            raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE,
+                                f"fal could not be reached for {what}: {type(exc).__name__}") from exc
+
+
+# --- translation ------------------------------------------------------------------------------------------
+
+
+def http_error(answer: _Answer) -> ProviderError:
+    """An error answer to one of our calls, in our taxonomy, with fal's own words where it gave any."""
+    body = _error_answer(answer.body)
+    said = _said(body) or f"HTTP {answer.status}"
+    status = answer.status
+    if status == 429:
+        return ProviderError(ErrorCode.RATE_LIMITED, f"fal is rate limiting us: {said}",
+                             retry_after=retry_after(answer.headers.get("Retry-After")))
+    if status >= 500:
+        return ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"fal is unavailable: {said}")
+    if status == 408:
+        return ProviderError(ErrorCode.TIMEOUT, f"fal timed out: {said}")
+    if status in (401, 403):
+        return ProviderError(ErrorCode.INTERNAL, f"fal refused our API key ({status}); {_KEY_HINT}")
+    if status in (400, 422):
+        return ProviderError(failure(said, body, refused=True).code, f"fal refused the request: {said}")
+    # An unexpected 404 or the like: our configuration is wrong, not the job.
+    return ProviderError(ErrorCode.INTERNAL, f"fal refused our call ({status}): {said}")
+
+
+def failure(said: str | None, body: _ErrorBody | None, *, refused: bool = False) -> JobError:
+    """A failed render in our taxonomy: refused content, an input the model cannot take, or fal's trouble.
+    `refused`: fal answered 400/422, so it judged the input whatever its words."""
+    items = body.detail if body is not None and isinstance(body.detail, list) else []
+    text = " ".join([said or "", *(item.msg for item in items)]).lower()
+    if any(item.type == "content_policy_violation" for item in items) or any(w in text for w in _CONTENT_WORDS):
+        code = ErrorCode.CONTENT_REJECTED
+    elif refused or any(item.type not in _SERVER_TYPES for item in items) or any(w in text for w in _INPUT_WORDS):
+        code = ErrorCode.INVALID_INPUT
+    else:
+        code = ErrorCode.PROVIDER_UNAVAILABLE
+    detail = _said(body) or said
+    suffix = f" fal said: {detail[:_MAX_SAID]}" if detail else ""
+    return JobError.of(code, DEFAULT_MESSAGES[code] + suffix)
+
+
+def _render_failed(answer: _Answer, body: _ErrorBody | None) -> bool:
+    """A result fetch answered with the request's own failure (kept with the result), rather than a failure of
+    the fetch itself (our key, our pace, fal being down)."""
+    if answer.status in (401, 403, 408, 429):
+        return False
+    if answer.status == 422 or "X-Fal-Error-Type" in answer.headers:
+        return True
+    return body is not None and (isinstance(body.detail, list) or body.error_type is not None)
+
+
+def _said(body: _ErrorBody | None) -> str | None:
+    if body is None:
+        return None
+    if not body.detail:
+        return body.error_type
+    if isinstance(body.detail, str):
+        return body.detail
+    first = body.detail[0]
+    where = ".".join(str(part) for part in first.loc if part != "body")
+    return f"{where}: {first.msg}" if where else first.msg
+
+
+def _error_answer(raw: bytes) -> _ErrorBody | None:
+    try:
+        return msgspec.json.decode(raw, type=_ErrorBody)
+    except msgspec.DecodeError:
+        return None
+
+
+def _error_body(payload: Any) -> _ErrorBody | None:
+    try:
+        return msgspec.convert(payload, _ErrorBody) if isinstance(payload, dict) else None
+    except msgspec.ValidationError:
+        return None
+
+
+def _video_url(payload: Any) -> str | None:
+    if not isinstance(payload, dict):
+        return None
+    try:
+        video = msgspec.convert(payload, _Output).video
+    except msgspec.ValidationError:
+        return None
+    return video.url if video is not None and video.url else None
+
+
+def _ok(answer: _Answer) -> bytes:
+    if not answer.ok:
+        raise http_error(answer)
+    return answer.body
+
+
+def _decode(raw: bytes, kind: type[Any], what: str) -> Any:
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+        raise ProviderError(ErrorCode.INTERNAL, f"fal sent a malformed {what}: {exc}") from exc
+
+
+# --- our request as fal's model input ---------------------------------------------------------------------
+
+
+def _spec(model_name: str) -> ModelSpec:
+    spec = MODELS.get(model_name)
+    if spec is None:
+        known = ", ".join(f"fal/{name}" for name in MODELS)
+        raise _invalid(f"model: fal/{model_name} is not a fal model we offer (one of {known})")
+    return spec
+
+
+def _apps(model_name: str | None) -> tuple[str, ...]:
+    spec = MODELS.get(model_name or "")
+    return (spec.app,) if spec is not None else APPS
+
+
+def _check_params(request: JobRequest, spec: ModelSpec) -> None:
+    takes = ", ".join(spec.params) or "none"
+    for name, value in request.params.items():
+        check = spec.params.get(name)
+        if check is None:
+            raise _invalid(f"params.{name}: not a parameter of {request.model_name} (it takes {takes})")
+        if (wrong := check(value)) is not None:
+            raise _invalid(f"params.{name}: {wrong}, not {value!r}")
+
+
+def _pick(field_name: str, value: Any, table: Mapping[Any, str | None], model_name: str) -> str | None:
+    if value not in table:
+        offered = " or ".join(str(v) for v in table)
+        raise _invalid(f"{field_name}: {model_name} takes {offered}, not {value}")
+    return table[value]
+
+
+def _input(req: SubmitRequest) -> dict[str, Any]:
+    """The model's input body: only what the model takes, so fal's own defaults apply to the rest."""
+    r, spec = req.request, _spec(req.request.model_name)
+    body: dict[str, Any] = {"prompt": r.prompt}
+    mapped = {
+        "duration": spec.durations[r.duration_s],
+        "aspect_ratio": spec.aspect_ratios[r.aspect_ratio],
+        "resolution": spec.resolutions[r.resolution],
+        "negative_prompt": r.negative_prompt,
+        "seed": r.seed,
+    }
+    body.update({name: value for name, value in mapped.items() if value is not None})
+    if spec.image:
+        if not req.input_image_url:
+            raise ProviderError(ErrorCode.INTERNAL, "input_image: the upload has no URL to hand to fal")
+        body["image_url"] = req.input_image_url
+    return body | dict(r.params)
+
+
+def _invalid(message: str) -> ProviderError:
+    return ProviderError(ErrorCode.INVALID_INPUT, message)

@@ -1,0 +1,312 @@
+"""A stand-in for Luma's Dream Machine API on loopback, replaying the recorded payloads in `tests/payloads/luma`
+with ids, requests, URLs and timestamps rewritten for each generation.
+
+Routes, as Luma has them (JSON; errors are `{"detail": ...}`):
+  POST   /dream-machine/v1/generations         create a video generation (201)
+  GET    /dream-machine/v1/generations         the account's generations, newest first (`limit`, `offset`)
+  GET    /dream-machine/v1/generations/{id}    one generation
+  DELETE /dream-machine/v1/generations/{id}    delete it (204); a generation in progress stops
+  GET    /files/{id}/video.mp4                 the render, a real MP4 (as Luma's CDN serves it)
+  POST   /_sink                                keeps whatever is POSTed: a callback receiver for unit tests
+
+Every /dream-machine call needs `Authorization: Bearer <api_key>`. The generation is POSTed, unsigned, to its
+`callback_url` when it starts dreaming, completes or fails; a delivery not answered 200 is retried 3 times
+100 ms apart, as Luma documents.
+
+A `standin:<scenario>` word in the prompt picks the behaviour:
+  succeed (default)  queued, dreaming, completed; the video in `assets.video`
+  moderation         fails with failure_reason "Advanced moderation failed"
+  fail               fails with an internal error
+  refused            create answered 400: prompt not allowed by moderation
+  invalid            create answered 400: invalid request
+  schema             create answered 422 with a list of field errors
+  rate_limit         create answered 429 with `Retry-After: 2`
+  unavailable        create answered 500
+  malformed          create answered 201 with a truncated body
+  no_callback        renders but calls nobody back
+  hang               stays dreaming
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import json
+import re
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
+
+PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "luma"
+RETRY_AFTER_S = 2
+CALLBACK_RETRIES, CALLBACK_RETRY_DELAY_S = 3, 0.1
+_SCENARIO_WORD = re.compile(r"standin:(\w+)")
+
+
+class Scenario(enum.StrEnum):
+    SUCCEED = "succeed"
+    MODERATION = "moderation"
+    FAIL = "fail"
+    REFUSED = "refused"
+    INVALID = "invalid"
+    SCHEMA = "schema"
+    RATE_LIMIT = "rate_limit"
+    UNAVAILABLE = "unavailable"
+    MALFORMED = "malformed"
+    NO_CALLBACK = "no_callback"
+    HANG = "hang"
+
+
+# What a scenario answers to a create instead of accepting it: (recorded payload, status).
+_REFUSALS = {
+    Scenario.REFUSED: ("error_400_moderation", 400), Scenario.INVALID: ("error_400_invalid", 400),
+    Scenario.SCHEMA: ("error_422_schema", 422), Scenario.RATE_LIMIT: ("error_429_rate_limited", 429),
+    Scenario.UNAVAILABLE: ("error_500_internal", 500),
+}
+_FAILED = {Scenario.MODERATION: "generation_failed_moderation", Scenario.FAIL: "generation_failed"}
+
+
+def payload(name: str) -> dict[str, Any]:
+    """One recorded payload, as Luma's documentation shows it."""
+    return json.loads((PAYLOADS / f"{name}.json").read_text())
+
+
+def scenario_of(prompt: str) -> Scenario:
+    match = _SCENARIO_WORD.search(prompt)
+    return Scenario(match.group(1)) if match else Scenario.SUCCEED
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass
+class Generation:
+    id: str
+    request: dict[str, Any]
+    scenario: Scenario
+    clip: ClipSpec
+    state: str = "queued"
+    created_at: str = field(default_factory=_now)
+    task: asyncio.Task | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("completed", "failed")
+
+
+@dataclass
+class Delivery:
+    """One callback POST the stand-in made, and how the receiver answered (a status or an error)."""
+
+    url: str
+    body: bytes
+    outcome: int | str
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+
+
+class LumaStandin:
+    def __init__(self, *, api_key: str, step_s: float = 0.2):
+        self.api_key = api_key
+        self.step_s = step_s  # each state lasts this long
+        self.url = ""  # set once listening
+        self.generations: dict[str, Generation] = {}  # in creation order
+        self.creates: list[dict[str, Any]] = []  # every create body, as sent
+        self.deleted: list[str] = []
+        self.deliveries: list[Delivery] = []
+        self.received: list[Received] = []
+        self.session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def view(self, gen: Generation) -> dict[str, Any]:
+        """The generation as Luma shows it: the recorded payload for its state, rewritten for it."""
+        name = {"queued": "generation_queued", "dreaming": "generation_dreaming",
+                "completed": "generation_completed"}.get(gen.state) or _FAILED[gen.scenario]
+        body = payload(name)
+        body.update(id=gen.id, created_at=gen.created_at, model=gen.request.get("model"),
+                    request={**body["request"], "keyframes": None, **gen.request})
+        if gen.state == "completed":
+            body["assets"] = {**body["assets"], "video": f"{self.url}/files/{gen.id}/video.mp4",
+                              "image": f"{self.url}/files/{gen.id}/thumb.jpg"}
+        return body
+
+    def create(self, request: dict[str, Any]) -> Generation:
+        width, height = clip_size(request.get("aspect_ratio", "16:9"))
+        seconds = float(str(request.get("duration", "5s")).rstrip("s"))
+        gen = Generation(id=str(uuid.uuid4()), request=request, scenario=scenario_of(str(request.get("prompt", ""))),
+                         clip=ClipSpec(width, height, seconds, secrets.randbelow(2**31)))
+        self.generations[gen.id] = gen
+        gen.task = self.spawn(self._run(gen), f"generation-{gen.id}")
+        return gen
+
+    async def _run(self, gen: Generation) -> None:
+        await asyncio.sleep(self.step_s)
+        self._move(gen, "dreaming")
+        if gen.scenario is Scenario.HANG:
+            return
+        await asyncio.sleep(self.step_s)
+        if gen.scenario in _FAILED:
+            self._move(gen, "failed")
+            return
+        await render_mp4(gen.clip)  # ready before completion is reported, so the video serves at once
+        self._move(gen, "completed")
+
+    def _move(self, gen: Generation, state: str) -> None:
+        gen.state = state
+        url = gen.request.get("callback_url")
+        if url and gen.scenario is not Scenario.NO_CALLBACK:
+            body = json.dumps(self.view(gen)).encode()
+            self.spawn(self._deliver(url, body), f"callback-{gen.id}-{state}")
+
+    async def _deliver(self, url: str, body: bytes) -> None:
+        assert self.session is not None
+        for attempt in range(1 + CALLBACK_RETRIES):
+            try:
+                async with self.session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
+                    outcome: int | str = resp.status
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                outcome = repr(exc)
+            self.deliveries.append(Delivery(url, body, outcome))
+            if outcome == 200 or attempt == CALLBACK_RETRIES:
+                return
+            await asyncio.sleep(CALLBACK_RETRY_DELAY_S)
+
+    def delete(self, gen: Generation) -> None:
+        if gen.task is not None:
+            gen.task.cancel()
+        del self.generations[gen.id]
+        self.deleted.append(gen.id)
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+# --- HTTP ----------------------------------------------------------------------------------------------
+
+STANDIN = web.AppKey("standin", LumaStandin)
+
+
+def _error(name: str, status: int, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(payload(name), status=status, headers=headers)
+
+
+async def create_generation(request: web.Request) -> web.Response:
+    standin = request.app[STANDIN]
+    try:
+        body = json.loads(await request.read())
+    except ValueError:
+        return web.json_response({"detail": "Invalid JSON body"}, status=400)
+    standin.creates.append(body)
+    scenario = scenario_of(str(body.get("prompt", "")))
+    if scenario in _REFUSALS:
+        name, status = _REFUSALS[scenario]
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
+        return _error(name, status, headers)
+    if scenario is Scenario.MALFORMED:
+        whole = json.dumps(payload("generation_queued")).encode()
+        return web.Response(body=whole[: len(whole) // 2], status=201, content_type="application/json")
+    return web.json_response(standin.view(standin.create(body)), status=201)
+
+
+async def list_generations(request: web.Request) -> web.Response:
+    standin = request.app[STANDIN]
+    limit, offset = int(request.query.get("limit", "100")), int(request.query.get("offset", "0"))
+    newest_first = list(reversed(standin.generations.values()))
+    page = newest_first[offset: offset + limit]
+    body = {**payload("generation_list"), "generations": [standin.view(g) for g in page], "count": len(page),
+            "limit": limit, "offset": offset, "has_more": offset + limit < len(newest_first)}
+    return web.json_response(body)
+
+
+def _generation(request: web.Request) -> Generation:
+    gen = request.app[STANDIN].generations.get(request.match_info["id"])
+    if gen is None:
+        raise web.HTTPNotFound(text=json.dumps(payload("error_404_not_found")), content_type="application/json")
+    return gen
+
+
+async def get_generation(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STANDIN].view(_generation(request)))
+
+
+async def delete_generation(request: web.Request) -> web.Response:
+    request.app[STANDIN].delete(_generation(request))
+    return web.Response(status=204)
+
+
+async def get_video(request: web.Request) -> web.Response:
+    gen = request.app[STANDIN].generations.get(request.match_info["id"])
+    if gen is None or gen.state != "completed":
+        raise web.HTTPNotFound()
+    return web.Response(body=await render_mp4(gen.clip), content_type="video/mp4")
+
+
+async def sink(request: web.Request) -> web.Response:
+    request.app[STANDIN].received.append(Received(dict(request.headers), await request.read()))
+    return web.json_response({"received": True})
+
+
+@web.middleware
+async def require_key(request: web.Request, handler) -> web.StreamResponse:
+    if request.path.startswith("/dream-machine/"):
+        if request.headers.get("Authorization") != f"Bearer {request.app[STANDIN].api_key}":
+            return _error("error_401_invalid_key", 401)
+    return await handler(request)
+
+
+def create_app(standin: LumaStandin) -> web.Application:
+    app = web.Application(middlewares=[require_key])
+    app[STANDIN] = standin
+    app.router.add_post("/dream-machine/v1/generations", create_generation)
+    app.router.add_get("/dream-machine/v1/generations", list_generations)
+    app.router.add_get("/dream-machine/v1/generations/{id}", get_generation)
+    app.router.add_delete("/dream-machine/v1/generations/{id}", delete_generation)
+    app.router.add_get("/files/{id}/video.mp4", get_video)
+    app.router.add_post("/_sink", sink)
+    app.cleanup_ctx.append(_background)
+    return app
+
+
+async def _background(app: web.Application) -> AsyncIterator[None]:
+    standin = app[STANDIN]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        standin.session = session
+        yield
+        await standin.close()
+
+
+@contextlib.asynccontextmanager
+async def running_luma_standin(*, api_key: str, host: str = "127.0.0.1", **options: Any) -> AsyncIterator[LumaStandin]:
+    """A Luma stand-in listening on a free port of `host` until the block exits."""
+    standin = LumaStandin(api_key=api_key, **options)
+    runner = web.AppRunner(create_app(standin), access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, 0).start()
+        standin.url = f"http://{host}:{runner.addresses[0][1]}"
+        yield standin
+    finally:
+        await runner.cleanup()
