@@ -93,7 +93,7 @@ async def fetch(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRow 
 
 async def create(
     conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
-    recovery_delay_s: float,
+    recovery_delay_s: float, route: str | None = None,
 ) -> JobRow:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
     first recovery check. Raises QuotaExhausted (and creates nothing) when the credit is not there.
@@ -105,12 +105,12 @@ async def create(
     job_id = ids.new("job")
     row = await conn.fetchrow(
         """
-        INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at)
-        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+        INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route)
+        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8)
         RETURNING *
         """,
         job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
-        estimated_credits, recovery_delay_s,
+        estimated_credits, recovery_delay_s, route,
     )
     job = row_to_job(row)
     await conn.execute(

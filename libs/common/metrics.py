@@ -20,4 +20,12 @@ PROVIDER_CALLS = Counter(
     "vidjobs_provider_calls_total", "Calls to providers by operation and outcome",
     ["provider", "operation", "outcome"],
 )
+ROUTE_JOBS = Counter(
+    "vidjobs_route_jobs_total", "Finished jobs sent down a rollout route, by real model and outcome",
+    ["route", "model", "outcome"],
+)
+ROUTE_SECONDS = Histogram(
+    "vidjobs_route_job_seconds", "Creation to finish of jobs sent down a rollout route", ["route", "model"],
+    buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 3600),
+)
 JOB_ERRORS = Counter("vidjobs_job_errors_total", "Jobs that took an error, by code", ["code"])

@@ -149,6 +149,9 @@ async def transition(
                                  charged=credits.charge_for(to, job.estimated_credits, job.actual_credits))
         await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *emit])
     metrics.TRANSITIONS.labels(to.value).inc()
+    if job.route is not None and to in TERMINAL and from_status not in TERMINAL:
+        metrics.ROUTE_JOBS.labels(job.route, job.model, to.value).inc()
+        metrics.ROUTE_SECONDS.labels(job.route, job.model).observe((job.updated_at - job.created_at).total_seconds())
     log.info("job transitioned",
              extra={"job_id": job_id, "from": from_status.value, "to": to.value, "reason": reason})
     return Transitioned(from_status=from_status, job=job)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import re
 
 import asyncpg
+import msgspec
 from aiohttp import web
 
 from libs.common import jobs, outbox
 from libs.common.errors import ErrorCode, JobError, ProviderError, QuotaExhausted
 from libs.common.jobs import JobRequest, JobRow
+from libs.common.settings import Settings
 from libs.common.states import TERMINAL, JobStatus
 from libs.common.transitions import JobUpdate, transition
+from libs.providers import routing as rollout
 from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for
 from services.gateway import cursor, idempotency, store
@@ -46,12 +49,18 @@ def check_input_image(request: JobRequest) -> None:
         raise invalid(f"input_image: no such upload {request.input_image!r}")
 
 
+def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | None]:
+    """A model alias becomes one of its real models, by the configured shares."""
+    model, route = rollout.route(request.model, settings.model_routes)
+    return (request if route is None else msgspec.structs.replace(request, model=model)), route
+
+
 def view(gw: Gateway, job: JobRow) -> JobOut:
     return job_view(job, gw.storage, gw.settings.signed_url_ttl_s)
 
 
 async def _create_once(
-    gw: Gateway, owner: Account, body: CreateJob, request: JobRequest, key: str | None,
+    gw: Gateway, owner: Account, body: CreateJob, request: JobRequest, key: str | None, route: str | None,
 ) -> tuple[JobRow, bool]:
     """(job, created). Credit reservation, the job, and the idempotency key commit together or not at all."""
     body_hash = idempotency.digest(body)
@@ -61,7 +70,7 @@ async def _create_once(
             return await _replayed(conn, owner.id, earlier), False
         try:
             job = await jobs.create(conn, account_id=owner.id, request=request, estimated_credits=estimate,
-                                    recovery_delay_s=gw.settings.recovery_delay_s)
+                                    recovery_delay_s=gw.settings.recovery_delay_s, route=route)
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         if key is not None:
@@ -80,15 +89,15 @@ async def _replayed(conn: asyncpg.Connection, account_id: str, job_id: str) -> J
 async def create_job(request: web.Request) -> web.Response:
     gw, owner = gateway(request), account(request)
     body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
-    job_request = body.to_request()
+    job_request, route = routed(body.to_request(), gw.settings)
     check_provider(gw.adapters, job_request)
     check_input_image(job_request)
     key = idempotency.key_from(request)
     try:
-        job, created = await _create_once(gw, owner, body, job_request, key)
+        job, created = await _create_once(gw, owner, body, job_request, key, route)
     except idempotency.LostRace:
         # The winner has committed by now: answer as a replay of its request.
-        job, created = await _create_once(gw, owner, body, job_request, key)
+        job, created = await _create_once(gw, owner, body, job_request, key, route)
     return json_response(view(gw, job), status=201 if created else 200,
                          headers={"Location": f"/v1/jobs/{job.id}"})
 
