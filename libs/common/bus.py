@@ -94,10 +94,31 @@ class ConsumerSpec:
     handler: Handler
     concurrency: int = 8
     ack_wait_s: float = 30.0
+    # Handler failures before the message is dead-lettered. Deferrals (Redeliver) are not failures: a job
+    # held back by a provider's limits may wait through many deliveries, so the server itself never stops
+    # redelivering short of DELIVERY_CEILING.
     max_deliver: int = 20
     # Deferred messages (nak with delay) stay ack-pending; a consumer that defers many must allow many.
     max_ack_pending: int | None = None
     on_dead: Callable[[Event], Awaitable[None]] | None = None
+
+
+DELIVERY_CEILING = 100_000
+
+
+class FailureCounts:
+    """Handler failures per message (by stream sequence) seen by this process."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, int] = {}
+
+    def add(self, msg: Msg) -> int:
+        seq = msg.metadata.sequence.stream
+        self._counts[seq] = self._counts.get(seq, 0) + 1
+        return self._counts[seq]
+
+    def forget(self, msg: Msg) -> None:
+        self._counts.pop(msg.metadata.sequence.stream, None)
 
 
 def retry_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0) -> float:
@@ -108,11 +129,12 @@ def retry_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0) -> float:
 async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event) -> None:
     config = ConsumerConfig(
         durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=spec.ack_wait_s,
-        max_deliver=spec.max_deliver, max_ack_pending=spec.max_ack_pending or spec.concurrency * 4,
+        max_deliver=DELIVERY_CEILING, max_ack_pending=spec.max_ack_pending or spec.concurrency * 4,
         filter_subject=spec.subject,
     )
     psub = await js.pull_subscribe(spec.subject, durable=spec.durable, stream=WORK_STREAM, config=config)
     slots = asyncio.Semaphore(spec.concurrency)
+    failures = FailureCounts()
     inflight: set[asyncio.Task] = set()
     while not stop.is_set():
         await slots.acquire()
@@ -131,7 +153,7 @@ async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event)
         for _ in range(free - len(msgs)):
             slots.release()
         for msg in msgs:
-            task = asyncio.create_task(_handle(spec, msg, slots))
+            task = asyncio.create_task(_handle(spec, msg, slots, failures))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
     if inflight:
@@ -148,16 +170,16 @@ async def _heartbeat(msg: Msg, every: float) -> None:
             await msg.in_progress()
 
 
-async def _handle(spec: ConsumerSpec, msg: Msg, slots: asyncio.Semaphore) -> None:
+async def _handle(spec: ConsumerSpec, msg: Msg, slots: asyncio.Semaphore, failures: FailureCounts) -> None:
     started = time.perf_counter()
     try:
-        await _dispatch(spec, msg)
+        await _dispatch(spec, msg, failures)
     finally:
         slots.release()
         metrics.HANDLE_SECONDS.labels(spec.durable).observe(time.perf_counter() - started)
 
 
-async def _dispatch(spec: ConsumerSpec, msg: Msg) -> None:
+async def _dispatch(spec: ConsumerSpec, msg: Msg, failures: FailureCounts) -> None:
     attempt = msg.metadata.num_delivered
     try:
         event = events.decode(msg.data)
@@ -174,11 +196,13 @@ async def _dispatch(spec: ConsumerSpec, msg: Msg) -> None:
         return
     except Exception as exc:
         job_id = getattr(event, "job_id", None)
-        if attempt >= spec.max_deliver:
+        failed = failures.add(msg)
+        if failed >= spec.max_deliver or attempt >= DELIVERY_CEILING:
             log.exception("handler failed for the last time", extra={"consumer": spec.durable, "job_id": job_id})
+            failures.forget(msg)
             await _dead_letter(spec, msg, event, repr(exc))
             return
-        delay = retry_delay(attempt)
+        delay = retry_delay(failed)
         log.warning("handler failed; will be redelivered", exc_info=True,
                     extra={"consumer": spec.durable, "job_id": job_id, "attempt": attempt, "delay_s": delay})
         metrics.MESSAGES.labels(spec.durable, "failed").inc()
@@ -186,6 +210,7 @@ async def _dispatch(spec: ConsumerSpec, msg: Msg) -> None:
         return
     finally:
         beat.cancel()
+    failures.forget(msg)
     await msg.ack()
     metrics.MESSAGES.labels(spec.durable, "acked").inc()
 

@@ -73,7 +73,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     #                                             {"model": "luma/ray-2", "share": 5}]}
     model_routes: dict[str, list[RouteShare]] = {}
     ack_wait_s: float = 30.0  # a consumer's message is redelivered if not acked (or heartbeated) this long
-    max_deliveries: int = 10  # deliveries of one message before it is dead-lettered
+    max_deliveries: int = 10  # failed handlings of one message before it is dead-lettered
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
     signed_url_ttl_s: int = 3600
     fake_provider_url: str = "http://127.0.0.1:8090"

@@ -17,7 +17,7 @@ async def main(rt: Runtime) -> None:
     ctx = Context(rt=rt, policies=Policies(rt.settings))
     # Checks wait here until due (a delayed nak each), so this consumer defers often and holds many.
     spec = consumer(rt, "reaper-recovery", events.RECOVERY, partial(on_recovery_due, ctx), concurrency=16,
-                    max_deliver=50, max_ack_pending=1_000_000)
+                    max_ack_pending=1_000_000)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(rt.js, spec, rt.stop), name="recovery-consumer")
         tg.create_task(sweep.run(rt), name="recovery-sweep")

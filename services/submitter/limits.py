@@ -2,7 +2,9 @@
 PostgreSQL so every submitter replica obeys the same ones.
 
 Every decision for one provider runs under that provider's transaction-scoped advisory lock, together with
-the claim of the submission row it admits, so two replicas can never both take the last slot or token.
+the claim of the submission row it admits, so two replicas can never both take the last slot or token. Every
+submitter transaction that writes for a provider takes that lock first, which also gives all of them one
+lock order (provider, job, submission, breaker) and so no deadlocks.
 """
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
         metrics.PROVIDER_CALLS.labels(job.provider, "submit", err.code.value).inc()
         # The refusal and the job's move away from pending commit together: a refused claim is never up for
         # takeover while its job still looks like it is waiting for this attempt.
-        # The job row is locked first, as the claim path locks it first, so the two never deadlock.
         async with ctx.rt.tx() as conn:
+            await limits.lock_provider(conn, job.provider)
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, req, err.to_job_error())
             await limits.record_answer(conn, job.provider, err.code, ctx.rt.settings)
@@ -99,9 +99,9 @@ async def _admit_and_claim(ctx: Context, job: JobRow, req: SubmitRequest) -> sub
     # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
     ttl = ctx.rt.settings.provider_timeout_s + 15
     async with ctx.rt.tx() as conn:
+        await limits.lock_provider(conn, job.provider)
         if not await _still_waiting(conn, job):
             return submissions.Claimed(Claim.MOVED_ON)
-        await limits.lock_provider(conn, job.provider)
         admission = await limits.admit(conn, job.provider, job.id, limits.limits_for(ctx.rt.settings, job.provider),
                                        claim_ttl_s=ttl)
         if admission.wait_s is None:
@@ -129,6 +129,7 @@ async def _accepted(
     now = datetime.now(UTC)
     emit = [] if adapter.supports_callbacks else [PollRequested(job_id=job.id, reason="submitted")]
     async with ctx.rt.tx() as conn:
+        await limits.lock_provider(conn, job.provider)
         await submissions.record_accepted(conn, req, accepted.provider_job_id)
         await limits.record_answer(conn, job.provider, None, ctx.rt.settings)
         moved = await transition(
