@@ -596,3 +596,16 @@ async def test_a_fal_job_without_a_webhook_is_found_by_polling(tmp_path, databas
 def test_recorded_payloads_are_json():
     for name in ("submit_queued", "status_in_queue", "status_completed", "result_video", "webhook_ok"):
         json.loads(payload(name, request_id=RID, base_url="http://x", app="fal-ai/veo3", video_url=VIDEO))
+
+
+@needs_fal_models
+async def test_a_queued_fal_job_shows_its_place_in_fals_queue(fal_stack, standin):
+    standin.queue_step_s = 1.0  # long enough to be seen waiting on a busy machine
+    prompt = standin.plan("a lighthouse in a storm", Scenario.LONG_QUEUE)
+    created = await fal_stack.create_job(model=f"fal/{KLING}", prompt=prompt, duration_s=5)
+
+    queued = await fal_stack.wait_for_status(created["id"], "submitted")
+    done = await fal_stack.wait_terminal(created["id"])
+
+    assert queued["stage"] == "submitted" and queued["queue_position"] == 3  # as fal answered the submit
+    assert done["status"] == "completed" and done["queue_position"] is None

@@ -73,6 +73,7 @@ class JobRow(msgspec.Struct, kw_only=True):
     deleted_at: datetime | None
     route: str | None = None
     wait_reason: str | None = None
+    provider_queue_position: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -170,6 +171,21 @@ async def set_wait_reason(conn: asyncpg.Connection, job_id: str, reason: str) ->
     )
     if at is not None:
         await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.PENDING.value, at=at)])
+
+
+async def record_queue_position(conn: asyncpg.Connection, job_id: str, position: int) -> None:
+    """Store a submitted job's place in its provider's queue, as the provider reported it."""
+    at = await conn.fetchval(
+        """
+        UPDATE jobs SET provider_queue_position = $2, updated_at = clock_timestamp()
+        WHERE id = $1 AND status = 'submitted' AND deleted_at IS NULL
+          AND provider_queue_position IS DISTINCT FROM $2
+        RETURNING updated_at
+        """,
+        job_id, position,
+    )
+    if at is not None:
+        await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.SUBMITTED.value, at=at)])
 
 
 async def record_progress(conn: asyncpg.Connection, job_id: str, progress: float) -> bool:

@@ -91,7 +91,7 @@ def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
 
 def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> tuple[str, list[Any]]:
     # A job that moves is no longer waiting for whatever held it.
-    sets = ["status = $3", "updated_at = clock_timestamp()", "wait_reason = NULL"]
+    sets = ["status = $3", "updated_at = clock_timestamp()", "wait_reason = NULL", "provider_queue_position = NULL"]
     values: list[Any] = []
     if to in TERMINAL:
         # A finished job needs no more watching (and the schema's CHECK insists on it).

@@ -27,7 +27,9 @@ def job_view(job: JobRow, storage: Storage, ttl_s: int) -> JobOut:
     return JobOut(
         id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=job.request.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
-        attempt=job.attempt, queue_position=None, queue_reason=job.wait_reason, progress=job.progress, error=job.error,
+        # Until per-account slots exist, the only queue a job waits in is its provider's (fal reports it).
+        attempt=job.attempt, queue_position=job.provider_queue_position, queue_reason=job.wait_reason,
+        progress=job.progress, error=job.error,
         outputs=_outputs(job.outputs, storage, ttl_s) if ready else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
     )

@@ -83,7 +83,8 @@ async def _apply(
 ) -> None:
     match sig.state:
         case ProviderState.QUEUED:
-            return
+            if sig.queue_position is not None and job.status is JobStatus.SUBMITTED:
+                await jobs.record_queue_position(conn, job.id, sig.queue_position)
         case ProviderState.RUNNING:
             await _running(conn, job, sig, source)
         case ProviderState.SUCCEEDED:

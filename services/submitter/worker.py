@@ -140,6 +140,8 @@ async def _accepted(
                 deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s),
             ),
         )
+        if moved is not None and accepted.queue_position is not None:
+            await jobs.record_queue_position(conn, job.id, accepted.queue_position)
         if moved is None and await _orphaned(conn, job.id, accepted.provider_job_id):
             # Canceled, deleted or retried while the provider was answering: this render is nobody's; stop it.
             await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,

@@ -1,0 +1,2 @@
+-- libs/common: where a submitted job stands in its provider's own queue, as the provider last said.
+ALTER TABLE jobs ADD COLUMN provider_queue_position integer CHECK (provider_queue_position >= 0);
