@@ -104,12 +104,14 @@ async def own_stack(data_dir: Path):
     from cli.supervisor import Supervisor
     from cli.up import Embedded, resolve, wait_ready
     from libs.common import db
-    from libs.common.settings import load
+    from libs.common.settings import ProviderLimits, load
 
     embedded = Embedded()
     try:
-        settings = resolve(load().with_(data_dir=str(data_dir), http_port=free_port(), log_level="WARNING"),
-                           embedded)
+        # The fake provider gets no caps, so the figures measure vidjobs rather than its politeness limits.
+        unlimited = {"fake": ProviderLimits(concurrency=100_000, rate_per_s=100_000, burst=100_000)}
+        settings = resolve(load().with_(data_dir=str(data_dir), http_port=free_port(), log_level="WARNING",
+                                        provider_limits=unlimited), embedded)
         await db.migrate(settings.database_url)
         key = await bench_account(settings.database_url)
         supervisor = Supervisor(settings.to_env())
