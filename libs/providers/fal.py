@@ -32,8 +32,8 @@ import msgspec
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.fake.adapter import retry_after
 from libs.providers.fal_signature import Jwks, Verifier
+from libs.providers.http import retry_after
 
 NAME = "fal"
 _KEY_HINT = "check VIDJOBS_FAL_API_KEY"

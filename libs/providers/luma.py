@@ -35,7 +35,7 @@ import msgspec
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.fake.adapter import retry_after
+from libs.providers.http import retry_after
 
 API = "/dream-machine/v1"
 KEY_SETTING = "VIDJOBS_LUMA_API_KEY"

@@ -36,7 +36,7 @@ from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderEr
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.fake.adapter import retry_after
+from libs.providers.http import retry_after
 
 # Webhooks on creation and on the terminal state; `output` and `logs` would only repeat what a poll tells.
 WEBHOOK_EVENTS = ("start", "completed")

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -21,6 +19,7 @@ from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderEr
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
+from libs.providers.http import retry_after
 
 SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
@@ -198,23 +197,6 @@ def http_error(status: int, body: bytes, headers: Mapping[str, str]) -> Provider
         return ProviderError(ErrorCode.INVALID_INPUT, said)
     # 401, 403, an unexpected 404: our configuration is wrong, not the job.
     return ProviderError(ErrorCode.INTERNAL, f"The provider refused our call ({status}): {said}")
-
-
-def retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header: delta-seconds or an HTTP date. None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 def render_error(error: _Error | None) -> JobError:
