@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+
+import aiohttp
+
+from libs.common.errors import ErrorCode, ProviderError
 
 
 def retry_after(value: str | None) -> float | None:
@@ -21,3 +27,18 @@ def retry_after(value: str | None) -> float | None:
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+@contextlib.asynccontextmanager
+async def transport_errors(
+    provider: str, method: str, path: str, *, detail: bool = True,
+) -> AsyncIterator[None]:
+    """A call that never reached an answer, in our taxonomy. `detail=False` keeps the library's message
+    out of ours, for providers whose URLs or headers must never be echoed."""
+    try:
+        yield
+    except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
+        raise ProviderError(ErrorCode.TIMEOUT, f"{provider} did not answer {method} {path} in time.") from exc
+    except aiohttp.ClientError as exc:
+        said = str(exc) if detail else type(exc).__name__
+        raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"{provider} could not be reached: {said}") from exc

@@ -35,7 +35,7 @@ import msgspec
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.http import retry_after
+from libs.providers.http import retry_after, transport_errors
 
 API = "/dream-machine/v1"
 KEY_SETTING = "VIDJOBS_LUMA_API_KEY"
@@ -216,7 +216,7 @@ class LumaAdapter:
         """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy (or
         `_Missing` for Luma's own 404, with `tell_missing`)."""
         headers = {**kwargs.pop("headers", {}), **self._auth}
-        try:
+        async with transport_errors("Luma", method, path):
             async with self.session.request(method, self.base_url + path, headers=headers, **kwargs) as resp:
                 raw = await resp.read()
                 if resp.status < 300:
@@ -224,10 +224,6 @@ class LumaAdapter:
                 if resp.status == 404 and tell_missing and _error_answer(raw) is not None:
                     raise _Missing
                 raise http_error(resp.status, raw, resp.headers)
-        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise ProviderError(ErrorCode.TIMEOUT, f"Luma did not answer {method} {path} in time.") from exc
-        except aiohttp.ClientError as exc:
-            raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"Luma could not be reached: {exc}") from exc
 
 
 class _Missing(Exception):

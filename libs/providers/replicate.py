@@ -36,7 +36,7 @@ from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderEr
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.http import retry_after
+from libs.providers.http import retry_after, transport_errors
 
 # Webhooks on creation and on the terminal state; `output` and `logs` would only repeat what a poll tells.
 WEBHOOK_EVENTS = ("start", "completed")
@@ -233,7 +233,7 @@ class ReplicateAdapter:
         """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy (or
         `_Missing` for Replicate's own 404, with `tell_missing`)."""
         headers = {**kwargs.pop("headers", {}), **self._auth}
-        try:
+        async with transport_errors("Replicate", method, path):
             async with self.session.request(method, self.base_url + path, headers=headers, **kwargs) as resp:
                 raw = await resp.read()
                 if resp.status < 300:
@@ -241,10 +241,6 @@ class ReplicateAdapter:
                 if resp.status == 404 and tell_missing and _problem(raw) is not None:
                     raise _Missing
                 raise http_error(resp.status, raw, resp.headers)
-        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise ProviderError(ErrorCode.TIMEOUT, f"Replicate did not answer {method} {path} in time.") from exc
-        except aiohttp.ClientError as exc:
-            raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"Replicate could not be reached: {exc}") from exc
 
 
 class _Missing(Exception):

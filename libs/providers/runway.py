@@ -23,7 +23,7 @@ import msgspec
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.http import retry_after
+from libs.providers.http import retry_after, transport_errors
 
 API_VERSION = "2024-11-06"
 KEY_SETTING = "VIDJOBS_RUNWAY_API_KEY"
@@ -179,7 +179,7 @@ class RunwayAdapter:
         """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy (or
         `_Missing` for a 404, with `tell_missing`, when the caller has a meaning for it)."""
         headers = {"Authorization": f"Bearer {self._api_key}", "X-Runway-Version": API_VERSION}
-        try:
+        async with transport_errors("Runway", method, path, detail=False):
             async with self.session.request(method, self.base_url + path, headers=headers, **kwargs) as resp:
                 raw = await resp.read()
                 if resp.status < 300:
@@ -187,11 +187,6 @@ class RunwayAdapter:
                 if resp.status == 404 and tell_missing:
                     raise _Missing
                 raise http_error(resp.status, raw, resp.headers)
-        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise ProviderError(ErrorCode.TIMEOUT, f"Runway did not answer {method} {path} in time.") from exc
-        except aiohttp.ClientError as exc:
-            raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE,
-                                f"Runway could not be reached: {type(exc).__name__}") from exc
 
 
 class _Missing(Exception):

@@ -25,7 +25,7 @@ import msgspec
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.http import retry_after
+from libs.providers.http import retry_after, transport_errors
 
 KEY_SETTING = "VIDJOBS_VEO_API_KEY"
 KEY_HEADER = "x-goog-api-key"
@@ -221,7 +221,7 @@ class VeoAdapter:
     async def _call(self, method: str, path: str, *, tell_missing: bool = False, **kwargs: Any) -> bytes:
         """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy (or
         `_Missing` for a 404, with `tell_missing`, when the caller has a meaning for it)."""
-        try:
+        async with transport_errors("Veo", method, path, detail=False):
             async with self.session.request(method, self.base_url + path, headers={KEY_HEADER: self._api_key},
                                             **kwargs) as resp:
                 raw = await resp.read()
@@ -230,11 +230,6 @@ class VeoAdapter:
                 if resp.status == 404 and tell_missing:
                     raise _Missing
                 raise http_error(resp.status, raw, resp.headers)
-        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise ProviderError(ErrorCode.TIMEOUT, f"Veo did not answer {method} {path} in time.") from exc
-        except aiohttp.ClientError as exc:
-            raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE,
-                                f"Veo could not be reached: {type(exc).__name__}") from exc
 
 
 class _Missing(Exception):

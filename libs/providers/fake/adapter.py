@@ -19,7 +19,7 @@ from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderEr
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.http import retry_after
+from libs.providers.http import retry_after, transport_errors
 
 SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
@@ -159,7 +159,7 @@ class FakeAdapter:
     async def _call(self, method: str, path: str, *, tell_missing: bool = False, **kwargs: Any) -> bytes:
         """The body of a 2xx answer. Every other outcome is raised as a ProviderError of our taxonomy
         (or `_Missing` for a 404, with `tell_missing`, when the caller has a meaning for it)."""
-        try:
+        async with transport_errors("The provider", method, path):
             async with self.session.request(method, self.base_url + path, **kwargs) as resp:
                 raw = await resp.read()
                 if resp.status < 300:
@@ -167,10 +167,6 @@ class FakeAdapter:
                 if resp.status == 404 and tell_missing and _is_not_found(raw):
                     raise _Missing
                 raise http_error(resp.status, raw, resp.headers)
-        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise ProviderError(ErrorCode.TIMEOUT, f"The provider did not answer {method} {path} in time.") from exc
-        except aiohttp.ClientError as exc:
-            raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"The provider could not be reached: {exc}") from exc
 
 
 class _Missing(Exception):
