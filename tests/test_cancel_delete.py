@@ -60,11 +60,13 @@ async def test_cancel_while_retrying_stops_the_retries(settings):
         job = await stack.create_job(params={"scenario": "unavailable_then_succeed", "render_s": 0.2})
         await stack.wait_for_status(job["id"], "retrying")
         await _cancel(stack, job["id"])
+        # Full jitter may have let a second try out before the cancel; none may follow it.
+        at_cancel = (await stack.counters())["submissions_by_job"][job["id"]]
         later = await _still_after(stack, job["id"], 6)  # past the 5 s backoff
         counters = await stack.counters()
 
     assert later["status"] == "canceled"
-    assert counters["submissions_by_job"][job["id"]] == 1
+    assert counters["submissions_by_job"][job["id"]] == at_cancel
     assert job["id"] not in counters["renders_by_job"]
 
 
