@@ -75,7 +75,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ack_wait_s: float = 30.0  # a consumer's message is redelivered if not acked (or heartbeated) this long
     max_deliveries: int = 10  # failed handlings of one message before it is dead-lettered
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
-    signed_url_ttl_s: int = 3600
+    signed_url_ttl_s: int = 900  # links to stored objects are short-lived; reading the job again renews them
     fake_provider_url: str = "http://127.0.0.1:8090"
     fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
     # Real providers: an adapter is offered only when its API key is set. Base URLs are settings so tests
@@ -100,6 +100,23 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     media_concurrency: int = 2
     max_body_bytes: int = 64 * 1024
     max_download_bytes: int = 512 * 1024 * 1024
+    # Hosts whose render URLs may be fetched although they resolve to a private or loopback address, or are
+    # plain http: `host` or `host:port`, comma-separated (a provider on our own network, the fake provider).
+    download_allow_hosts: str = ""
+    s3_part_bytes: int = 8 * 1024 * 1024  # multipart upload part size for the S3 backend (at least 5 MiB)
+    # Image uploads (image-to-video input).
+    upload_max_bytes: int = 10 * 1024 * 1024
+    upload_max_side: int = 8192  # pixels, either side
+    upload_max_pixels: int = 40_000_000  # width x height, checked from the header before decoding
+    # Derived assets.
+    preview_seconds: float = 3.0  # length of the low-resolution preview clip
+    preview_max_side: int = 320  # its longer side, in pixels
+    # Retention: originals are removed this long after the job completed (the job becomes `expired`);
+    # thumbnails stay while the job exists.
+    retention_days: float = 30.0
+    retention_sweep_interval_s: float = 300.0
+    orphan_sweep_interval_s: float = 3600.0
+    orphan_grace_s: float = 3600.0  # objects younger than this are never called orphans (a copy may be running)
     log_level: str = "INFO"
     log_format: str = "json"  # json | text
     demo_credits: int = 100_000
@@ -111,6 +128,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     @property
     def gateway_url(self) -> str:
         return self.public_url or f"http://{self.http_host}:{self.http_port}"
+
+    def allowed_download_hosts(self) -> frozenset[str]:
+        return frozenset(h.strip().lower() for h in self.download_allow_hosts.split(",") if h.strip())
 
     def storage_location(self) -> str:
         return self.storage_url or f"file://{self.data_path / 'objects'}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -12,6 +13,7 @@ class ObjectInfo(msgspec.Struct, kw_only=True):
     key: str
     bytes: int
     content_type: str
+    modified_at: float | None = None  # unix seconds, where the backend knows it (listings always do)
 
 
 class StorageError(Exception):
@@ -40,6 +42,9 @@ class Storage(Protocol):
     async def delete_prefix(self, prefix: str) -> int:
         """Remove every object under `prefix`; returns how many."""
 
+    def list_prefix(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        """Every object under `prefix`, in pages, with its size and modification time (for sweeps)."""
+
     def signed_url(self, key: str, ttl_s: int) -> tuple[str, float]:
         """A URL that reads this one object until the returned expiry (unix seconds)."""
 
@@ -48,3 +53,7 @@ class Storage(Protocol):
 
 def job_prefix(account_id: str, job_id: str) -> str:
     return f"accounts/{account_id}/jobs/{job_id}/"
+
+
+def upload_prefix(account_id: str, upload_id: str) -> str:
+    return f"accounts/{account_id}/uploads/{upload_id}/"
