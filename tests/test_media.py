@@ -317,8 +317,19 @@ async def test_a_finished_render_is_stored_verified_and_completed_once(
         assert (await moves(rt, job_id))[-1] == ("downloading", "completed")
         rows = await rt.pool.fetch("SELECT kind, key, bytes, sha256 FROM assets WHERE job_id = $1 ORDER BY kind",
                                    job_id)
-        assert [(r["kind"], r["key"]) for r in rows] == [("thumbnail", out.thumbnail_key), ("video", out.video_key)]
-        assert (rows[1]["bytes"], rows[1]["sha256"]) == (out.bytes, out.sha256)
+        assert [(r["kind"], r["key"]) for r in rows] == [
+            ("preview", prefix + "preview.mp4"), ("thumbnail", out.thumbnail_key), ("video", out.video_key),
+        ]
+        assert (rows[2]["bytes"], rows[2]["sha256"]) == (out.bytes, out.sha256)
+        # The preview is itself a verified, small H.264 clip, and the outputs say its size.
+        assert out.preview_key == prefix + "preview.mp4"
+        preview = work_tmp.parent / "preview-check.mp4"  # beside, not in, the media temp dir checked below
+        preview.write_bytes(await storage.get_bytes(out.preview_key))
+        info = inspect_video(preview).info
+        assert (info.codec, info.width, info.height) == ("h264", out.preview_width, out.preview_height)
+        assert max(info.width, info.height) <= settings.preview_max_side
+        assert info.duration_s == pytest.approx(out.preview_duration_s, abs=0.1)
+        assert (out.thumbnail_width, out.thumbnail_height) == (WIDTH, HEIGHT)
 
         # The same request delivered again finds the job completed and touches nothing.
         assert isinstance(storage, FileStorage)

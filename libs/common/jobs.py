@@ -47,6 +47,12 @@ class Outputs(msgspec.Struct, kw_only=True):
     height: int
     bytes: int
     sha256: str
+    # Derived assets' sizes (absent on jobs stored before previews existed).
+    thumbnail_width: int | None = None
+    thumbnail_height: int | None = None
+    preview_width: int | None = None
+    preview_height: int | None = None
+    preview_duration_s: float | None = None
 
 
 class JobRow(msgspec.Struct, kw_only=True):

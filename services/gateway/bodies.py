@@ -45,15 +45,21 @@ class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class JobOutputs(msgspec.Struct, kw_only=True):
-    video_url: str
+    video_url: str | None  # null once the job expired: the original was removed
     thumbnail_url: str
     preview_url: str | None
-    expires_at: datetime
+    expires_at: datetime  # when these links stop working; read the job again for fresh ones
+    retained_until: datetime  # when the original is removed (the job becomes `expired`)
     duration_s: float
     width: int
     height: int
     bytes: int
     sha256: str
+    thumbnail_width: int | None
+    thumbnail_height: int | None
+    preview_width: int | None
+    preview_height: int | None
+    preview_duration_s: float | None
 
 
 class Cost(msgspec.Struct, kw_only=True):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from libs.common.jobs import JobRow, Outputs
 from libs.common.states import STAGE_OF, JobStatus
@@ -10,26 +10,35 @@ from libs.storage.base import Storage
 from services.gateway.bodies import Cost, JobOut, JobOutputs
 
 
-def _outputs(outputs: Outputs, storage: Storage, ttl_s: int) -> JobOutputs:
-    video_url, expires = storage.signed_url(outputs.video_key, ttl_s)
-    thumbnail_url, _ = storage.signed_url(outputs.thumbnail_key, ttl_s)
-    preview_url = storage.signed_url(outputs.preview_key, ttl_s)[0] if outputs.preview_key else None
+def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retention_days: float) -> JobOutputs:
+    # An expired job keeps its thumbnail and its facts; the video and its preview are gone.
+    live = job.status is JobStatus.COMPLETED
+    thumbnail_url, expires = storage.signed_url(outputs.thumbnail_key, ttl_s)
+    video_url = storage.signed_url(outputs.video_key, ttl_s)[0] if live else None
+    preview_url = storage.signed_url(outputs.preview_key, ttl_s)[0] if live and outputs.preview_key else None
+    retained_until = job.updated_at.astimezone(UTC)  # when it completed, or (expired) when it expired
+    if live:
+        retained_until += timedelta(days=retention_days)
     return JobOutputs(
         video_url=video_url, thumbnail_url=thumbnail_url, preview_url=preview_url,
-        expires_at=datetime.fromtimestamp(expires, UTC), duration_s=outputs.duration_s, width=outputs.width,
-        height=outputs.height, bytes=outputs.bytes, sha256=outputs.sha256,
+        expires_at=datetime.fromtimestamp(expires, UTC), retained_until=retained_until,
+        duration_s=outputs.duration_s, width=outputs.width, height=outputs.height, bytes=outputs.bytes,
+        sha256=outputs.sha256, thumbnail_width=outputs.thumbnail_width, thumbnail_height=outputs.thumbnail_height,
+        preview_width=outputs.preview_width if live else None,
+        preview_height=outputs.preview_height if live else None,
+        preview_duration_s=outputs.preview_duration_s if live else None,
     )
 
 
-def job_view(job: JobRow, storage: Storage, ttl_s: int) -> JobOut:
-    # Only a finished, still-retained render has anything to link to.
-    ready = job.status is JobStatus.COMPLETED and job.outputs is not None
+def job_view(job: JobRow, storage: Storage, ttl_s: int, retention_days: float = 30.0) -> JobOut:
+    # Only a finished render has anything to link to; once expired, only its thumbnail.
+    shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED) and job.outputs is not None
     return JobOut(
         id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=job.request.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
         # Until per-account slots exist, the only queue a job waits in is its provider's (fal reports it).
         attempt=job.attempt, queue_position=job.provider_queue_position, queue_reason=job.wait_reason,
         progress=job.progress, error=job.error,
-        outputs=_outputs(job.outputs, storage, ttl_s) if ready else None,
+        outputs=_outputs(job, job.outputs, storage, ttl_s, retention_days) if shown else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
     )

@@ -37,9 +37,22 @@ async def upsert(conn: asyncpg.Connection, job_id: str, account_id: str, items: 
     ])
 
 
-async def mark_deleted(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> int:
-    """Mark a job's asset rows deleted (once); returns how many were marked now."""
+async def mark_deleted(
+    conn: asyncpg.Connection | asyncpg.Pool, job_id: str, kinds: Sequence[str] | None = None,
+) -> int:
+    """Mark a job's asset rows (all, or only `kinds`) deleted, once; returns how many were marked now."""
     status = await conn.execute(
-        "UPDATE assets SET deleted_at = clock_timestamp() WHERE job_id = $1 AND deleted_at IS NULL", job_id,
+        """
+        UPDATE assets SET deleted_at = clock_timestamp()
+        WHERE job_id = $1 AND deleted_at IS NULL AND ($2::text[] IS NULL OR kind = ANY($2))
+        """,
+        job_id, None if kinds is None else list(kinds),
     )
     return int(status.split()[-1])
+
+
+async def live_keys(conn: asyncpg.Connection | asyncpg.Pool, job_id: str, kinds: Sequence[str]) -> list[str]:
+    rows = await conn.fetch(
+        "SELECT key FROM assets WHERE job_id = $1 AND deleted_at IS NULL AND kind = ANY($2)", job_id, list(kinds),
+    )
+    return [r["key"] for r in rows]

@@ -1,4 +1,4 @@
-"""One copy of a finished render: download to a temp dir, verify and thumbnail off the event loop, upload.
+"""One copy of a finished render: download to a temp dir; verify, thumbnail and preview off the event loop; upload.
 
 Nothing here touches the job row; the worker decides what the result means. Uploads overwrite, so a copy
 that is redone after a crash simply replaces what an earlier attempt left behind.
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import Mapping
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,11 +23,13 @@ from libs.storage.base import Storage, StorageError, job_prefix
 from services.media import telemetry
 from services.media.assets import StoredAsset
 from services.media.download import Fetched, check_url, fetch_to_file
+from services.media.preview import Preview, write_preview
 from services.media.thumbnail import Thumbnail, write_thumbnail
 from services.media.verify import VideoInfo, inspect_video
 
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
+PREVIEW_NAME = "preview.mp4"
 
 
 class Stored(msgspec.Struct, frozen=True):
@@ -33,19 +37,35 @@ class Stored(msgspec.Struct, frozen=True):
     assets: list[StoredAsset]
 
 
-def inspect_and_thumbnail(video: Path, thumb_dest: Path) -> tuple[VideoInfo, Thumbnail]:
-    """Verify the video and make its thumbnail from the same decode pass. Blocking."""
+class Derived(msgspec.Struct, frozen=True):
+    info: VideoInfo
+    thumbnail: Thumbnail
+    preview: Preview
+
+
+@dataclass(frozen=True)
+class PreviewSpec:
+    seconds: float = 3.0
+    max_side: int = 320
+
+
+def derive(video: Path, work: Path, spec: PreviewSpec) -> Derived:
+    """Verify the video, make its thumbnail from the same decode pass, then its preview clip. Blocking."""
     inspection = inspect_video(video)
-    return inspection.info, write_thumbnail(inspection.poster, thumb_dest)
+    thumb = write_thumbnail(inspection.poster, work / THUMBNAIL_NAME)
+    preview = write_preview(video, work / PREVIEW_NAME, seconds=spec.seconds, max_side=spec.max_side)
+    return Derived(info=inspection.info, thumbnail=thumb, preview=preview)
 
 
 @dataclass(frozen=True)
 class Copier:
     session: aiohttp.ClientSession
     storage: Storage
-    # Decoding is CPU work: it gets its own, smaller limit than downloads, which mostly wait on the network.
-    decode_slots: asyncio.Semaphore
     max_bytes: int
+    # Decoding and encoding are CPU work: they run on their own small pool of threads, apart from the default
+    # executor that downloads write through, so a burst of transcodes never stalls a download or the loop.
+    transcoder: Executor
+    preview: PreviewSpec = PreviewSpec()
 
     async def copy(self, job: JobRow, *, headers: Mapping[str, str], timeout_s: float) -> Stored:
         """Raises MediaError (download_failed / verification_failed) or StorageError."""
@@ -54,30 +74,41 @@ class Copier:
             work = Path(tmp)
             fetched = await fetch_to_file(self.session, url, work / VIDEO_NAME, headers=headers,
                                           max_bytes=self.max_bytes, timeout_s=timeout_s)
-            info, thumb = await self.inspect(fetched.path, work / THUMBNAIL_NAME)
-            return await self._upload(job, fetched, info, thumb)
+            derived = await self.derive(fetched.path, work)
+            return await self._upload(job, fetched, derived)
 
-    async def inspect(self, video: Path, thumb_dest: Path) -> tuple[VideoInfo, Thumbnail]:
-        async with self.decode_slots:
-            try:
-                result = await asyncio.to_thread(inspect_and_thumbnail, video, thumb_dest)
-            except MediaError as err:
-                telemetry.VERIFICATIONS.labels(err.code.value).inc()
-                raise
+    async def derive(self, video: Path, work: Path) -> Derived:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            result = await loop.run_in_executor(self.transcoder, derive, video, work, self.preview)
+        except MediaError as err:
+            telemetry.VERIFICATIONS.labels(err.code.value).inc()
+            raise
         telemetry.VERIFICATIONS.labels("ok").inc()
+        telemetry.TRANSCODE_SECONDS.observe(time.perf_counter() - started)
         return result
 
-    async def _upload(self, job: JobRow, fetched: Fetched, info: VideoInfo, thumb: Thumbnail) -> Stored:
+    async def _upload(self, job: JobRow, fetched: Fetched, derived: Derived) -> Stored:
         prefix = job_prefix(job.account_id, job.id)
+        info, thumb, preview = derived.info, derived.thumbnail, derived.preview
         video = StoredAsset(kind="video", key=prefix + VIDEO_NAME, content_type="video/mp4", bytes=fetched.bytes,
                             sha256=fetched.sha256, width=info.width, height=info.height, duration_s=info.duration_s)
         poster = StoredAsset(kind="thumbnail", key=prefix + THUMBNAIL_NAME, content_type="image/jpeg",
                              bytes=thumb.bytes, sha256=thumb.sha256, width=thumb.width, height=thumb.height)
+        clip = StoredAsset(kind="preview", key=prefix + PREVIEW_NAME, content_type="video/mp4", bytes=preview.bytes,
+                           sha256=preview.sha256, width=preview.width, height=preview.height,
+                           duration_s=preview.duration_s)
         await self._put(video, fetched.path)
         await self._put(poster, thumb.path)
-        outputs = Outputs(video_key=video.key, thumbnail_key=poster.key, duration_s=info.duration_s,
-                          width=info.width, height=info.height, bytes=fetched.bytes, sha256=fetched.sha256)
-        return Stored(outputs=outputs, assets=[video, poster])
+        await self._put(clip, preview.path)
+        outputs = Outputs(
+            video_key=video.key, thumbnail_key=poster.key, preview_key=clip.key, duration_s=info.duration_s,
+            width=info.width, height=info.height, bytes=fetched.bytes, sha256=fetched.sha256,
+            thumbnail_width=thumb.width, thumbnail_height=thumb.height, preview_width=preview.width,
+            preview_height=preview.height, preview_duration_s=preview.duration_s,
+        )
+        return Stored(outputs=outputs, assets=[video, poster, clip])
 
     async def _put(self, asset: StoredAsset, path: Path) -> None:
         stored = await self.storage.put_file(asset.key, path, asset.content_type)

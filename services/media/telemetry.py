@@ -17,3 +17,7 @@ VERIFICATIONS = Counter(
     "vidjobs_media_verifications_total", "Renders checked, by outcome (ok or an error code)", ["outcome"]
 )
 OBJECTS_DELETED = Counter("vidjobs_media_objects_deleted_total", "Stored objects removed for deleted jobs")
+TRANSCODE_SECONDS = Histogram(
+    "vidjobs_media_transcode_seconds", "Time to verify a render and make its thumbnail and preview",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)

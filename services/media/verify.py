@@ -22,7 +22,7 @@ from libs.common.errors import ErrorCode, MediaError
 
 # The demuxers we accept (FFmpeg's names for the MP4/QuickTime family); we store the file as video.mp4.
 ALLOWED_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2"
-_OPEN_OPTIONS = {"format_whitelist": ALLOWED_FORMATS, "protocol_whitelist": "file"}
+OPEN_OPTIONS = {"format_whitelist": ALLOWED_FORMATS, "protocol_whitelist": "file"}
 MAX_SIDE = 8192  # larger than any render we sell; refuses decoder bombs before a frame is allocated
 MAX_FRAMES = 300  # decoded at most while looking for the poster frame
 POSTER_AT_S = 1.0  # the thumbnail frame: a second in (or a quarter of a shorter clip), past any fade-in
@@ -52,7 +52,7 @@ def not_video(reason: str) -> MediaError:
 def inspect_video(path: Path) -> Inspection:
     """Open, check and decode the start of a video; raises MediaError(VERIFICATION_FAILED)."""
     try:
-        with av.open(str(path), container_options=_OPEN_OPTIONS, metadata_errors="replace") as container:
+        with av.open(str(path), container_options=OPEN_OPTIONS, metadata_errors="replace") as container:
             return _inspect(container)
     except av.error.FFmpegError as exc:
         raise not_video("it cannot be read as an MP4 video") from exc

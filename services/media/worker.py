@@ -1,5 +1,6 @@
 """The media worker: copies a finished render from its provider into our storage, verifies it, makes its
-thumbnail and completes the job; and removes a deleted job's objects.
+thumbnail and preview and completes the job; removes the objects of deleted and expired jobs; and sweeps
+storage for orphans.
 
 Downloading is its own stage with its own retries: a failed download is tried again (JetStream redelivers
 the request with backoff) until its delivery budget or the stage deadline runs out, and never causes a
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -29,8 +31,8 @@ from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage, job_prefix
 from libs.storage.factory import open_storage
-from services.media import assets, telemetry
-from services.media.pipeline import Copier, Stored
+from services.media import assets, orphans, telemetry
+from services.media.pipeline import Copier, PreviewSpec, Stored
 
 log = logging.getLogger("vidjobs.media")
 
@@ -50,14 +52,20 @@ class Media:
 
 async def main(rt: Runtime) -> None:
     storage = open_storage(rt.settings)
+    transcoder = ThreadPoolExecutor(max_workers=rt.settings.media_concurrency, thread_name_prefix="transcode")
     try:
         async with aiohttp.ClientSession(timeout=SESSION_TIMEOUT) as session:
             copier = Copier(session=session, storage=storage, max_bytes=rt.settings.max_download_bytes,
-                            decode_slots=asyncio.Semaphore(rt.settings.media_concurrency))
+                            transcoder=transcoder, preview=preview_spec(rt.settings))
             media = Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
             await serve(media)
     finally:
+        transcoder.shutdown(wait=True, cancel_futures=True)
         await storage.close()
+
+
+def preview_spec(settings: Settings) -> PreviewSpec:
+    return PreviewSpec(seconds=settings.preview_seconds, max_side=settings.preview_max_side)
 
 
 async def serve(media: Media) -> None:
@@ -70,6 +78,7 @@ async def serve(media: Media) -> None:
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(media.rt.js, downloads, media.rt.stop), name="download-consumer")
         tg.create_task(bus.consume(media.rt.js, deletes, media.rt.stop), name="assets-delete-consumer")
+        tg.create_task(orphans.run(media.rt, media.storage), name="orphan-sweep")
 
 
 async def on_download(media: Media, event: events.Event, delivery: Delivery) -> None:
@@ -170,15 +179,31 @@ async def _discard_if_orphaned(media: Media, job: JobRow) -> None:
              extra={"job_id": job.id, "objects": removed})
 
 
+# What retention removes from an expired job; its thumbnail stays while the job exists.
+EXPIRING_KINDS = ("video", "preview")
+
+
 async def on_assets_delete(media: Media, event: events.Event, delivery: Delivery) -> None:
     assert isinstance(event, AssetsDeleteRequested)
     job = await jobs.fetch(media.rt.pool, event.job_id)
     if job is None:
         return  # the row is gone, and its asset rows with it (ON DELETE CASCADE)
-    if job.deleted_at is None and job.status is not JobStatus.EXPIRED:
+    if job.deleted_at is not None:
+        removed = await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
+        marked = await assets.mark_deleted(media.rt.pool, job.id)
+    elif job.status is JobStatus.EXPIRED:
+        removed = await _remove_originals(media, job)
+        marked = await assets.mark_deleted(media.rt.pool, job.id, EXPIRING_KINDS)
+    else:
         log.warning("asset deletion asked for a live job; ignored", extra={"job_id": job.id})
         return
-    removed = await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
-    marked = await assets.mark_deleted(media.rt.pool, job.id)
     telemetry.OBJECTS_DELETED.inc(removed)
-    log.info("job assets removed", extra={"job_id": job.id, "objects": removed, "rows": marked})
+    log.info("job assets removed", extra={"job_id": job.id, "objects": removed, "rows": marked,
+                                          "status": job.status.value, "deleted": job.deleted_at is not None})
+
+
+async def _remove_originals(media: Media, job: JobRow) -> int:
+    keys = await assets.live_keys(media.rt.pool, job.id, EXPIRING_KINDS)
+    for key in keys:
+        await media.storage.delete(key)
+    return len(keys)

@@ -1,5 +1,5 @@
-"""The reaper: delayed recovery checks, stage deadlines, the end of retry backoffs, and the sweep that
-republishes checks whose messages were lost."""
+"""The reaper: delayed recovery checks, stage deadlines, the end of retry backoffs, the sweep that
+republishes checks whose messages were lost, and retention expiry."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from functools import partial
 from libs.common import bus, events
 from libs.common.retry import Policies
 from libs.common.runtime import Runtime, consumer
-from services.reaper import sweep
+from services.reaper import retention, sweep
 from services.reaper.recovery import Context, on_recovery_due
 
 
@@ -21,3 +21,4 @@ async def main(rt: Runtime) -> None:
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(rt.js, spec, rt.stop), name="recovery-consumer")
         tg.create_task(sweep.run(rt), name="recovery-sweep")
+        tg.create_task(retention.run(rt), name="retention-sweep")

@@ -25,7 +25,8 @@ SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
     "content_rejected", "fail_always", "hang", "bad_output", "expired_output",
 )
-PARAMS = ("scenario", "render_s")
+PARAMS = ("scenario", "render_s", "output_mb")
+MAX_OUTPUT_MB = 2048
 MAX_RENDER_S = 600
 
 # The provider's own error codes, in a failed render or an error answer, in our taxonomy.
@@ -115,6 +116,9 @@ class FakeAdapter:
         if not _is_number(render_s) or not 0 <= render_s <= MAX_RENDER_S:
             raise _invalid(f"params.render_s: must be a number of seconds from 0 to {MAX_RENDER_S}, "
                            f"not {render_s!r}")
+        output_mb = request.params.get("output_mb", 0)
+        if not isinstance(output_mb, int) or isinstance(output_mb, bool) or not 0 <= output_mb <= MAX_OUTPUT_MB:
+            raise _invalid(f"params.output_mb: must be a whole number of megabytes from 0 to {MAX_OUTPUT_MB}")
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)

@@ -9,7 +9,9 @@ Routes (JSON unless said otherwise; errors are `{"error": {"code", "message", "p
   GET  /v1/_counters                 what was asked for and done, so tests can prove nothing ran twice
   GET  /healthz
 
-`params.scenario` picks a behaviour from API.md's table and `params.render_s` how long rendering takes.
+`params.scenario` picks a behaviour from API.md's table and `params.render_s` how long rendering takes;
+`params.output_mb` pads the served MP4 to that many megabytes with a trailing `free` box (still a valid MP4),
+streamed without holding it in memory, so large copies can be tested.
 Callbacks are POSTed to `callback_url` as `{"type": "render.<status>", "timestamp", "data": render}`, signed
 with Standard Webhooks headers and retried with backoff on connection errors, 429 and 5xx.
 """
@@ -71,6 +73,7 @@ FINISHED = frozenset({RenderStatus.SUCCEEDED, RenderStatus.FAILED, RenderStatus.
 class RenderParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scenario: Scenario = Scenario.SUCCEED
     render_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 3.0
+    output_mb: Annotated[int, msgspec.Meta(ge=0, le=2048)] = 0
 
 
 class Metadata(msgspec.Struct, kw_only=True):
@@ -452,7 +455,27 @@ async def get_output(request: web.Request) -> web.Response:
     if counting:
         rec.output_gets += 1
     body = NOT_A_VIDEO if rec.scenario is Scenario.BAD_OUTPUT else await render_mp4(rec.clip)
+    if rec.request.params.output_mb:
+        return await _stream_padded(request, body, rec.request.params.output_mb * 1_000_000)
     return web.Response(body=body, content_type="video/mp4")
+
+
+PAD_CHUNK = 1 << 20
+
+
+async def _stream_padded(request: web.Request, mp4: bytes, total: int) -> web.StreamResponse:
+    """The clip, then one top-level `free` box filling it up to `total` bytes; players skip such boxes."""
+    pad = max(8, total - len(mp4))
+    resp = web.StreamResponse(headers={"Content-Type": "video/mp4", "Content-Length": str(len(mp4) + pad)})
+    await resp.prepare(request)
+    await resp.write(mp4)
+    await resp.write(pad.to_bytes(4, "big") + b"free")  # box size (header included) and type
+    left, zeros = pad - 8, bytes(PAD_CHUNK)
+    while left > 0:
+        await resp.write(zeros[: min(left, PAD_CHUNK)])
+        left -= PAD_CHUNK
+    await resp.write_eof()
+    return resp
 
 
 async def get_counters(request: web.Request) -> web.Response:

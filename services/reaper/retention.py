@@ -1,0 +1,58 @@
+"""Retention: a completed job's original is kept `VIDJOBS_RETENTION_DAYS`, then the job becomes `expired`.
+
+The reaper owns the status change; the media service removes the objects when the outbox's
+`AssetsDeleteRequested` reaches it (the video and its preview; the thumbnail stays while the job exists).
+Rows are claimed with SKIP LOCKED, so several reapers can sweep at once without expiring a job twice, and the
+guarded transition makes a second attempt a no-op anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from libs.common.events import AssetsDeleteRequested
+from libs.common.runtime import Runtime
+from libs.common.states import JobStatus
+from libs.common.transitions import transition
+
+log = logging.getLogger("vidjobs.reaper")
+
+BATCH = 200
+
+_DUE = """
+    SELECT id FROM jobs
+    WHERE status = 'completed' AND deleted_at IS NULL
+      AND updated_at < clock_timestamp() - make_interval(secs => $1)
+    ORDER BY updated_at LIMIT $2
+    FOR UPDATE SKIP LOCKED
+"""
+
+
+async def expire_due(rt: Runtime, *, limit: int = BATCH) -> int:
+    """Expire one batch of jobs past retention; returns how many moved."""
+    days = rt.settings.retention_days
+    reason = f"retention: the original was kept {days:g} days"
+    expired = 0
+    async with rt.tx() as conn:
+        for row in await conn.fetch(_DUE, days * 86400.0, limit):
+            done = await transition(conn, row["id"], JobStatus.EXPIRED, reason=reason, expect=[JobStatus.COMPLETED],
+                                    emit=[AssetsDeleteRequested(job_id=row["id"])])
+            expired += done is not None
+    if expired:
+        log.info("jobs expired past retention", extra={"count": expired, "retention_days": days})
+    return expired
+
+
+async def run(rt: Runtime) -> None:
+    every_s = rt.settings.retention_sweep_interval_s
+    while not rt.stop.is_set():
+        try:
+            while await expire_due(rt) == BATCH:
+                pass  # a backlog (say, after downtime): keep going until it is worked off
+        except Exception:
+            log.exception("retention sweep failed; trying again next pass")
+        try:
+            await asyncio.wait_for(rt.stop.wait(), every_s)
+        except TimeoutError:
+            pass
