@@ -1,0 +1,59 @@
+"""Retention through the real stack: a completed job's original is removed after `VIDJOBS_RETENTION_DAYS`
+(here a few seconds), the job moves to `expired` and keeps its thumbnail; deleting it removes the rest."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.stack import assert_legal_trail, running_stack, stack_settings
+from tests.support import wait_until
+
+RETENTION_S = 4.0
+
+
+@pytest.fixture
+def settings(tmp_path, database_url, nats_url):
+    return stack_settings(tmp_path, database_url, nats_url, retention_days=RETENTION_S / 86400,
+                          retention_sweep_interval_s=0.5)
+
+
+async def test_a_completed_job_expires_keeping_its_thumbnail_until_deleted(settings):
+    async with running_stack(settings) as stack:
+        created = await stack.create_job(params={"render_s": 0.2})
+        done = await stack.wait_for_status(created["id"], "completed", within=60)
+        out = done["outputs"]
+        retained_until = datetime.fromisoformat(out["retained_until"])
+        assert retained_until - datetime.fromisoformat(done["updated_at"]) == timedelta(seconds=RETENTION_S)
+        for url in (out["video_url"], out["preview_url"], out["thumbnail_url"]):
+            assert (await stack.download(url))[0] == 200
+
+        expired = await stack.wait_for_status(created["id"], "expired", within=30)
+
+        assert expired["stage"] == "expired" and expired["error"] is None
+        assert expired["cost"] == done["cost"]  # expiry is not a second settlement
+        kept = expired["outputs"]
+        assert kept["video_url"] is None and kept["preview_url"] is None
+        assert (kept["sha256"], kept["bytes"]) == (out["sha256"], out["bytes"])  # the facts stay on record
+        assert (await stack.download(kept["thumbnail_url"]))[0] == 200
+        # The links handed out while it was completed are still signed, but the objects are gone.
+        await wait_until(lambda: _gone(stack, out["video_url"]), within=15, what="the original to be removed")
+        assert (await stack.download(out["preview_url"]))[0] == 404
+        trail = await stack.trail(created["id"])
+        assert_legal_trail(trail)
+        assert trail[-1]["from"] == "completed" and trail[-1]["to"] == "expired"
+        assert trail[-1]["reason"].startswith("retention")
+
+        async with stack.session.delete(f"{stack.url}/v1/jobs/{created['id']}", headers=stack.auth) as resp:
+            assert resp.status == 204
+        await wait_until(lambda: _gone(stack, kept["thumbnail_url"]), within=15, what="the thumbnail to be removed")
+        objects = Path(urlsplit(settings.storage_url).path)
+        assert objects.is_dir()
+        assert not [p for p in objects.rglob("*") if created["id"] in str(p) and p.is_file()]
+
+
+async def _gone(stack, url: str) -> bool:
+    return (await stack.download(url))[0] == 404
