@@ -24,8 +24,8 @@ log = logging.getLogger("vidjobs.media")
 
 ROOT = "accounts/"
 BATCH = 500
-_LOCK = "SELECT pg_try_advisory_lock(hashtext('vidjobs.orphan_sweep'))"
-_UNLOCK = "SELECT pg_advisory_unlock(hashtext('vidjobs.orphan_sweep'))"
+LOCK = "SELECT pg_try_advisory_lock(hashtext('vidjobs.orphan_sweep'))"
+UNLOCK = "SELECT pg_advisory_unlock(hashtext('vidjobs.orphan_sweep'))"
 # Jobs whose objects must all be gone; completed and expired jobs keep the objects their asset rows name.
 _KEEPS_NOTHING = frozenset({JobStatus.FAILED, JobStatus.CANCELED})
 _KEEPS_ASSETS = frozenset({JobStatus.COMPLETED, JobStatus.EXPIRED})
@@ -88,12 +88,12 @@ async def _orphans_in(conn: asyncpg.Connection, refs: Iterable[ObjectRef]) -> li
 async def sweep(pool: asyncpg.Pool, storage: Storage, *, grace_s: float) -> SweepReport | None:
     """One pass over every object; None when another replica is sweeping."""
     async with pool.acquire() as conn:
-        if not await conn.fetchval(_LOCK):
+        if not await conn.fetchval(LOCK):
             return None
         try:
             return await _sweep(conn, storage, grace_s)
         finally:
-            await conn.fetchval(_UNLOCK)
+            await conn.fetchval(UNLOCK)
 
 
 async def _sweep(conn: asyncpg.Connection, storage: Storage, grace_s: float) -> SweepReport:

@@ -1,0 +1,107 @@
+"""The orphan sweep on both storage backends: objects nothing in PostgreSQL accounts for are removed;
+objects of live jobs, recorded assets, young objects and unknown layouts are left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from libs.common import jobs
+from libs.common.jobs import JobRequest, Outputs
+from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate, transition
+from libs.storage.base import Storage, job_prefix, upload_prefix
+from libs.storage.filesystem import FileStorage
+from libs.storage.s3 import S3Storage
+from services.media import assets, orphans
+from services.media.assets import StoredAsset
+from tests.s3server import MotoS3, aws_environment, moto_s3
+
+BUCKET = "orphans"
+ACCOUNT = "acct_orphans"
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
+    with moto_s3(tmp_path_factory.mktemp("moto")) as server, aws_environment(server):
+        server.create_bucket(BUCKET)
+        yield server
+
+
+@pytest.fixture(params=["file", "s3"])
+async def storage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Storage]:
+    if request.param == "file":
+        yield FileStorage(tmp_path / "objects", base_url="http://127.0.0.1:9", secret="s")
+        return
+    request.getfixturevalue("s3_server")
+    s3 = S3Storage(BUCKET, f"sweep-{secrets.token_hex(4)}")
+    yield s3
+    await s3.close()
+
+
+async def new_job(conn: asyncpg.Connection) -> str:
+    job = await jobs.create(conn, account_id=ACCOUNT, estimated_credits=1, recovery_delay_s=600,
+                            request=JobRequest(model="fake/default", prompt="a fox", duration_s=1))
+    return job.id
+
+
+async def completed_job(conn: asyncpg.Connection, storage: Storage) -> tuple[str, list[str]]:
+    job_id = await new_job(conn)
+    prefix = job_prefix(ACCOUNT, job_id)
+    kept = [StoredAsset(kind=kind, key=prefix + name, content_type="application/octet-stream", bytes=1, sha256="x")
+            for kind, name in (("video", "video.mp4"), ("thumbnail", "thumbnail.jpg"))]
+    outputs = Outputs(video_key=kept[0].key, thumbnail_key=kept[1].key, duration_s=1, width=2, height=2, bytes=1,
+                      sha256="x")
+    await transition(conn, job_id, JobStatus.SUBMITTED, reason="test", update=JobUpdate(provider_job_id="p"))
+    await transition(conn, job_id, JobStatus.DOWNLOADING, reason="test", update=JobUpdate(provider_output="http://x"))
+    await transition(conn, job_id, JobStatus.COMPLETED, reason="test", update=JobUpdate(outputs=outputs))
+    await assets.upsert(conn, job_id, ACCOUNT, kept)
+    return job_id, [a.key for a in kept]
+
+
+async def keys(storage: Storage) -> set[str]:
+    return {info.key async for info in storage.list_prefix("accounts/")}
+
+
+async def test_the_sweep_removes_exactly_the_orphans(pool: asyncpg.Pool, storage: Storage):
+    await pool.execute("INSERT INTO accounts (id, name, credits_balance) VALUES ($1, 'o', 100)", ACCOUNT)
+    async with pool.acquire() as conn, conn.transaction():
+        done, recorded = await completed_job(conn, storage)
+        live, canceled, deleted = await new_job(conn), await new_job(conn), await new_job(conn)
+        await transition(conn, canceled, JobStatus.CANCELED, reason="test")
+        await jobs.mark_deleted(conn, deleted, ACCOUNT)
+    keep = {*recorded, job_prefix(ACCOUNT, live) + "video.mp4", f"accounts/{ACCOUNT}/notes.txt"}
+    orphaned = {
+        job_prefix(ACCOUNT, done) + "video.old.mp4",  # not among the completed job's assets
+        job_prefix(ACCOUNT, canceled) + "video.mp4",
+        job_prefix(ACCOUNT, deleted) + "thumbnail.jpg",
+        job_prefix(ACCOUNT, "job_neverexisted") + "video.mp4",
+        upload_prefix(ACCOUNT, "upl_norow") + "image.png",
+    }
+    for key in keep | orphaned:
+        await storage.put_bytes(key, b"bytes", "application/octet-stream")
+    await asyncio.sleep(2.5)  # older than the grace period below (S3 may keep whole seconds only)
+    young = job_prefix(ACCOUNT, "job_stillcopying") + "video.mp4"
+    await storage.put_bytes(young, b"bytes", "video/mp4")
+
+    report = await orphans.sweep(pool, storage, grace_s=2.0)
+
+    assert report is not None
+    assert await keys(storage) == keep | {young}
+    assert (report.seen, report.removed, report.young, report.unrecognised) == (
+        len(keep | orphaned) + 1, len(orphaned), 1, 1)
+
+
+async def test_only_one_replica_sweeps_at_a_time(pool: asyncpg.Pool, storage: Storage):
+    async with pool.acquire() as other:
+        assert await other.fetchval(orphans.LOCK)
+        try:
+            assert await orphans.sweep(pool, storage, grace_s=0) is None
+        finally:
+            await other.fetchval(orphans.UNLOCK)
+    assert await orphans.sweep(pool, storage, grace_s=0) is not None
