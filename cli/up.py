@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import asyncpg
+from yarl import URL
 
 from cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port
 from cli.supervisor import Supervisor
@@ -77,11 +78,20 @@ def resolve(settings: Settings, embedded: Embedded) -> Settings:
         changes["database_url"] = embedded.postgres.url
     if "VIDJOBS_FAKE_PROVIDER_URL" not in os.environ:
         changes["fake_provider_url"] = f"http://127.0.0.1:{free_port()}"
+    fake_provider_url = str(changes.get("fake_provider_url", settings.fake_provider_url))
+    changes["download_allow_hosts"] = allow_downloads_from(settings.download_allow_hosts, fake_provider_url)
     changes["signing_secret"] = settings.signing_secret or stored["signing_secret"]
     changes["fake_webhook_secret"] = settings.fake_webhook_secret or stored["fake_webhook_secret"]
     if "VIDJOBS_LOG_FORMAT" not in os.environ:
         changes["log_format"] = "text"
     return settings.with_(**changes)
+
+
+def allow_downloads_from(allowed: str, url: str) -> str:
+    """`allowed` (a VIDJOBS_DOWNLOAD_ALLOW_HOSTS value) with `url`'s host:port added: the fake provider serves
+    renders over plain http from loopback, which the media worker refuses from any host not listed."""
+    parsed = URL(url)
+    return ",".join(filter(None, (allowed, f"{parsed.host}:{parsed.port}")))
 
 
 async def ensure_demo_account(settings: Settings) -> str:

@@ -14,6 +14,7 @@ import pytest
 
 from cli.embedded import EmbeddedNats, EmbeddedPostgres
 from libs.common import db
+from tests.s3server import TEST_BUCKET, MotoS3, aws_environment, moto_s3
 from tests.support import with_database
 
 
@@ -78,3 +79,12 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
 @pytest.fixture
 def nats_url(nats_server: EmbeddedNats) -> str:
     return nats_server.url
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
+    """One S3-compatible server (moto, a real subprocess on loopback) for the session, with TEST_BUCKET made.
+    Tests keep apart by key prefix. The AWS variables it sets are inherited by the service processes."""
+    with moto_s3(tmp_path_factory.mktemp("moto")) as server, aws_environment(server):
+        server.create_bucket(TEST_BUCKET)
+        yield server

@@ -15,7 +15,7 @@ import asyncpg
 
 from cli.embedded import free_port
 from cli.supervisor import Supervisor
-from cli.up import wait_ready
+from cli.up import allow_downloads_from, wait_ready
 from libs.common import db
 from libs.common.settings import Settings
 from libs.common.states import TERMINAL, JobStatus, is_legal
@@ -102,12 +102,21 @@ async def assert_every_trail_legal(database_url: str) -> None:
 
 
 def stack_settings(tmp: Path, database_url: str, nats_url: str, **overrides: Any) -> Settings:
-    return Settings(
+    """Settings for a test's own stack. Downloads are allowed from the fake provider, as `vidjobs up` allows
+    them; a `download_allow_hosts` override adds to that (a stand-in provider's host:port)."""
+    settings = Settings(
         data_dir=str(tmp / "data"), database_url=database_url, nats_url=nats_url,
         storage_url=f"file://{tmp / 'objects'}", http_port=free_port(),
         fake_provider_url=f"http://127.0.0.1:{free_port()}", fake_webhook_secret=new_secret(),
         signing_secret=secrets.token_urlsafe(24), recovery_delay_s=30, recovery_interval_s=30,
     ).with_(**overrides)
+    return settings.with_(
+        download_allow_hosts=allow_downloads_from(settings.download_allow_hosts, settings.fake_provider_url))
+
+
+def host_port(url: str) -> str:
+    """A server's `host:port`, as VIDJOBS_DOWNLOAD_ALLOW_HOSTS lists it."""
+    return allow_downloads_from("", url)
 
 
 async def demo_key(database_url: str) -> str:

@@ -24,7 +24,7 @@ from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, 
 from libs.providers.fal import FalAdapter
 from libs.providers.fal_signature import Jwks, UnknownKey
 from services.gateway.bodies import Model as GatewayModel
-from tests.stack import assert_legal_trail, running_stack, stack_settings
+from tests.stack import assert_legal_trail, host_port, running_stack, stack_settings
 from tests.standins.fal import FalStandIn, Scenario, payload
 from tests.support import wait_until
 
@@ -505,7 +505,7 @@ needs_fal_models = pytest.mark.skipif(
 @pytest.fixture
 async def fal_stack(tmp_path, database_url, nats_url, standin):
     settings = stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
-                              fal_jwks_url=standin.jwks_url)
+                              fal_jwks_url=standin.jwks_url, download_allow_hosts=host_port(standin.url))
     async with running_stack(settings) as stack:
         yield stack
 
@@ -582,7 +582,8 @@ async def test_a_fal_render_refused_for_content_fails_the_job_with_that_code(fal
 @needs_fal_models
 async def test_a_fal_job_without_a_webhook_is_found_by_polling(tmp_path, database_url, nats_url, standin):
     settings = stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
-                              fal_jwks_url=standin.jwks_url, recovery_delay_s=2, recovery_interval_s=2)
+                              fal_jwks_url=standin.jwks_url, recovery_delay_s=2, recovery_interval_s=2,
+                              download_allow_hosts=host_port(standin.url))
     prompt = standin.plan("a render whose webhook never comes", Scenario.NO_WEBHOOK)
     async with running_stack(settings) as stack:
         created = await stack.create_job(model=f"fal/{VEO3}", prompt=prompt, duration_s=8)

@@ -22,7 +22,7 @@ from libs.providers import luma
 from libs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
 from libs.providers.luma import LumaAdapter
 from libs.providers.registry import build_adapters
-from tests.stack import running_stack, stack_settings
+from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.luma import LumaStandin, payload, running_luma_standin
 from tests.support import wait_until
 
@@ -335,7 +335,8 @@ async def _inbox_count(database_url: str, provider: str) -> int:
 
 async def test_luma_jobs_run_end_to_end_by_unsigned_callbacks_confirmed_by_polls(tmp_path, database_url, nats_url):
     async with running_luma_standin(api_key=KEY, step_s=0.2) as standin:
-        settings = stack_settings(tmp_path, database_url, nats_url, luma_url=standin.url, luma_api_key=KEY)
+        settings = stack_settings(tmp_path, database_url, nats_url, luma_url=standin.url, luma_api_key=KEY,
+                                  download_allow_hosts=host_port(standin.url))
         async with running_stack(settings) as stack:
             created = await stack.create_job(model="luma/ray-2", prompt="a lantern floating up a canyon",
                                              aspect_ratio="9:16", params={"loop": False})

@@ -26,7 +26,7 @@ from libs.providers.registry import build_adapters
 from libs.providers.replicate import ReplicateAdapter
 from libs.providers.webhooks import new_secret, signed_headers
 from services.gateway.bodies import Model as GatewayModelName
-from tests.stack import running_stack, stack_settings
+from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.replicate import ReplicateStandin, payload, running_replicate_standin
 from tests.support import wait_until
 
@@ -372,7 +372,8 @@ def _gateway_takes_owner_and_name() -> bool:
 async def test_replicate_jobs_run_end_to_end_by_verified_webhooks(tmp_path, database_url, nats_url, secret):
     async with running_replicate_standin(api_token=TOKEN, webhook_secret=secret, step_s=0.2) as standin:
         settings = stack_settings(tmp_path, database_url, nats_url, replicate_url=standin.url,
-                                  replicate_api_token=TOKEN, replicate_webhook_secret=secret)
+                                  replicate_api_token=TOKEN, replicate_webhook_secret=secret,
+                                  download_allow_hosts=host_port(standin.url))
         async with running_stack(settings) as stack:
             created = await stack.create_job(model="replicate/minimax/video-01", prompt="a heron lifting off a pond",
                                              params={"prompt_optimizer": False})

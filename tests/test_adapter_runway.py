@@ -20,7 +20,7 @@ from libs.common.settings import Settings
 from libs.providers.base import ProviderSignal, ProviderState, SubmitRequest
 from libs.providers.registry import build_adapters
 from libs.providers.runway import RunwayAdapter, http_error, read_task
-from tests.stack import running_stack, stack_settings
+from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.runway import PAYLOADS, RunwayStandin, running_runway
 
 KEY = "key_test"
@@ -368,7 +368,8 @@ async def test_runway_is_offered_only_when_its_key_is_set(http: aiohttp.ClientSe
 async def test_runway_jobs_finish_through_tapered_polling(tmp_path: Path, database_url: str, nats_url: str):
     async with running_runway(KEY) as runway:
         settings = stack_settings(tmp_path, database_url, nats_url, runway_url=runway.url, runway_api_key=KEY,
-                                  recovery_delay_s=600)  # only the tapered polls can find the results
+                                  recovery_delay_s=600,  # only the tapered polls can find the results
+                                  download_allow_hosts=host_port(runway.url))
         async with running_stack(settings) as stack:
             ok = await stack.create_job(model="runway/gen4.5", prompt="a red fox in snow", duration_s=5)
             rejected = await stack.create_job(model="runway/gen4.5", prompt="a fox scenario:safety", duration_s=5)

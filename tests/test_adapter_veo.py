@@ -23,7 +23,7 @@ from libs.common.settings import Settings
 from libs.providers.base import ProviderSignal, ProviderState, SubmitRequest
 from libs.providers.registry import build_adapters
 from libs.providers.veo import VeoAdapter, http_error, read_operation
-from tests.stack import running_stack, stack_settings
+from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.veo import PAYLOADS, VeoStandin, running_veo
 
 KEY = "AIzaSy-test-key"
@@ -381,7 +381,8 @@ async def test_veo_is_offered_only_when_its_key_is_set(http: aiohttp.ClientSessi
 async def test_veo_jobs_finish_through_tapered_polling(tmp_path: Path, database_url: str, nats_url: str):
     async with running_veo(KEY) as veo:
         settings = stack_settings(tmp_path, database_url, nats_url, veo_url=veo.url, veo_api_key=KEY,
-                                  recovery_delay_s=600)  # only the tapered polls can find the results
+                                  recovery_delay_s=600,  # only the tapered polls can find the results
+                                  download_allow_hosts=host_port(veo.url))
         async with running_stack(settings) as stack:
             ok = await stack.create_job(model=f"veo/{MODEL}", prompt="a red fox in snow", duration_s=5)
             filtered = await stack.create_job(model=f"veo/{MODEL}", prompt="a fox scenario:rai", duration_s=5)

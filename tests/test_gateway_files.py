@@ -88,9 +88,12 @@ async def test_a_signed_key_outside_the_storage_root_is_refused(h):
         assert (await resp.read()).startswith(b'{"error"')
 
 
-async def test_an_expired_job_shows_no_outputs(h):
+async def test_an_expired_job_keeps_only_its_thumbnail(h):
     account_id, key = await h.account()
     job = await completed_job(h, account_id)
     await drive(h.pool, job.id, JobStatus.EXPIRED)
     status, body = await h.get(key, f"/v1/jobs/{job.id}")
-    assert status == 200 and body["stage"] == "expired" and body["outputs"] is None
+    assert status == 200 and body["stage"] == "expired"
+    out = body["outputs"]
+    assert out["video_url"] is None and out["preview_url"] is None and out["thumbnail_url"]
+    assert out["retained_until"] == body["updated_at"]  # it was retained until it expired

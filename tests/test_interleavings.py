@@ -46,6 +46,7 @@ from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from libs.providers.fake.server import REFUSALS_PER_JOB, FakeProvider, RenderStatus, running_fake_provider
 from libs.providers.registry import adapter_for, build_adapters
 from libs.providers.webhooks import new_secret
+from libs.storage.filesystem import FileStorage
 from services.poller import worker as poller
 from services.poller.signals import SignalContext, apply_signal
 from services.reaper import recovery
@@ -189,7 +190,9 @@ class World:
         self.rt, self.provider = rt, provider
         self.signals = SignalContext(rt=rt, policies=policies)
         self.poller = poller.Context(rt=rt, adapters=adapters, signals=self.signals)
-        self.submitter = submitter.Context(rt=rt, adapters=adapters, policies=policies)
+        # No job here has an input image, so nothing is ever signed; the storage is only there to be complete.
+        storage = FileStorage(Path(rt.settings.data_dir) / "objects", base_url=rt.settings.gateway_url, secret="s")
+        self.submitter = submitter.Context(rt=rt, adapters=adapters, policies=policies, storage=storage)
         self.reaper = recovery.Context(rt=rt, policies=policies)
 
     def __repr__(self) -> str:
@@ -294,7 +297,7 @@ async def render_of(run: Run, job: JobRow) -> str:
     if job.attempt not in run.renders:
         ctx = run.world.submitter
         adapter = adapter_for(ctx.adapters, job.provider)
-        req = submitter.submit_request(ctx, job, adapter)
+        req = await submitter.submit_request(ctx, job, adapter)
         for refusals_left in range(REFUSALS_PER_JOB, -1, -1):
             try:
                 accepted = await adapter.submit(req)
@@ -582,7 +585,8 @@ async def test_a_signal_judged_by_an_old_row_does_not_stretch_the_attempt_budget
 async def test_a_render_accepted_after_the_owner_canceled_is_asked_to_stop(world: World):
     run = await new_run(world)
     late = LateAnswers(world.submitter.adapters["fake"], "submit")
-    ctx = submitter.Context(rt=world.rt, adapters={"fake": late}, policies=world.submitter.policies)
+    ctx = submitter.Context(rt=world.rt, adapters={"fake": late}, policies=world.submitter.policies,
+                            storage=world.submitter.storage)
     submit = asyncio.create_task(submitter.handle(ctx, JobQueued(job_id=run.job_id), Delivery(1, events.SUBMIT)))
     await late.answered.wait()  # the provider is rendering; its answer has not reached the submitter yet
     await run_steps(run, [(Cancel(),)])

@@ -8,10 +8,12 @@ must not add anything near the file's size to it.
 from __future__ import annotations
 
 import hashlib
+import secrets
 from pathlib import Path
 
 import pytest
 
+from tests.s3server import TEST_BUCKET
 from tests.stack import running_stack, stack_settings
 
 SIZE_MB = 100
@@ -19,9 +21,13 @@ SIZE_MB = 100
 ALLOWED_GROWTH_MB = 48
 
 
-@pytest.fixture
-def settings(tmp_path, database_url, nats_url):
-    return stack_settings(tmp_path, database_url, nats_url)
+@pytest.fixture(params=["file", "s3"])
+def settings(request: pytest.FixtureRequest, tmp_path, database_url, nats_url):
+    if request.param == "file":
+        return stack_settings(tmp_path, database_url, nats_url)
+    request.getfixturevalue("s3_server")  # multipart upload, one part in memory at a time
+    return stack_settings(tmp_path, database_url, nats_url,
+                          storage_url=f"s3://{TEST_BUCKET}/large-{secrets.token_hex(4)}")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -46,7 +52,8 @@ async def test_a_100_mb_render_streams_to_storage_with_flat_memory(settings):
         assert job["status"] == "completed", job
         after = peak_rss_mb(pid)
         out = job["outputs"]
-        print(f"\n100 MB render: media peak RSS {before:.1f} MB before, {after:.1f} MB after "
+        backend = settings.storage_url.split(":")[0]
+        print(f"\n100 MB render to {backend}: media peak RSS {before:.1f} MB before, {after:.1f} MB after "
               f"(+{after - before:.1f} MB) for a {out['bytes'] / 1e6:.0f} MB file")
         assert out["bytes"] == SIZE_MB * 1_000_000
         assert after - before < ALLOWED_GROWTH_MB, f"peak RSS grew {after - before:.1f} MB copying {SIZE_MB} MB"

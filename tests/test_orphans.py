@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -20,17 +20,10 @@ from libs.storage.filesystem import FileStorage
 from libs.storage.s3 import S3Storage
 from services.media import assets, orphans
 from services.media.assets import StoredAsset
-from tests.s3server import MotoS3, aws_environment, moto_s3
+from tests.s3server import TEST_BUCKET
 
-BUCKET = "orphans"
+BUCKET = TEST_BUCKET
 ACCOUNT = "acct_orphans"
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
-    with moto_s3(tmp_path_factory.mktemp("moto")) as server, aws_environment(server):
-        server.create_bucket(BUCKET)
-        yield server
 
 
 @pytest.fixture(params=["file", "s3"])

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import asyncpg
 import pytest
 
+from tests import imagefiles
 from tests.stack import assert_legal_trail, running_stack, stack_settings
 from tests.support import wait_until
 
@@ -57,3 +60,48 @@ async def test_a_completed_job_expires_keeping_its_thumbnail_until_deleted(setti
 
 async def _gone(stack, url: str) -> bool:
     return (await stack.download(url))[0] == 404
+
+
+@pytest.fixture
+def sweeping(tmp_path, database_url, nats_url):
+    # The orphan sweep runs every second here; its grace still covers an upload between store and record.
+    return stack_settings(tmp_path, database_url, nats_url, retention_days=RETENTION_S / 86400,
+                          retention_sweep_interval_s=0.5, orphan_sweep_interval_s=1.0, orphan_grace_s=2.0)
+
+
+async def test_an_upload_expires_once_no_live_job_needs_it_and_its_object_is_swept(sweeping):
+    async with running_stack(sweeping) as stack:
+        headers = {**stack.auth, "Content-Type": "image/png"}
+        async with stack.session.post(f"{stack.url}/v1/uploads", data=imagefiles.png_with_text(),
+                                      headers=headers) as resp:
+            assert resp.status == 201
+            upload_id = (await resp.json())["id"]
+        # A job that needs the image keeps it alive past retention until the job is over.
+        held = await stack.create_job(input_image=upload_id, params={"scenario": "hang"})
+        await asyncio.sleep(RETENTION_S + 1.5)
+        assert await _upload_state(sweeping, upload_id) == (False, True)
+        async with stack.session.post(f"{stack.url}/v1/jobs/{held['id']}/cancel", headers=stack.auth) as resp:
+            assert resp.status == 200
+
+        await wait_until(lambda: _swept(sweeping, upload_id), within=30, what="the upload to expire and be swept")
+
+        async with stack.session.post(f"{stack.url}/v1/jobs", headers=stack.auth, json={
+            "model": "fake/default", "prompt": "again", "duration_s": 1, "input_image": upload_id,
+        }) as resp:
+            body = await resp.json()
+            assert resp.status == 422 and body["error"]["code"] == "invalid_input", body
+
+
+async def _upload_state(settings, upload_id: str) -> tuple[bool, bool]:
+    """(deleted in the database, object still in storage)."""
+    conn = await asyncpg.connect(settings.database_url)
+    try:
+        row = await conn.fetchrow("SELECT key, deleted_at FROM uploads WHERE id = $1", upload_id)
+    finally:
+        await conn.close()
+    root = Path(urlsplit(settings.storage_url).path)
+    return row["deleted_at"] is not None, (root / row["key"]).exists()
+
+
+async def _swept(settings, upload_id: str) -> bool:
+    return await _upload_state(settings, upload_id) == (True, False)

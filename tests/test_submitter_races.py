@@ -27,6 +27,7 @@ from libs.common.settings import Settings
 from libs.providers.fake.server import running_fake_provider
 from libs.providers.registry import adapter_for, build_adapters
 from libs.providers.webhooks import new_secret
+from libs.storage.filesystem import FileStorage
 from services.reaper import recovery
 from services.submitter import worker as submitter
 
@@ -41,7 +42,8 @@ async def test_refused_submit_and_takeover_race(database_url, nats_url, tmp_path
         )
         async with open_runtime("repro", config) as rt, aiohttp.ClientSession() as session:
             adapters = build_adapters(config, session)
-            ctx = submitter.Context(rt=rt, adapters=adapters, policies=Policies(config))
+            ctx = submitter.Context(rt=rt, adapters=adapters, policies=Policies(config),
+                                   storage=FileStorage(tmp_path / "objects", base_url=config.gateway_url, secret="s"))
             reaper = recovery.Context(rt=rt, policies=Policies(config))
             await rt.pool.execute("INSERT INTO accounts (id, name, credits_balance) VALUES ('a', 'a', 1000)")
             request = JobRequest(model="fake/default", prompt="fox", duration_s=1, seed=7,
@@ -52,7 +54,7 @@ async def test_refused_submit_and_takeover_race(database_url, nats_url, tmp_path
             # The provider's first refusal was spent by an earlier call (e.g. one whose submitter was killed).
             adapter = adapter_for(adapters, "fake")
             with pytest.raises(ProviderError):
-                await adapter.submit(submitter.submit_request(ctx, job, adapter))
+                await adapter.submit(await submitter.submit_request(ctx, job, adapter))
 
             a_refused, b_called, a_moved = asyncio.Event(), asyncio.Event(), asyncio.Event()
             real_refused, real_accepted = submitter._refused, submitter._accepted

@@ -97,12 +97,17 @@ class ProviderError(VidjobsError):
 
 
 class MediaError(VidjobsError):
-    """Copying or verifying a render failed; `code` is download_failed or verification_failed."""
+    """Copying or verifying a render failed; `code` is download_failed or verification_failed.
 
-    def __init__(self, code: ErrorCode, message: str):
+    `final` marks a failure that no retry can mend (a render URL refused as unsafe), even for a code that is
+    otherwise retried.
+    """
+
+    def __init__(self, code: ErrorCode, message: str, *, final: bool = False):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.final = final
 
     def to_job_error(self) -> JobError:
         return JobError.of(self.code, self.message)

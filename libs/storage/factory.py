@@ -1,20 +1,51 @@
-"""Choose the storage backend from VIDJOBS_STORAGE_URL."""
+"""Choose the storage backend from VIDJOBS_STORAGE_URL: `file:///path` or `s3://bucket[/prefix]`."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import SplitResult, urlsplit
+
+from botocore.exceptions import BotoCoreError
 
 from libs.common.errors import ConfigError
 from libs.common.settings import Settings
 from libs.storage.base import Storage
 from libs.storage.filesystem import FileStorage
+from libs.storage.s3 import MIN_PART_BYTES, S3Storage
+
+# S3's rules for bucket names: 3-63 lowercase letters, digits, dots and hyphens, a letter or digit at each end.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 def open_storage(settings: Settings) -> Storage:
-    url = urlparse(settings.storage_location())
+    location = settings.storage_location()
+    url = urlsplit(location)
     if url.scheme == "file":
         if not settings.signing_secret:
             raise ConfigError("VIDJOBS_SIGNING_SECRET must be set for the file:// storage backend")
         return FileStorage(Path(url.path), base_url=settings.gateway_url, secret=settings.signing_secret)
-    raise ConfigError(f"VIDJOBS_STORAGE_URL scheme {url.scheme!r} is not supported; use file:///path")
+    if url.scheme == "s3":
+        bucket, prefix = parse_s3_url(url, location)
+        if settings.s3_part_bytes < MIN_PART_BYTES:
+            raise ConfigError(f"VIDJOBS_S3_PART_BYTES must be at least {MIN_PART_BYTES} (S3's smallest part)")
+        try:
+            return S3Storage(bucket, prefix, part_bytes=settings.s3_part_bytes)
+        except BotoCoreError as exc:  # an unknown AWS_PROFILE, an unreadable config file
+            raise ConfigError(f"the AWS configuration for VIDJOBS_STORAGE_URL {location!r} is unusable: {exc}") from exc
+    raise ConfigError(f"VIDJOBS_STORAGE_URL scheme {url.scheme!r} is not supported; use file:///path or "
+                      "s3://bucket/prefix")
+
+
+def parse_s3_url(url: SplitResult, location: str) -> tuple[str, str]:
+    """Bucket and key prefix of `s3://bucket[/prefix]`; credentials and endpoint come from AWS variables."""
+    bucket = url.netloc
+    if not bucket:
+        raise ConfigError(f"VIDJOBS_STORAGE_URL {location!r} names no bucket; use s3://bucket/prefix")
+    if url.query or url.fragment or not _BUCKET.fullmatch(bucket) or ".." in bucket:
+        raise ConfigError(f"VIDJOBS_STORAGE_URL {location!r} is not s3://bucket/prefix with a valid bucket name "
+                          "(3-63 lowercase letters, digits, dots, hyphens; endpoint and keys go in AWS_* variables)")
+    segments = [s for s in url.path.split("/") if s]
+    if any(s in {".", ".."} for s in segments):
+        raise ConfigError(f"VIDJOBS_STORAGE_URL {location!r} has '.' or '..' in its prefix")
+    return bucket, "/".join(segments)

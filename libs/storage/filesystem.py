@@ -6,10 +6,19 @@ import asyncio
 import os
 import shutil
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from libs.storage import signing
 from libs.storage.base import ObjectInfo, ObjectNotFound, StorageError
+
+LIST_PAGE = 1000  # objects looked at per trip to a worker thread
+UNKNOWN_TYPE = "application/octet-stream"  # what a listing says, as S3's does
+
+
+def _is_object(name: str) -> bool:
+    # Beside each object lie its content type, and while it is being written, a hidden temporary file.
+    return not name.endswith(".content-type") and not (name.startswith(".") and name.endswith(".tmp"))
 
 
 class FileStorage:
@@ -65,10 +74,11 @@ class FileStorage:
     async def head(self, key: str) -> ObjectInfo:
         path = self.path_for(key)
         try:
-            size = path.stat().st_size
+            stat = path.stat()
         except FileNotFoundError as exc:
             raise ObjectNotFound(key) from exc
-        return ObjectInfo(key=key, bytes=size, content_type=self.content_type(key))
+        return ObjectInfo(key=key, bytes=stat.st_size, content_type=self.content_type(key),
+                          modified_at=stat.st_mtime)
 
     def content_type(self, key: str) -> str:
         try:
@@ -88,6 +98,35 @@ class FileStorage:
         count = sum(1 for p in base.rglob("*") if p.is_file() and not p.name.endswith(".content-type"))
         await asyncio.to_thread(shutil.rmtree, base, True)
         return count
+
+    def _keys_under(self, prefix: str) -> list[str]:
+        """Every object key starting with `prefix`, sorted as S3 lists them."""
+        folder, _, _ = prefix.rpartition("/")
+        base = self.path_for(folder) if folder else self.root
+        keys = []
+        for parent, _, names in os.walk(base):
+            for name in filter(_is_object, names):
+                key = (Path(parent) / name).relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def _describe(self, keys: list[str]) -> list[ObjectInfo]:
+        found = []
+        for key in keys:
+            try:
+                stat = self.path_for(key).stat()
+            except FileNotFoundError:
+                continue  # deleted since it was listed
+            found.append(ObjectInfo(key=key, bytes=stat.st_size, content_type=UNKNOWN_TYPE,
+                                    modified_at=stat.st_mtime))
+        return found
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        keys = await asyncio.to_thread(self._keys_under, prefix)
+        for start in range(0, len(keys), LIST_PAGE):
+            for info in await asyncio.to_thread(self._describe, keys[start:start + LIST_PAGE]):
+                yield info
 
     def signed_url(self, key: str, ttl_s: int) -> tuple[str, float]:
         return signing.sign(self._base_url, self._secret, key, ttl_s)

@@ -18,6 +18,7 @@ from services.gateway import (
     routes_jobs,
     routes_ops,
     routes_page,
+    routes_uploads,
     routes_webhooks,
     stream,
 )
@@ -33,8 +34,8 @@ PROVIDER_TIMEOUT_S = 30
 
 def route_table(settings: Settings) -> list[Route]:
     routes = [
-        *routes_jobs.ROUTES, *stream.ROUTES, *routes_account.ROUTES, *routes_webhooks.ROUTES,
-        *routes_ops.ROUTES, *routes_page.ROUTES,
+        *routes_jobs.ROUTES, *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
+        *routes_webhooks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
     ]
     # Objects are served here only when they live on our own disk; S3 hands out its own signed URLs.
     if settings.storage_location().startswith("file:"):
@@ -73,6 +74,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[PUBLIC_ROUTES] = frozenset(r.name for r in routes if not r.auth)
     register(app, routes)
+    routes_uploads.install(app, settings)
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_closing)
     return app

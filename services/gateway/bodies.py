@@ -133,3 +133,13 @@ class WebhookAck(msgspec.Struct, kw_only=True):
 
 class Health(msgspec.Struct, kw_only=True):
     status: str
+
+
+class UploadOut(msgspec.Struct, kw_only=True):
+    """Answer of `POST /v1/uploads`: the stored image, upright and stripped of metadata."""
+
+    id: Annotated[str, Meta(description="name it as a job's `input_image`")]
+    width: int
+    height: int
+    content_type: Literal["image/png", "image/jpeg", "image/webp"]
+    bytes: int  # of the stored (re-encoded) image

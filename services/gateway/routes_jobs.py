@@ -8,7 +8,7 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from libs.common import jobs, outbox
+from libs.common import jobs, outbox, uploads
 from libs.common.errors import ErrorCode, JobError, ProviderError, QuotaExhausted
 from libs.common.jobs import JobRequest, JobRow
 from libs.common.settings import Settings
@@ -43,10 +43,14 @@ def check_provider(adapters: dict[str, ProviderAdapter], request: JobRequest) ->
         raise invalid(err.message) from err
 
 
-def check_input_image(request: JobRequest) -> None:
-    # Uploads are not stored yet, so no upload id can name one; refusing here keeps the job from failing later.
-    if request.input_image is not None:
-        raise invalid(f"input_image: no such upload {request.input_image!r}")
+async def check_input_image(gw: Gateway, owner: Account, request: JobRequest) -> None:
+    """The named upload must be the caller's own and not deleted; anything else reads as "no such upload",
+    so another account's upload id cannot even be confirmed to exist."""
+    if request.input_image is None:
+        return
+    if await uploads.owned(gw.rt.pool, owner.id, request.input_image) is None:
+        raise invalid(f"input_image: no such upload {request.input_image!r}; upload the image with "
+                      "POST /v1/uploads and name the id it answers")
 
 
 def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | None]:
@@ -56,7 +60,7 @@ def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | N
 
 
 def view(gw: Gateway, job: JobRow) -> JobOut:
-    return job_view(job, gw.storage, gw.settings.signed_url_ttl_s)
+    return job_view(job, gw.storage, gw.settings.signed_url_ttl_s, gw.settings.retention_days)
 
 
 async def _create_once(
@@ -91,7 +95,7 @@ async def create_job(request: web.Request) -> web.Response:
     body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
     job_request, route = routed(body.to_request(), gw.settings)
     check_provider(gw.adapters, job_request)
-    check_input_image(job_request)
+    await check_input_image(gw, owner, job_request)
     key = idempotency.key_from(request)
     try:
         job, created = await _create_once(gw, owner, body, job_request, key, route)

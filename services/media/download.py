@@ -2,7 +2,11 @@
 
 Memory stays flat whatever the size: the body is read in chunks, each written and hashed off the event loop,
 and the byte cap is enforced while reading, not after. Every failure becomes `MediaError(DOWNLOAD_FAILED)`
-with a message that says what went wrong, so the caller only has to decide between retrying and giving up.
+with a message that says what went wrong, so the caller only has to decide between retrying and giving up;
+a URL refused as unsafe is marked final, because asking again would be refused again.
+
+Redirects are followed here, hop by hop, never by aiohttp: each hop is screened again, and on the guarded
+session of netguard.py its scheme, host and addresses are checked again before anything is sent to it.
 """
 
 from __future__ import annotations
@@ -10,21 +14,26 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import BinaryIO
-from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
+from yarl import URL
 
 from libs.common.errors import ErrorCode, MediaError
-from services.media import telemetry
+from services.media import netguard, telemetry
 
 CHUNK_BYTES = 1 << 20
 # A provider that stops sending for this long is stuck, whatever the overall time cap still allows.
 SOCK_READ_S = 30.0
 CONNECT_S = 10.0
+# The overall time cap is the caller's; these only bound connecting and a silent peer, per request.
+PER_REQUEST = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S, sock_read=SOCK_READ_S)
+MAX_REDIRECTS = 5
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
 class Fetched(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,8 +65,9 @@ def _failed(message: str) -> MediaError:
 
 def check_url(url: str | None) -> str:
     """Only plain web URLs are fetched; anything else would never succeed on a retry either."""
-    if not url or urlsplit(url).scheme not in ("http", "https"):
-        raise _failed("The provider reported a finished render without a usable download address.")
+    if not url:
+        raise netguard.refused("The provider reported a finished render without a download address.")
+    netguard.screen_url(url)
     return url
 
 
@@ -67,10 +77,9 @@ async def fetch_to_file(
 ) -> Fetched:
     """Download `url` into `dest` within `timeout_s` seconds and `max_bytes` bytes."""
     started = time.perf_counter()
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_S, sock_read=SOCK_READ_S)
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(url, headers=dict(headers), timeout=timeout) as resp:
+            async with _get(session, url, headers) as resp:
                 _check_response(resp, max_bytes)
                 fetched = await _stream(resp, dest, max_bytes)
     except TimeoutError as exc:
@@ -83,6 +92,36 @@ async def fetch_to_file(
     telemetry.DOWNLOAD_SECONDS.observe(time.perf_counter() - started)
     telemetry.DOWNLOAD_BYTES.inc(fetched.bytes)
     return fetched
+
+
+@asynccontextmanager
+async def _get(session: aiohttp.ClientSession, url: str,
+               headers: Mapping[str, str]) -> AsyncIterator[aiohttp.ClientResponse]:
+    """GET `url`, following at most MAX_REDIRECTS redirects. The provider's headers go only to the origin
+    they were meant for: a redirect elsewhere must not carry its key."""
+    target, sent = netguard.screen_url(url), dict(headers)
+    for _ in range(MAX_REDIRECTS + 1):
+        async with session.get(target, headers=sent, timeout=PER_REQUEST, allow_redirects=False) as resp:
+            if resp.status not in REDIRECTS:
+                yield resp
+                return
+            following = _redirect_target(resp)
+        if following.origin() != target.origin():
+            sent = {}
+        target = following
+    raise netguard.refused(f"We refused to fetch the finished render: the provider's address redirected more "
+                           f"than {MAX_REDIRECTS} times.")
+
+
+def _redirect_target(resp: aiohttp.ClientResponse) -> URL:
+    location = resp.headers.get(aiohttp.hdrs.LOCATION)
+    if not location:
+        raise _failed(f"The provider answered HTTP {resp.status} without saying where the render moved.")
+    try:
+        following = resp.url.join(URL(location))
+    except ValueError as exc:
+        raise netguard.refused("We refused to follow the provider's redirect: it named no valid address.") from exc
+    return netguard.screen_url(following)
 
 
 def _check_response(resp: aiohttp.ClientResponse, max_bytes: int) -> None:

@@ -31,7 +31,7 @@ from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage, job_prefix
 from libs.storage.factory import open_storage
-from services.media import assets, orphans, telemetry
+from services.media import assets, netguard, orphans, telemetry
 from services.media.pipeline import Copier, PreviewSpec, Stored
 
 log = logging.getLogger("vidjobs.media")
@@ -54,8 +54,11 @@ async def main(rt: Runtime) -> None:
     storage = open_storage(rt.settings)
     transcoder = ThreadPoolExecutor(max_workers=rt.settings.media_concurrency, thread_name_prefix="transcode")
     try:
-        async with aiohttp.ClientSession(timeout=SESSION_TIMEOUT) as session:
-            copier = Copier(session=session, storage=storage, max_bytes=rt.settings.max_download_bytes,
+        # Adapters talk to configured API base URLs; render URLs come from providers' answers and go through
+        # a session of their own that refuses anything but public addresses (and the allowed hosts).
+        async with (aiohttp.ClientSession(timeout=SESSION_TIMEOUT) as session,
+                    netguard.guarded_session(rt.settings.allowed_download_hosts(), timeout=SESSION_TIMEOUT) as fetch):
+            copier = Copier(session=fetch, storage=storage, max_bytes=rt.settings.max_download_bytes,
                             transcoder=transcoder, preview=preview_spec(rt.settings))
             media = Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
             await serve(media)
@@ -115,7 +118,7 @@ def download_deadline(job: JobRow, settings: Settings) -> datetime:
 
 
 def may_retry(err: MediaError, attempt: int, budget: int, deadline: datetime, now: datetime) -> bool:
-    return err.code is ErrorCode.DOWNLOAD_FAILED and attempt < budget and now < deadline
+    return err.code is ErrorCode.DOWNLOAD_FAILED and not err.final and attempt < budget and now < deadline
 
 
 def _seconds_left(deadline: datetime, floor: float = 0.0) -> float:
@@ -135,14 +138,18 @@ async def _copy_failed(media: Media, job: JobRow, err: MediaError, delivery: Del
     await _fail(media, job, err)
 
 
-def _final_message(err: MediaError) -> str:
+def job_error(err: MediaError) -> JobError:
+    """What the owner sees. A refused address is not worth retrying: the provider will name it again."""
+    if err.final:
+        return JobError(code=err.code, message=err.message, retryable=False)
     if err.code is ErrorCode.DOWNLOAD_FAILED:
-        return f"{err.message} We stopped retrying the download; run the job again to render it anew."
-    return err.message
+        return JobError.of(err.code, f"{err.message} We stopped retrying the download; run the job again to "
+                                     "render it anew.")
+    return JobError.of(err.code, err.message)
 
 
 async def _fail(media: Media, job: JobRow, err: MediaError) -> None:
-    error = JobError.of(err.code, _final_message(err))
+    error = job_error(err)
     async with media.rt.tx() as conn:
         done = await transition(conn, job.id, JobStatus.FAILED, reason=f"media: {err.code.value}",
                                 expect=[JobStatus.DOWNLOADING], update=JobUpdate(error=error, progress=None))

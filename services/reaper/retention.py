@@ -2,8 +2,9 @@
 
 The reaper owns the status change; the media service removes the objects when the outbox's
 `AssetsDeleteRequested` reaches it (the video and its preview; the thumbnail stays while the job exists).
-Rows are claimed with SKIP LOCKED, so several reapers can sweep at once without expiring a job twice, and the
-guarded transition makes a second attempt a no-op anyway.
+Uploads past retention are marked deleted too, unless a live job still needs the image; the orphan sweep
+then removes their objects. Rows are claimed with SKIP LOCKED, so several reapers can sweep at once without
+expiring a job twice, and the guarded transition makes a second attempt a no-op anyway.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from libs.common import uploads
 from libs.common.events import AssetsDeleteRequested
 from libs.common.runtime import Runtime
 from libs.common.states import JobStatus
@@ -44,12 +46,21 @@ async def expire_due(rt: Runtime, *, limit: int = BATCH) -> int:
     return expired
 
 
+async def expire_uploads(rt: Runtime) -> int:
+    """Uploads are kept as long as originals, and longer while a live job still needs the image."""
+    count = await uploads.expire_unused(rt.pool, rt.settings.retention_days * 86400.0)
+    if count:
+        log.info("uploads expired past retention", extra={"count": count})
+    return count
+
+
 async def run(rt: Runtime) -> None:
     every_s = rt.settings.retention_sweep_interval_s
     while not rt.stop.is_set():
         try:
             while await expire_due(rt) == BATCH:
                 pass  # a backlog (say, after downtime): keep going until it is worked off
+            await expire_uploads(rt)
         except Exception:
             log.exception("retention sweep failed; trying again next pass")
         try:

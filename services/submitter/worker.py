@@ -6,6 +6,7 @@ render before any resubmit, so a submitter killed at any point never causes a se
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,9 +16,9 @@ import aiohttp
 import asyncpg
 from prometheus_client import Counter
 
-from libs.common import bus, events, jobs, metrics, outbox
+from libs.common import bus, events, jobs, metrics, outbox, uploads
 from libs.common.bus import Delivery
-from libs.common.errors import ProviderError, Redeliver
+from libs.common.errors import ErrorCode, ProviderError, Redeliver
 from libs.common.events import CancelRequested, JobQueued, PollRequested
 from libs.common.jobs import JobRow
 from libs.common.outcomes import fail_or_retry
@@ -27,6 +28,8 @@ from libs.common.states import JobStatus
 from libs.common.transitions import Guard, JobUpdate, transition
 from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from libs.providers.registry import adapter_for, build_adapters
+from libs.storage.base import Storage
+from libs.storage.factory import open_storage
 from services.submitter import limits, submissions
 from services.submitter.submissions import Claim
 
@@ -40,24 +43,43 @@ class Context:
     rt: Runtime
     adapters: dict[str, ProviderAdapter]
     policies: Policies
+    storage: Storage  # signs the URLs providers fetch input images from
 
 
 async def main(rt: Runtime) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)) as session:
+    async with contextlib.AsyncExitStack() as stack:
+        storage = open_storage(rt.settings)
+        stack.push_async_callback(storage.close)
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)))
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
-                      policies=Policies(rt.settings))
+                      policies=Policies(rt.settings), storage=storage)
         # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
         spec = consumer(rt, "submitter", events.SUBMIT, partial(handle, ctx),
                         concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
         await bus.consume(rt.js, spec, rt.stop)
 
 
-def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
+async def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
     callback = f"{ctx.rt.settings.gateway_url}/v1/webhooks/{job.provider}" if adapter.supports_callbacks else None
     return SubmitRequest(
         job_id=job.id, attempt=job.attempt, idempotency_key=f"{job.id}-a{job.attempt}",
-        request=job.request, callback_url=callback,
+        request=job.request, callback_url=callback, input_image_url=await input_image_url(ctx, job),
     )
+
+
+async def input_image_url(ctx: Context, job: JobRow) -> str | None:
+    """A signed URL the provider can fetch the job's uploaded image from, for as long as a render may take
+    (a provider may queue the job and fetch the image only when it starts)."""
+    upload_id = job.request.input_image
+    if upload_id is None:
+        return None
+    upload = await uploads.owned(ctx.rt.pool, job.account_id, upload_id)
+    if upload is None:
+        raise ProviderError(ErrorCode.INVALID_INPUT,
+                            f"input_image: the upload {upload_id!r} no longer exists; upload the image again")
+    url, _ = ctx.storage.signed_url(upload.key, int(ctx.rt.settings.render_deadline_s))
+    return url
 
 
 async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
@@ -67,11 +89,11 @@ async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
         return
     try:
         adapter = adapter_for(ctx.adapters, job.provider)
+        req = await submit_request(ctx, job, adapter)
     except ProviderError as err:
         async with ctx.rt.tx() as conn:
             await _refused(ctx, conn, job, err)
         return
-    req = submit_request(ctx, job, adapter)
     claimed = await _admit_and_claim(ctx, job, req)
     if claimed.claim is Claim.MOVED_ON:
         return

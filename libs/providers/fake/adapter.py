@@ -23,7 +23,7 @@ from libs.providers.http import retry_after, transport_errors
 
 SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
-    "content_rejected", "fail_always", "hang", "bad_output", "expired_output",
+    "content_rejected", "fail_always", "hang", "bad_output", "expired_output", "unsafe_output",
 )
 PARAMS = ("scenario", "render_s", "output_mb")
 MAX_OUTPUT_MB = 2048

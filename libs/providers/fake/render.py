@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import av
 import msgspec
-from PIL import Image, ImageChops, ImageDraw
+from PIL import Image, ImageChops, ImageDraw, ImageStat
 
 FPS = 12
 LONG_SIDE = 320
@@ -34,6 +34,7 @@ class ClipSpec(msgspec.Struct, frozen=True):
     height: int
     duration_s: float
     seed: int
+    tint: RGB | None = None  # an input image's mean colour: the gradient starts from it
 
     @property
     def frame_count(self) -> int:
@@ -79,7 +80,8 @@ def encode(spec: ClipSpec) -> bytes:
 def frames(spec: ClipSpec) -> Iterator[Image.Image]:
     rng = random.Random(spec.seed)
     w, h, n = spec.width, spec.height, spec.frame_count
-    background = _gradient(w, h, _colour(rng), _colour(rng))
+    start, end = _colour(rng), _colour(rng)
+    background = _gradient(w, h, spec.tint or start, end)
     ball, radius = _colour(rng), max(4, min(w, h) // 8)
     x0, y0 = rng.uniform(0, w), rng.uniform(0, h)
     vx, vy = rng.uniform(2, 8) * rng.choice((-1, 1)), rng.uniform(2, 8) * rng.choice((-1, 1))
@@ -90,6 +92,28 @@ def frames(spec: ClipSpec) -> Iterator[Image.Image]:
         draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=ball)
         draw.rectangle((0, h - 4, round(w * (i + 1) / n), h), fill=(255, 255, 255))
         yield image
+
+
+class InputImage(msgspec.Struct, frozen=True):
+    format: str  # Pillow's name: PNG, JPEG, WEBP, ...
+    width: int
+    height: int
+    mean: RGB
+
+
+def inspect_image(data: bytes) -> InputImage:
+    """Decode an input image the way a provider would before animating it; raises ValueError if it is not
+    one. Blocking: run it in a thread."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            size, fmt = image.size, image.format or "unknown"
+            image.draft("RGB", (64, 64))  # JPEG decodes at a fraction of its size; others ignore it
+            small = image.convert("RGB")
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"it cannot be decoded as an image ({exc})") from exc
+    small.thumbnail((64, 64))
+    mean = tuple(round(c) for c in ImageStat.Stat(small).mean)
+    return InputImage(format=fmt, width=size[0], height=size[1], mean=(mean[0], mean[1], mean[2]))
 
 
 def _colour(rng: random.Random) -> RGB:

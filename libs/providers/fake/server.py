@@ -12,6 +12,9 @@ Routes (JSON unless said otherwise; errors are `{"error": {"code", "message", "p
 `params.scenario` picks a behaviour from API.md's table and `params.render_s` how long rendering takes;
 `params.output_mb` pads the served MP4 to that many megabytes with a trailing `free` box (still a valid MP4),
 streamed without holding it in memory, so large copies can be tested.
+An `input_image_url` is fetched over HTTP when the render starts, as a real provider would, and must decode as
+an image; if it cannot be fetched or read, the render fails with `invalid_request`. The image's mean colour
+tints the clip, and what was fetched is recorded in the counters (`input_images`, by job).
 Callbacks are POSTed to `callback_url` as `{"type": "render.<status>", "timestamp", "data": render}`, signed
 with Standard Webhooks headers and retried with backoff on connection errors, 429 and 5xx.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import hashlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Coroutine
@@ -34,13 +38,16 @@ from aiohttp import web
 
 from libs.common import ids
 from libs.providers import webhooks
-from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
+from libs.providers.fake.render import ClipSpec, clip_size, inspect_image, render_mp4
 
 log = logging.getLogger("vidjobs.fake_provider")
 
 RETRY_AFTER_S = 1  # what a refused submit is told to wait
 REFUSALS_PER_JOB = 2  # rate_limit_then_succeed / unavailable_then_succeed refuse this many submits first
 NOT_A_VIDEO = b"<html><body>502 Bad Gateway</body></html>\n"  # what bad_output serves as its "video"
+# What unsafe_output reports as its render: the cloud metadata service, which a downloader must never fetch.
+UNSAFE_OUTPUT_URL = "http://169.254.169.254/latest/meta-data/iam/security-credentials/"
+MAX_INPUT_IMAGE_BYTES = 20 * 1024 * 1024  # larger input images are refused, as real providers do
 
 
 class Scenario(enum.StrEnum):
@@ -54,6 +61,7 @@ class Scenario(enum.StrEnum):
     HANG = "hang"
     BAD_OUTPUT = "bad_output"
     EXPIRED_OUTPUT = "expired_output"
+    UNSAFE_OUTPUT = "unsafe_output"
 
 
 class RenderStatus(enum.StrEnum):
@@ -98,7 +106,7 @@ class CreateRender(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class RenderError(msgspec.Struct):
-    code: str  # content_policy_violation | render_failed
+    code: str  # content_policy_violation | render_failed | invalid_request
     message: str
 
 
@@ -131,6 +139,17 @@ class CallbackEvent(msgspec.Struct):
     data: RenderOut
 
 
+class FetchedImage(msgspec.Struct, kw_only=True):
+    """An input image as the provider fetched and decoded it."""
+
+    render_id: str
+    sha256: str
+    bytes: int
+    format: str
+    width: int
+    height: int
+
+
 class Counters(msgspec.Struct, kw_only=True):
     submissions_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # every POST, by metadata.job_id
     submissions_by_key: dict[str, int] = msgspec.field(default_factory=dict)  # every POST, by Idempotency-Key
@@ -138,6 +157,7 @@ class Counters(msgspec.Struct, kw_only=True):
     renders_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # renders created (each runs once)
     output_fetches: dict[str, int] = msgspec.field(default_factory=dict)  # GETs of an output, by render id
     callbacks_by_render: dict[str, int] = msgspec.field(default_factory=dict)  # deliveries answered 2xx
+    input_images: dict[str, FetchedImage] = msgspec.field(default_factory=dict)  # by job (or render) id
 
 
 def _bump(counter: dict[str, int], key: str | None) -> None:
@@ -218,9 +238,14 @@ class FakeProvider:
             id=rec.id, model=req.model, status=rec.status, progress=rec.progress(asyncio.get_running_loop().time()),
             created_at=rec.created_at, started_at=rec.started_at, finished_at=rec.finished_at,
             duration_s=req.duration_s, width=rec.clip.width, height=rec.clip.height, seed=rec.clip.seed,
-            output_url=f"{self.base_url}/outputs/{rec.id}.mp4" if done else None, error=rec.error,
+            output_url=self.output_url(rec) if done else None, error=rec.error,
             metadata=req.metadata, idempotency_key=rec.idempotency_key,
         )
+
+    def output_url(self, rec: RenderRecord) -> str:
+        if rec.scenario is Scenario.UNSAFE_OUTPUT:
+            return UNSAFE_OUTPUT_URL
+        return f"{self.base_url}/outputs/{rec.id}.mp4"
 
     def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
         task = asyncio.create_task(coro, name=name)
@@ -276,6 +301,8 @@ class FakeProvider:
     # the render itself
 
     async def _run(self, rec: RenderRecord) -> None:
+        if rec.request.input_image_url is not None and not await self._take_input_image(rec):
+            return
         if rec.scenario is Scenario.CONTENT_REJECTED:
             # Moderation runs before any GPU time is spent, as at real providers.
             self._finish(rec, RenderStatus.FAILED, RenderError(
@@ -295,6 +322,39 @@ class FakeProvider:
                 "render_failed", "The render node ran out of GPU memory; try again."))
             return
         self._finish(rec, RenderStatus.SUCCEEDED)
+
+    async def _take_input_image(self, rec: RenderRecord) -> bool:
+        """Fetch and decode the input image; on failure the render fails, as the request was unusable."""
+        url = rec.request.input_image_url
+        assert url is not None
+        try:
+            data = await self._fetch_image(url)
+            image = await asyncio.to_thread(inspect_image, data)
+        except ValueError as exc:
+            log.warning("input image unusable", extra={"render_id": rec.id, "error": str(exc)})
+            self._finish(rec, RenderStatus.FAILED, RenderError("invalid_request", f"input_image_url: {exc}"))
+            return False
+        self.counters.input_images[rec.request.metadata.job_id or rec.id] = FetchedImage(
+            render_id=rec.id, sha256=hashlib.sha256(data).hexdigest(), bytes=len(data), format=image.format,
+            width=image.width, height=image.height)
+        rec.clip = msgspec.structs.replace(rec.clip, tint=image.mean)
+        return True
+
+    async def _fetch_image(self, url: str) -> bytes:
+        """The image's bytes; ValueError naming what went wrong otherwise."""
+        assert self.session is not None
+        try:
+            async with self.session.get(url) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"fetching it answered HTTP {resp.status}")
+                data = bytearray()
+                async for chunk in resp.content.iter_chunked(64 * 1024):
+                    data += chunk
+                    if len(data) > MAX_INPUT_IMAGE_BYTES:
+                        raise ValueError(f"it is larger than {MAX_INPUT_IMAGE_BYTES} bytes")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ValueError(f"it could not be fetched ({exc!r})") from exc
+        return bytes(data)
 
     async def _produce(self, rec: RenderRecord) -> None:
         if rec.scenario is not Scenario.BAD_OUTPUT:

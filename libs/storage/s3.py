@@ -1,0 +1,221 @@
+"""The S3 backend (aiobotocore): objects live in one bucket under one key prefix; S3 signs its own URLs.
+
+Credentials, endpoint and region come from the usual AWS variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3, AWS_REGION / AWS_DEFAULT_REGION), a profile or a workload identity,
+all read by botocore itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import botocore.session
+from aiobotocore.config import AioConfig
+from aiobotocore.session import get_session
+from botocore.client import BaseClient
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from libs.storage.base import ObjectInfo, ObjectNotFound, StorageError
+
+log = logging.getLogger("vidjobs.storage")
+
+MIN_PART_BYTES = 5 * 1024 * 1024  # S3 refuses smaller parts, except the last
+MAX_PARTS = 10_000  # S3's limit per multipart upload
+DELETE_BATCH = 1000  # S3's limit per DeleteObjects call, and a listing's page size
+UNKNOWN_TYPE = "application/octet-stream"  # what a listing says: it does not carry content types
+_MISSING = {"404", "NoSuchKey", "NotFound"}
+
+
+def _client_options(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Options shared by the async client and the presigner."""
+    s3: dict[str, Any] = {}
+    # A store of our own (MinIO, a loopback test server) rarely serves bucket-named hosts: address by path.
+    if environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"):
+        s3["addressing_style"] = "path"
+    return {
+        "s3": s3, "signature_version": "s3v4", "connect_timeout": 10, "read_timeout": 60,
+        "retries": {"mode": "standard", "max_attempts": 5},
+    }
+
+
+def _region(environ: Mapping[str, str]) -> str | None:
+    # botocore reads AWS_DEFAULT_REGION but not AWS_REGION, which most deployments (and ours) set.
+    return environ.get("AWS_REGION") or None
+
+
+def _read_part(path: Path, offset: int, size: int) -> bytes:
+    with open(path, "rb") as source:
+        source.seek(offset)
+        return source.read(size)
+
+
+@contextlib.contextmanager
+def _translated(action: str, key: str) -> Iterator[None]:
+    """The one place where botocore and aiohttp failures become StorageError."""
+    try:
+        yield
+    except ClientError as exc:
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in _MISSING:
+            raise ObjectNotFound(key) from exc
+        raise StorageError(f"S3 could not {action} {key!r}: {code or exc}") from exc
+    except (BotoCoreError, aiohttp.ClientError, TimeoutError) as exc:
+        raise StorageError(f"S3 could not {action} {key!r}: {exc}") from exc
+
+
+class S3Storage:
+    def __init__(self, bucket: str, prefix: str = "", *, part_bytes: int = 8 * 1024 * 1024,
+                 environ: Mapping[str, str] | None = None):
+        environ = os.environ if environ is None else environ
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self._part_bytes = max(part_bytes, MIN_PART_BYTES)
+        self._region = _region(environ)
+        self._options = _client_options(environ)
+        self._session = get_session()
+        self._opening = asyncio.Lock()
+        self._clients: contextlib.AsyncExitStack | None = None
+        self._client: Any = None
+        # Presigning is a local computation, and the gateway does it while rendering a job, synchronously:
+        # a plain botocore client does it without an event loop and never touches the network for it.
+        self._presigner: BaseClient = botocore.session.get_session().create_client(
+            "s3", region_name=self._region, config=Config(**self._options))
+
+    def full_key(self, key: str) -> str:
+        """The bucket key behind one of our keys; refuses what a URL would rewrite (`.` and `..` segments) and a
+        leading slash, as the filesystem backend refuses keys that climb out of its root."""
+        parts = key.split("/")
+        if not key or key.startswith("/") or any(p in {".", ".."} for p in parts):
+            raise StorageError(f"object key not allowed: {key!r}")
+        return self.prefix + key
+
+    async def client(self) -> Any:
+        """The aiobotocore client, opened on first use (so the factory stays synchronous)."""
+        async with self._opening:
+            if self._client is None:
+                clients = contextlib.AsyncExitStack()
+                self._client = await clients.enter_async_context(self._session.create_client(
+                    "s3", region_name=self._region, config=AioConfig(**self._options)))
+                self._clients = clients
+            return self._client
+
+    async def close(self) -> None:
+        clients, self._clients, self._client = self._clients, None, None
+        if clients is not None:
+            await clients.aclose()
+        self._presigner.close()
+
+    async def put_bytes(self, key: str, data: bytes, content_type: str) -> ObjectInfo:
+        with _translated("store", key):
+            s3 = await self.client()
+            await s3.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data, ContentType=content_type)
+        return ObjectInfo(key=key, bytes=len(data), content_type=content_type)
+
+    async def put_file(self, key: str, path: Path, content_type: str) -> ObjectInfo:
+        size = (await asyncio.to_thread(path.stat)).st_size
+        if size < self._part_bytes:
+            return await self.put_bytes(key, await asyncio.to_thread(path.read_bytes), content_type)
+        with _translated("store", key):
+            stored = await self._put_multipart(key, path, size, content_type)
+        return ObjectInfo(key=key, bytes=stored, content_type=content_type)
+
+    async def _put_multipart(self, key: str, path: Path, size: int, content_type: str) -> int:
+        """Streams the file one part at a time, so memory holds one part whatever the file's size."""
+        s3, full = await self.client(), self.full_key(key)
+        part_bytes = max(self._part_bytes, -(-size // MAX_PARTS))
+        upload = await s3.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=content_type)
+        upload_id = upload["UploadId"]
+        try:
+            parts, offset = [], 0
+            while chunk := await asyncio.to_thread(_read_part, path, offset, part_bytes):
+                number = len(parts) + 1
+                sent = await s3.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number,
+                                            Body=chunk)
+                parts.append({"ETag": sent["ETag"], "PartNumber": number})
+                offset += len(chunk)
+            await s3.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
+                                               MultipartUpload={"Parts": parts})
+        except BaseException:
+            # Also on cancellation: an unfinished upload's parts are billed until someone aborts it.
+            await self._abort(s3, full, upload_id)
+            raise
+        return offset
+
+    async def _abort(self, s3: Any, full_key: str, upload_id: str) -> None:
+        try:
+            await s3.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+        except (BotoCoreError, ClientError, aiohttp.ClientError, TimeoutError):
+            # The first failure is the one worth raising; a bucket lifecycle rule reaps what is left.
+            log.warning("could not abort multipart upload", extra={"key": full_key, "upload_id": upload_id},
+                        exc_info=True)
+
+    async def get_bytes(self, key: str) -> bytes:
+        with _translated("read", key):
+            s3 = await self.client()
+            answer = await s3.get_object(Bucket=self.bucket, Key=self.full_key(key))
+            async with answer["Body"] as body:
+                return await body.read()
+
+    async def head(self, key: str) -> ObjectInfo:
+        with _translated("look up", key):
+            s3 = await self.client()
+            meta = await s3.head_object(Bucket=self.bucket, Key=self.full_key(key))
+        return ObjectInfo(key=key, bytes=meta["ContentLength"], content_type=meta.get("ContentType", UNKNOWN_TYPE),
+                          modified_at=meta["LastModified"].timestamp())
+
+    async def delete(self, key: str) -> None:
+        with _translated("delete", key):
+            s3 = await self.client()
+            await s3.delete_object(Bucket=self.bucket, Key=self.full_key(key))
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[ObjectInfo]:
+        with _translated("list", prefix):
+            s3 = await self.client()
+            pages = s3.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self.prefix + prefix, PaginationConfig={"PageSize": DELETE_BATCH})
+            async for page in pages:
+                for item in page.get("Contents", []):
+                    yield ObjectInfo(key=item["Key"].removeprefix(self.prefix), bytes=item["Size"],
+                                     content_type=UNKNOWN_TYPE, modified_at=item["LastModified"].timestamp())
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Lists the first page, deletes it, and starts over until nothing is left: this never relies on a
+        continuation token staying valid while the objects it points past are removed."""
+        removed, previous = 0, None
+        with _translated("delete under", prefix):
+            s3 = await self.client()
+            while True:
+                page = await s3.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=DELETE_BATCH)
+                keys = [item["Key"] for item in page.get("Contents", [])]
+                if not keys:
+                    return removed
+                if keys == previous:
+                    raise StorageError(f"S3 still lists {len(keys)} objects under {prefix!r} after deleting them")
+                await self._delete_batch(s3, keys)
+                removed, previous = removed + len(keys), keys
+
+    async def _delete_batch(self, s3: Any, keys: list[str]) -> None:
+        answer = await s3.delete_objects(
+            Bucket=self.bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
+        if errors := answer.get("Errors"):
+            first = errors[0]
+            raise StorageError(f"S3 refused to delete {len(errors)} objects, e.g. {first.get('Key')!r}: "
+                               f"{first.get('Code')} {first.get('Message')}")
+
+    def signed_url(self, key: str, ttl_s: int) -> tuple[str, float]:
+        # The clock is read before signing, so the URL's own X-Amz-Date is this second or later: the link
+        # lives at least until the expiry we report.
+        expires = float(int(time.time()) + ttl_s)
+        with _translated("sign", key):
+            url = self._presigner.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self.full_key(key)}, ExpiresIn=ttl_s)
+        return url, expires

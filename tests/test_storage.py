@@ -1,0 +1,366 @@
+"""One suite, both storage backends: the filesystem backend (its signed URLs served by the gateway's files
+route on a real port) and the S3 backend against moto's S3 server in a subprocess on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import contextlib
+import hashlib
+import os
+import secrets
+import time
+import tracemalloc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import aiohttp
+import pytest
+from aiohttp import web
+from botocore.exceptions import ClientError
+
+from cli.embedded import free_port
+from libs.common.errors import ConfigError
+from libs.common.runtime import Runtime
+from libs.common.settings import Settings
+from libs.storage.base import ObjectNotFound, Storage, StorageError, job_prefix
+from libs.storage.factory import open_storage
+from libs.storage.filesystem import FileStorage
+from libs.storage.s3 import S3Storage
+from services.gateway import routes_files
+from services.gateway.errors import error_middleware
+from services.gateway.routing import register
+from services.gateway.state import GATEWAY, Gateway
+from tests.s3server import TEST_BUCKET, MotoS3
+
+BUCKET = TEST_BUCKET
+PART = 5 * 1024 * 1024  # S3's smallest part, so a modest file already takes several
+VIDEO = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 40
+PREFIX = job_prefix("acc_1", "job_1")
+
+
+@dataclass
+class Backend:
+    name: str
+    storage: Storage
+
+
+@contextlib.asynccontextmanager
+async def files_route(root: Path) -> AsyncIterator[FileStorage]:
+    """A FileStorage whose signed URLs are served by the gateway's own files route on a free port."""
+    port, secret = free_port(), secrets.token_urlsafe(24)
+    storage = FileStorage(root, base_url=f"http://127.0.0.1:{port}", secret=secret)
+    app = web.Application(middlewares=[error_middleware])
+    # The files route reads only the settings and the storage; it needs no database or NATS.
+    app[GATEWAY] = Gateway(settings=Settings(signing_secret=secret), rt=cast(Runtime, None), storage=storage,
+                           adapters={})
+    register(app, routes_files.ROUTES)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield storage
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture(params=["file", "s3"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    if request.param == "file":
+        async with files_route(tmp_path / "objects") as storage:
+            yield Backend("file", storage)
+        return
+    request.getfixturevalue("s3_server")
+    # Each test gets its own key prefix in the shared bucket, so tests never see each other's objects.
+    storage = S3Storage(BUCKET, f"suite-{secrets.token_hex(4)}", part_bytes=PART)
+    try:
+        yield Backend("s3", storage)
+    finally:
+        await storage.close()
+
+
+@pytest.fixture
+async def s3(s3_server: MotoS3) -> AsyncIterator[S3Storage]:
+    storage = S3Storage(BUCKET, f"suite-{secrets.token_hex(4)}", part_bytes=PART)
+    yield storage
+    await storage.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+def _random_file(path: Path, size: int) -> str:
+    data = os.urandom(size)
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+async def _listed(storage: Storage, prefix: str) -> dict[str, int]:
+    return {info.key: info.bytes async for info in storage.list_prefix(prefix)}
+
+
+async def test_bytes_round_trip(backend: Backend):
+    stored = await backend.storage.put_bytes(PREFIX + "note.txt", b"hello", "text/plain")
+
+    assert (stored.key, stored.bytes, stored.content_type) == (PREFIX + "note.txt", 5, "text/plain")
+    assert await backend.storage.get_bytes(PREFIX + "note.txt") == b"hello"
+
+
+async def test_put_file_again_replaces_the_object(backend: Backend, tmp_path: Path):
+    first, second = tmp_path / "first.mp4", tmp_path / "second.mp4"
+    first.write_bytes(b"a" * 100)
+    second.write_bytes(VIDEO)
+
+    await backend.storage.put_file(PREFIX + "video.mp4", first, "video/mp4")
+    stored = await backend.storage.put_file(PREFIX + "video.mp4", second, "video/mp4")
+
+    assert stored.bytes == len(VIDEO)
+    assert await backend.storage.get_bytes(PREFIX + "video.mp4") == VIDEO
+    assert await _listed(backend.storage, PREFIX) == {PREFIX + "video.mp4": len(VIDEO)}
+
+
+async def test_head_reports_size_content_type_and_time(backend: Backend):
+    before = time.time()
+    await backend.storage.put_bytes(PREFIX + "thumb.jpg", b"\xff\xd8" * 50, "image/jpeg")
+
+    info = await backend.storage.head(PREFIX + "thumb.jpg")
+
+    assert (info.key, info.bytes, info.content_type) == (PREFIX + "thumb.jpg", 100, "image/jpeg")
+    assert info.modified_at is not None and before - 2 <= info.modified_at <= time.time() + 2
+
+
+async def test_a_missing_object_is_not_found(backend: Backend):
+    with pytest.raises(ObjectNotFound):
+        await backend.storage.head(PREFIX + "nothing.mp4")
+    with pytest.raises(ObjectNotFound):
+        await backend.storage.get_bytes(PREFIX + "nothing.mp4")
+
+
+async def test_delete_removes_and_a_missing_object_is_fine(backend: Backend):
+    await backend.storage.put_bytes(PREFIX + "video.mp4", VIDEO, "video/mp4")
+
+    await backend.storage.delete(PREFIX + "video.mp4")
+    await backend.storage.delete(PREFIX + "video.mp4")  # again: already gone
+    await backend.storage.delete(PREFIX + "never-there.mp4")
+
+    with pytest.raises(ObjectNotFound):
+        await backend.storage.head(PREFIX + "video.mp4")
+
+
+async def test_delete_prefix_removes_only_that_prefix_and_counts(backend: Backend):
+    doomed, kept = job_prefix("acc_1", "job_1"), job_prefix("acc_1", "job_10")
+    for name in ("video.mp4", "thumb.jpg", "preview/clip.mp4"):
+        await backend.storage.put_bytes(doomed + name, b"x", "application/octet-stream")
+    await backend.storage.put_bytes(kept + "video.mp4", b"y", "video/mp4")
+
+    removed = await backend.storage.delete_prefix(doomed)
+
+    assert removed == 3
+    assert await _listed(backend.storage, "accounts/") == {kept + "video.mp4": 1}
+    assert await backend.storage.delete_prefix(doomed) == 0
+
+
+async def test_list_prefix_gives_sizes_and_times(backend: Backend):
+    before = time.time()
+    await backend.storage.put_bytes(PREFIX + "video.mp4", VIDEO, "video/mp4")
+    await backend.storage.put_bytes(PREFIX + "thumb.jpg", b"j" * 10, "image/jpeg")
+    await backend.storage.put_bytes(job_prefix("acc_2", "job_9") + "video.mp4", b"v", "video/mp4")
+
+    listed = [info async for info in backend.storage.list_prefix("accounts/acc_1/")]
+
+    assert sorted((i.key, i.bytes) for i in listed) == [(PREFIX + "thumb.jpg", 10), (PREFIX + "video.mp4", len(VIDEO))]
+    assert all(i.modified_at is not None and before - 2 <= i.modified_at <= time.time() + 2 for i in listed)
+    assert await _listed(backend.storage, "accounts/acc_3/") == {}
+
+
+async def test_listing_and_deleting_page_past_a_thousand_objects(backend: Backend):
+    keys = [f"{PREFIX}frames/{i:05d}.bin" for i in range(1003)]
+    slots = asyncio.Semaphore(16)
+
+    async def put(key: str) -> None:
+        async with slots:
+            await backend.storage.put_bytes(key, key.encode(), "application/octet-stream")
+
+    await asyncio.gather(*(put(k) for k in keys))
+
+    listed = await _listed(backend.storage, PREFIX)
+    assert sorted(listed) == keys and all(size == len(k) for k, size in listed.items())
+    assert await backend.storage.delete_prefix(PREFIX) == len(keys)
+    assert await _listed(backend.storage, PREFIX) == {}
+
+
+async def test_a_file_of_several_parts_round_trips(backend: Backend, tmp_path: Path):
+    big = tmp_path / "render.mp4"
+    digest = _random_file(big, 13 * 1024 * 1024 + 12345)  # two full 5 MiB parts and a short last one
+
+    stored = await backend.storage.put_file(PREFIX + "video.mp4", big, "video/mp4")
+
+    assert stored.bytes == big.stat().st_size
+    assert (await backend.storage.head(PREFIX + "video.mp4")).bytes == stored.bytes
+    assert hashlib.sha256(await backend.storage.get_bytes(PREFIX + "video.mp4")).hexdigest() == digest
+
+
+async def test_a_signed_url_reads_the_object_and_its_ranges(backend: Backend, http: aiohttp.ClientSession):
+    await backend.storage.put_bytes(PREFIX + "video.mp4", VIDEO, "video/mp4")
+
+    url, expires = backend.storage.signed_url(PREFIX + "video.mp4", 60)
+
+    assert time.time() + 55 < expires <= time.time() + 60
+    async with http.get(url) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "video/mp4"
+        assert await resp.read() == VIDEO
+    # Browsers seek in a video with Range requests.
+    async with http.get(url, headers={"Range": "bytes=100-199"}) as resp:
+        assert resp.status == 206
+        assert resp.headers["Content-Range"] == f"bytes 100-199/{len(VIDEO)}"
+        assert await resp.read() == VIDEO[100:200]
+
+
+def _with_query(url: str, **changes: str) -> str:
+    parts = urlsplit(url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()} | changes
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def _tampered(url: str) -> str:
+    name = "sig" if "sig=" in url else "X-Amz-Signature"
+    sig = parse_qs(urlsplit(url).query)[name][0]
+    return _with_query(url, **{name: ("0" if sig[0] != "0" else "1") + sig[1:]})
+
+
+async def test_a_signed_url_refuses_tampering_expiry_and_other_objects(backend: Backend,
+                                                                       http: aiohttp.ClientSession):
+    if backend.name == "s3":
+        pytest.skip("moto serves presigned URLs without checking signature or expiry; S3 itself refuses them "
+                    "(test_s3_presigned_url_covers_one_object_one_method_and_the_ttl checks what we sign)")
+    for name in ("video.mp4", "thumb.jpg"):
+        await backend.storage.put_bytes(PREFIX + name, VIDEO, "video/mp4")
+    url, _ = backend.storage.signed_url(PREFIX + "video.mp4", 60)
+    short_lived, expires = backend.storage.signed_url(PREFIX + "video.mp4", 1)
+    await asyncio.sleep(expires + 1.1 - time.time())  # past the expiry, by the clock the server checks
+
+    for refused in [
+        _tampered(url),
+        url.replace("video.mp4", "thumb.jpg"),  # the same signature on another object
+        short_lived,  # correctly signed, but expired
+    ]:
+        async with http.get(refused) as resp:
+            assert resp.status == 403, refused
+    async with http.get(url) as resp:
+        assert resp.status == 200  # the untouched URL still reads
+
+
+async def test_keys_that_climb_out_are_refused(backend: Backend, tmp_path: Path):
+    for key in ("../escape.mp4", "accounts/../../escape.mp4", "/tmp/escape.mp4"):
+        with pytest.raises(StorageError):
+            await backend.storage.put_bytes(key, b"x", "video/mp4")
+        with pytest.raises(StorageError):
+            await backend.storage.get_bytes(key)
+    assert not (tmp_path / "escape.mp4").exists()
+
+
+async def test_s3_keys_live_under_the_url_prefix(s3: S3Storage):
+    await s3.put_bytes(PREFIX + "video.mp4", VIDEO, "video/mp4")
+
+    client = await s3.client()
+    page = await client.list_objects_v2(Bucket=BUCKET, Prefix=s3.prefix)
+
+    assert [item["Key"] for item in page["Contents"]] == [s3.prefix + PREFIX + "video.mp4"]
+    assert [i.key async for i in s3.list_prefix(PREFIX)] == [PREFIX + "video.mp4"]
+
+
+async def test_s3_a_large_file_goes_up_in_parts(s3: S3Storage, tmp_path: Path):
+    big = tmp_path / "render.mp4"
+    _random_file(big, 13 * 1024 * 1024 + 12345)
+
+    await s3.put_file(PREFIX + "video.mp4", big, "video/mp4")
+
+    client = await s3.client()
+    meta = await client.head_object(Bucket=BUCKET, Key=s3.full_key(PREFIX + "video.mp4"))
+    assert meta["ETag"].strip('"').endswith("-3")  # S3 marks a multipart object with its part count
+
+
+async def test_s3_upload_memory_stays_near_one_part(s3: S3Storage, tmp_path: Path):
+    big = tmp_path / "render.mp4"
+    _random_file(big, 6 * PART + 777)
+    await s3.client()  # opening it loads S3's service model (megabytes), which is not the upload's doing
+
+    tracemalloc.start()
+    try:
+        await s3.put_file(PREFIX + "video.mp4", big, "video/mp4")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 3 * PART, f"peak {peak / 2**20:.1f} MiB for a {big.stat().st_size / 2**20:.1f} MiB file"
+
+
+async def test_s3_a_failed_upload_is_aborted(s3: S3Storage, tmp_path: Path):
+    big = tmp_path / "render.mp4"
+    _random_file(big, 3 * PART)
+    client = await s3.client()
+    parts_sent = 0
+
+    def refuse_second_part(**_: object) -> None:
+        nonlocal parts_sent
+        parts_sent += 1
+        if parts_sent == 2:  # S3 refusing mid-upload, as when credentials are revoked
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "revoked"}}, "UploadPart")
+
+    client.meta.events.register("before-send.s3.UploadPart", refuse_second_part)
+    try:
+        with pytest.raises(StorageError) as raised:
+            await s3.put_file(PREFIX + "video.mp4", big, "video/mp4")
+    finally:
+        client.meta.events.unregister("before-send.s3.UploadPart", refuse_second_part)
+
+    assert isinstance(raised.value.__cause__, ClientError)
+    uploads = await client.list_multipart_uploads(Bucket=BUCKET, Prefix=s3.prefix)
+    assert uploads.get("Uploads", []) == []
+    with pytest.raises(ObjectNotFound):
+        await s3.head(PREFIX + "video.mp4")
+
+
+async def test_s3_presigned_url_covers_one_object_one_method_and_the_ttl(s3: S3Storage):
+    url, expires = s3.signed_url(PREFIX + "video.mp4", 900)
+
+    parts = urlsplit(url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    signed_at = calendar.timegm(time.strptime(query["X-Amz-Date"], "%Y%m%dT%H%M%SZ"))
+    assert parts.path == f"/{BUCKET}/{s3.prefix}{PREFIX}video.mp4"  # path style, for a loopback endpoint
+    assert query["X-Amz-Expires"] == "900" and query["X-Amz-SignedHeaders"] == "host"
+    assert expires <= signed_at + 900 <= expires + 1
+    assert s3.signed_url(PREFIX + "thumb.jpg", 900)[0].split("X-Amz-Signature=")[1] != query["X-Amz-Signature"]
+
+
+async def test_the_factory_opens_either_backend_from_the_url(tmp_path: Path):
+    file = open_storage(Settings(storage_url=f"file://{tmp_path / 'objects'}", signing_secret="s"))
+    s3 = open_storage(Settings(storage_url="s3://media.example-1/renders/v1/"))
+    try:
+        assert isinstance(file, FileStorage) and isinstance(file, Storage)
+        assert isinstance(s3, S3Storage) and isinstance(s3, Storage)
+        assert (s3.bucket, s3.prefix) == ("media.example-1", "renders/v1/")
+        assert open_storage(Settings(storage_url="s3://media-bucket")).prefix == ""
+    finally:
+        await s3.close()
+
+
+@pytest.mark.parametrize("url", [
+    "s3://", "s3:///renders", "s3://Media_Bucket/renders", "s3://ab/renders", "s3://user:pw@media-bucket/x",
+    "s3://media-bucket:9000/x", "s3://media-bucket/../x", "s3://media-bucket/x?region=eu", "gs://media-bucket/x",
+])
+def test_the_factory_refuses_a_malformed_storage_url(url: str):
+    with pytest.raises(ConfigError, match="VIDJOBS_STORAGE_URL"):
+        open_storage(Settings(storage_url=url))
+
+
+def test_the_factory_refuses_s3_parts_below_the_s3_minimum():
+    with pytest.raises(ConfigError, match="VIDJOBS_S3_PART_BYTES"):
+        open_storage(Settings(storage_url="s3://media-bucket/x", s3_part_bytes=1024 * 1024))

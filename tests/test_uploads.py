@@ -1,0 +1,167 @@
+"""Image uploads for image-to-video, through the real stack: the gateway checks and cleans the image, the
+submitter hands the provider a signed URL, and the fake provider fetches it over HTTP like a real one."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from PIL import Image
+
+from tests import imagefiles
+from tests.stack import Stack, demo_key, running_stack, stack_settings
+
+
+@pytest.fixture
+def settings(tmp_path, database_url, nats_url):
+    return stack_settings(tmp_path, database_url, nats_url)
+
+
+async def upload(stack: Stack, data: bytes, content_type: str, *, key: str | None = None) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {key or stack.key}", "Content-Type": content_type}
+    async with stack.session.post(f"{stack.url}/v1/uploads", data=data, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def post_job(stack: Stack, key: str, **body: Any) -> tuple[int, Any]:
+    payload = {"model": "fake/default", "prompt": "the picture comes alive", "duration_s": 1, **body}
+    async with stack.session.post(f"{stack.url}/v1/jobs", json=payload,
+                                  headers={"Authorization": f"Bearer {key}"}) as resp:
+        return resp.status, await resp.json()
+
+
+async def upload_row(database_url: str, upload_id: str) -> asyncpg.Record:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchrow("SELECT * FROM uploads WHERE id = $1", upload_id)
+    finally:
+        await conn.close()
+
+
+def stored_object(stack: Stack, key: str) -> bytes:
+    root = Path(stack.settings.storage_url.removeprefix("file://"))
+    return (root / key).read_bytes()
+
+
+def assert_no_metadata(data: bytes) -> None:
+    image = Image.open(io.BytesIO(data))
+    assert not image.getexif(), dict(image.getexif())
+    assert not {"exif", "xmp", "comment", "Author", "XML:com.adobe.xmp", "icc_profile"} & set(image.info), image.info
+    assert imagefiles.SECRET.encode() not in data and b"Exif" not in data and b"shot at home" not in data
+
+
+async def test_images_are_sniffed_turned_upright_and_stored_without_metadata(settings):
+    cases = [
+        # body, the Content-Type the client claims, what it really is, upright width and height
+        (imagefiles.png_with_text((30, 10)), "image/png", "image/png", 30, 10),
+        # EXIF orientation 6 (turn 90 degrees clockwise to view): stored 40 x 20, upright 20 x 40.
+        (imagefiles.jpeg_with_gps((40, 20), orientation=6), "image/jpeg", "image/jpeg", 20, 40),
+        (imagefiles.webp_with_xmp((33, 17)), "image/webp", "image/webp", 33, 17),
+        # The header's claim is ignored either way: the bytes decide.
+        (imagefiles.jpeg_with_gps((12, 8), orientation=1), "application/octet-stream", "image/jpeg", 12, 8),
+        (imagefiles.png_with_text((8, 6)), "image/jpeg", "image/png", 8, 6),
+    ]
+    async with running_stack(settings) as stack:
+        for body, claimed, real, width, height in cases:
+            status, out = await upload(stack, body, claimed)
+
+            assert status == 201, out
+            assert set(out) == {"id", "width", "height", "content_type", "bytes"}
+            assert out["id"].startswith("upl_") and (out["width"], out["height"]) == (width, height)
+            assert out["content_type"] == real
+            row = await upload_row(settings.database_url, out["id"])
+            assert row["key"].startswith(f"accounts/{row['account_id']}/uploads/{out['id']}/image.")
+            stored = stored_object(stack, row["key"])
+            assert len(stored) == out["bytes"] == row["bytes"]
+            assert hashlib.sha256(stored).hexdigest() == row["sha256"]
+            assert Image.open(io.BytesIO(stored)).size == (width, height)
+            assert_no_metadata(stored)
+
+        # Turned upright: the left half (red) of the sideways photo is now on top.
+        row = await upload_row(settings.database_url, (await upload(stack, cases[1][0], "image/jpeg"))[1]["id"])
+        upright = Image.open(io.BytesIO(stored_object(stack, row["key"]))).convert("RGB")
+        red, blue = upright.getpixel((10, 5)), upright.getpixel((10, 35))
+        assert red[0] > 150 > red[2] and blue[2] > 150 > blue[0], (red, blue)
+        async with stack.session.get(f"{stack.url}/openapi.json") as resp:
+            doc = await resp.json()
+
+    operation = doc["paths"]["/v1/uploads"]["post"]
+    assert operation["responses"]["201"]["content"]["application/json"]["schema"]["$ref"].endswith("/UploadOut")
+    assert {"413", "415", "422"} <= set(operation["responses"]) and operation["security"]
+    assert set(doc["components"]["schemas"]["UploadOut"]["properties"]) == {
+        "id", "width", "height", "content_type", "bytes"}
+
+
+async def test_a_job_animates_the_stored_image_and_the_provider_fetches_exactly_it(settings):
+    async with running_stack(settings) as stack:
+        status, up = await upload(stack, imagefiles.jpeg_with_gps((64, 36), orientation=1), "image/jpeg")
+        assert status == 201, up
+
+        created = await stack.create_job(input_image=up["id"], params={"render_s": 0.2})
+        job = await stack.wait_terminal(created["id"])
+
+        assert job["status"] == "completed", job
+        row = await upload_row(settings.database_url, up["id"])
+        stored = stored_object(stack, row["key"])
+        fetched = (await stack.counters())["input_images"][job["id"]]
+        assert fetched["sha256"] == hashlib.sha256(stored).hexdigest() == row["sha256"]
+        assert (fetched["bytes"], fetched["format"]) == (len(stored), "JPEG")
+        assert (fetched["width"], fetched["height"]) == (64, 36)
+
+
+async def test_only_the_callers_own_live_upload_can_be_named(settings):
+    async with running_stack(settings) as stack:
+        other_key = await demo_key(settings.database_url)
+        _, mine = await upload(stack, imagefiles.png_with_text(), "image/png")
+        _, theirs = await upload(stack, imagefiles.png_with_text(), "image/png", key=other_key)
+
+        foreign = await post_job(stack, stack.key, input_image=theirs["id"])
+        unknown = await post_job(stack, stack.key, input_image="upl_0000000000nosuchupload00000")
+        own = await post_job(stack, stack.key, input_image=mine["id"], params={"render_s": 0.2})
+
+        for (status, body), named in [(foreign, theirs["id"]), (unknown, "upl_0000000000nosuchupload00000")]:
+            assert status == 422, body
+            assert body["error"]["code"] == "invalid_input" and not body["error"]["retryable"]
+            # The same words for both: another account's upload cannot be told from one that never existed.
+            assert body["error"]["message"] == foreign[1]["error"]["message"].replace(theirs["id"], named)
+            assert "input_image: no such upload" in body["error"]["message"]
+        assert own[0] == 201, own
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM jobs") == 1
+        finally:
+            await conn.close()
+        assert (await stack.wait_terminal(own[1]["id"]))["status"] == "completed"
+
+
+async def test_an_image_gone_before_submission_fails_the_job_as_invalid_input(settings):
+    async with running_stack(settings) as stack:
+        _, row_gone = await upload(stack, imagefiles.png_with_text(), "image/png")
+        _, object_gone = await upload(stack, imagefiles.png_with_text(), "image/png")
+        await stack.supervisor.stop("submitter")  # so both jobs wait while their images disappear
+        first = await stack.create_job(input_image=row_gone["id"], params={"render_s": 0.2})
+        second = await stack.create_job(input_image=object_gone["id"], params={"render_s": 0.2})
+        conn = await asyncpg.connect(settings.database_url)
+        try:
+            await conn.execute("UPDATE uploads SET deleted_at = now() WHERE id = $1", row_gone["id"])
+            key = await conn.fetchval("SELECT key FROM uploads WHERE id = $1", object_gone["id"])
+        finally:
+            await conn.close()
+        (Path(settings.storage_url.removeprefix("file://")) / key).unlink()
+
+        await stack.supervisor.start("submitter")
+        refused = await stack.wait_terminal(first["id"])
+        unfetchable = await stack.wait_terminal(second["id"])
+        counters = await stack.counters()
+
+    # The submitter finds no upload: nothing reaches the provider.
+    assert refused["status"] == "failed" and refused["error"]["code"] == "invalid_input", refused
+    assert "no longer exists" in refused["error"]["message"]
+    assert first["id"] not in counters["submissions_by_job"]
+    # The provider cannot fetch the image (the signed URL answers 404): it fails the render, not retried.
+    assert unfetchable["status"] == "failed" and unfetchable["error"]["code"] == "invalid_input", unfetchable
+    assert "input_image_url" in unfetchable["error"]["message"] and unfetchable["attempt"] == 1
