@@ -129,6 +129,23 @@ async def fail_internal(rt: Runtime, event: Event) -> None:
                          expect=sources_of(JobStatus.FAILED), update=JobUpdate(error=error, progress=None))
 
 
+async def pause(rt: Runtime, seconds: float) -> None:
+    """Sleep `seconds`, waking at once when the runtime is asked to stop."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(rt.stop.wait(), seconds)
+
+
+async def every(rt: Runtime, seconds: float, one_pass: Callable[[], Awaitable[None]], what: str) -> None:
+    """Run a periodic sweep until the runtime stops. Sweeps are safety nets: a failed pass is logged and the
+    next one tries again, rather than taking the service down."""
+    while not rt.stop.is_set():
+        try:
+            await one_pass()
+        except Exception:
+            log.exception("%s failed; trying again next pass", what)
+        await pause(rt, seconds)
+
+
 WorkerMain = Callable[[Runtime], Awaitable[None]]
 
 

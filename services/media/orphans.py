@@ -8,15 +8,15 @@ objects are left alone for the same reason. One replica sweeps at a time (a Post
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from functools import partial
 
 import asyncpg
 import msgspec
 
-from libs.common.runtime import Runtime
+from libs.common.runtime import Runtime, every
 from libs.common.states import JobStatus
 from libs.storage.base import ObjectInfo, Storage
 
@@ -124,16 +124,11 @@ async def _remove(conn: asyncpg.Connection, storage: Storage, refs: list[ObjectR
     return len(orphans)
 
 
+async def sweep_once(rt: Runtime, storage: Storage) -> None:
+    report = await sweep(rt.pool, storage, grace_s=rt.settings.orphan_grace_s)
+    if report is not None:
+        log.info("orphan sweep done", extra=msgspec.structs.asdict(report))
+
+
 async def run(rt: Runtime, storage: Storage) -> None:
-    settings = rt.settings
-    while not rt.stop.is_set():
-        try:
-            report = await sweep(rt.pool, storage, grace_s=settings.orphan_grace_s)
-            if report is not None:
-                log.info("orphan sweep done", extra=msgspec.structs.asdict(report))
-        except Exception:
-            log.exception("orphan sweep failed; trying again next pass")
-        try:
-            await asyncio.wait_for(rt.stop.wait(), settings.orphan_sweep_interval_s)
-        except TimeoutError:
-            pass
+    await every(rt, rt.settings.orphan_sweep_interval_s, partial(sweep_once, rt, storage), "orphan sweep")

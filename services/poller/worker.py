@@ -16,7 +16,7 @@ from libs.common.errors import ProviderError, Redeliver
 from libs.common.events import CancelRequested, InboxReceived, PollRequested
 from libs.common.jobs import JobRow
 from libs.common.retry import Policies
-from libs.common.runtime import Runtime, consumer
+from libs.common.runtime import Runtime, consumer, pause
 from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from libs.providers.registry import adapter_for, build_adapters
 from services.poller import schedule
@@ -134,10 +134,7 @@ async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) ->
         await asyncio.gather(*(_scheduled_poll(ctx, job_id) for job_id in due))
         if len(due) == batch:
             continue  # more may be due already
-        try:
-            await asyncio.wait_for(ctx.rt.stop.wait(), tick_s)
-        except TimeoutError:
-            pass
+        await pause(ctx.rt, tick_s)
 
 
 async def _scheduled_poll(ctx: Context, job_id: str) -> None:

@@ -9,12 +9,12 @@ expiring a job twice, and the guarded transition makes a second attempt a no-op 
 
 from __future__ import annotations
 
-import asyncio
 import logging
+from functools import partial
 
 from libs.common import uploads
 from libs.common.events import AssetsDeleteRequested
-from libs.common.runtime import Runtime
+from libs.common.runtime import Runtime, every
 from libs.common.states import JobStatus
 from libs.common.transitions import transition
 
@@ -54,16 +54,11 @@ async def expire_uploads(rt: Runtime) -> int:
     return count
 
 
+async def sweep_once(rt: Runtime) -> None:
+    while await expire_due(rt) == BATCH:
+        pass  # a backlog (say, after downtime): keep going until it is worked off
+    await expire_uploads(rt)
+
+
 async def run(rt: Runtime) -> None:
-    every_s = rt.settings.retention_sweep_interval_s
-    while not rt.stop.is_set():
-        try:
-            while await expire_due(rt) == BATCH:
-                pass  # a backlog (say, after downtime): keep going until it is worked off
-            await expire_uploads(rt)
-        except Exception:
-            log.exception("retention sweep failed; trying again next pass")
-        try:
-            await asyncio.wait_for(rt.stop.wait(), every_s)
-        except TimeoutError:
-            pass
+    await every(rt, rt.settings.retention_sweep_interval_s, partial(sweep_once, rt), "retention sweep")

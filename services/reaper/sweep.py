@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 from nats.js import JetStreamContext
 
 from libs.common import events
 from libs.common.events import RecoveryDue
-from libs.common.runtime import Runtime
+from libs.common.runtime import Runtime, every
 from services.reaper import leases
 
 log = logging.getLogger("vidjobs.reaper")
@@ -40,16 +41,11 @@ async def _publish(js: JetStreamContext, job_id: str, due) -> None:
     await js.publish(events.RECOVERY, events.encode(event), headers={"Nats-Msg-Id": msg_id}, timeout=5)
 
 
+async def sweep_once(rt: Runtime) -> None:
+    await republish_overdue(rt)
+    async with rt.pool.acquire() as conn:
+        await leases.purge_expired(conn)
+
+
 async def run(rt: Runtime, *, every_s: float = 5.0) -> None:
-    while not rt.stop.is_set():
-        try:
-            await republish_overdue(rt)
-            async with rt.pool.acquire() as conn:
-                await leases.purge_expired(conn)
-        except Exception:
-            # The sweep is a safety net; one failed pass must not take the reaper down.
-            log.exception("recovery sweep failed; trying again next pass")
-        try:
-            await asyncio.wait_for(rt.stop.wait(), every_s)
-        except TimeoutError:
-            pass
+    await every(rt, every_s, partial(sweep_once, rt), "recovery sweep")
