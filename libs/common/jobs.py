@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -80,6 +80,8 @@ class JobRow(msgspec.Struct, kw_only=True):
     route: str | None = None
     wait_reason: str | None = None
     provider_queue_position: int | None = None
+    rate_card_version: int | None = None
+    provider_cost_credits: int | None = None  # what the provider reported billing, in credits
 
     @property
     def finished(self) -> bool:
@@ -100,24 +102,27 @@ async def fetch(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRow 
 
 async def create(
     conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
-    recovery_delay_s: float, route: str | None = None,
+    recovery_delay_s: float, route: str | None = None, rate_card_version: int | None = None,
 ) -> JobRow:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
-    first recovery check. Raises QuotaExhausted (and creates nothing) when the credit is not there.
+    first recovery check. Raises QuotaExhausted (and creates nothing) when the account's credit or
+    guardrails do not allow it.
 
     Creation is the one status write outside `transitions.transition`: it has no previous status to guard.
     Must run inside the caller's transaction.
     """
-    await credits.reserve(conn, account_id=account_id, amount=estimated_credits)
     job_id = ids.new("job")
+    today = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
+    await credits.reserve(conn, account_id=account_id, job_id=job_id, amount=estimated_credits, day=today)
     row = await conn.fetchrow(
         """
-        INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route)
-        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8)
+        INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
+                          rate_card_version)
+        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9)
         RETURNING *
         """,
         job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
-        estimated_credits, recovery_delay_s, route,
+        estimated_credits, recovery_delay_s, route, rate_card_version,
     )
     job = row_to_job(row)
     await conn.execute(
@@ -156,7 +161,12 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
     job = row_to_job(row)
     if job.status not in TERMINAL:
         # A deleted live job will never reach a terminal transition: give its reservation back now.
-        await credits.settle(conn, account_id=account_id, estimated=job.estimated_credits, charged=0)
+        # Like a cancel: only what the provider already billed is charged.
+        charged = max(0, min(job.provider_cost_credits or 0, job.estimated_credits))
+        await credits.settle(conn, account_id=account_id, job_id=job_id, estimated=job.estimated_credits,
+                             charged=charged, day=job.created_at.astimezone(UTC).date(),
+                             note=f"{job_id} deleted while {job.status.value}: charged {charged}, "
+                                  "estimate released")
     await outbox.add(conn, [
         *stop_at_provider(job),
         AssetsDeleteRequested(job_id=job_id),
@@ -225,3 +235,18 @@ async def reschedule_recovery(conn: asyncpg.Connection, job_id: str, delay_s: fl
     if due is not None:
         await outbox.add(conn, [RecoveryDue(job_id=job_id, due_at=due)])
     return due
+
+
+async def record_provider_cost(
+    conn: asyncpg.Connection, job_id: str, credits_owed: int, *, attempt: int, provider_job_id: str | None,
+) -> None:
+    """Store what the provider reported billing for the job's current render (not a status change; the
+    charge is settled when the job ends). A report about an earlier attempt's render changes nothing."""
+    await conn.execute(
+        """
+        UPDATE jobs SET provider_cost_credits = $2
+        WHERE id = $1 AND attempt = $3 AND provider_job_id IS NOT DISTINCT FROM $4::text AND deleted_at IS NULL
+          AND status NOT IN ('completed', 'failed', 'canceled', 'expired')
+        """,
+        job_id, credits_owed, attempt, provider_job_id,
+    )

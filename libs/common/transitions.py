@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -89,6 +89,16 @@ def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
     return " ".join(clauses), values
 
 
+# The endings that settle a job's credit (expiry comes after completion, which already did).
+BILLED_ENDINGS = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELED})
+# What the job costs, kept beside its estimate: a delivered render costs the provider's reported cost where
+# it gave one, else the estimate; a failed or canceled render costs what the provider billed, if anything.
+# Never more than the estimate: the estimate is the quote the credit was reserved for.
+_ACTUAL_SQL = """actual_credits = GREATEST(0, LEAST(j.estimated_credits,
+    CASE WHEN $3::job_status = 'completed' THEN COALESCE(j.provider_cost_credits, j.estimated_credits)
+         ELSE COALESCE(j.provider_cost_credits, 0) END))"""
+
+
 def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> tuple[str, list[Any]]:
     # A job that moves is no longer waiting for whatever held it.
     sets = ["status = $3", "updated_at = clock_timestamp()", "wait_reason = NULL", "provider_queue_position = NULL"]
@@ -96,9 +106,8 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
     if to in TERMINAL:
         # A finished job needs no more watching (and the schema's CHECK insists on it).
         columns = {**columns, "recover_at": None, "retry_at": None, "deadline_at": None}
-    if to is JobStatus.COMPLETED and "actual_credits" not in columns:
-        # What was charged is on the job: the provider's reported cost where given, else the estimate.
-        sets.append("actual_credits = COALESCE(j.actual_credits, j.estimated_credits)")
+    if to in BILLED_ENDINGS and "actual_credits" not in columns:
+        sets.append(_ACTUAL_SQL)
     for i, (name, value) in enumerate(columns.items(), start=4):
         sets.append(f"{name} = ${i}")
         values.append(value)
@@ -144,9 +153,8 @@ async def transition(
             job_id, from_status.value, to.value, reason,
         )
         job = row_to_job(row)
-        if to in TERMINAL and from_status not in TERMINAL:
-            await credits.settle(conn, account_id=job.account_id, estimated=job.estimated_credits,
-                                 charged=credits.charge_for(to, job.estimated_credits, job.actual_credits))
+        if to in BILLED_ENDINGS and from_status not in TERMINAL:
+            await _settle(conn, job, to)
         await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *emit])
     metrics.TRANSITIONS.labels(to.value).inc()
     if job.route is not None and to in TERMINAL and from_status not in TERMINAL:
@@ -155,3 +163,11 @@ async def transition(
     log.info("job transitioned",
              extra={"job_id": job_id, "from": from_status.value, "to": to.value, "reason": reason})
     return Transitioned(from_status=from_status, job=job)
+
+
+async def _settle(conn: asyncpg.Connection, job: JobRow, to: JobStatus) -> None:
+    charged = max(0, min(job.actual_credits or 0, job.estimated_credits))
+    await credits.settle(conn, account_id=job.account_id, job_id=job.id, estimated=job.estimated_credits,
+                         charged=charged, day=job.created_at.astimezone(UTC).date(),
+                         note=credits.settle_note(to, job.id, job.estimated_credits, charged,
+                                                  job.provider_cost_credits))

@@ -51,7 +51,7 @@ class ProviderSignal(msgspec.Struct, kw_only=True):
     queue_position: int | None = None
     output_url: str | None = None
     error: JobError | None = None
-    cost: float | None = None
+    cost: float | None = None  # USD the provider reported billing for this render, where it says
     # False for a callback nobody signed (Luma): it only says where to look, so the poller asks the
     # provider for the job's status before acting on it.
     verified: bool = True

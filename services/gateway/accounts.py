@@ -13,6 +13,7 @@ import asyncpg
 import msgspec
 
 from libs.common import ids
+from libs.common.credits import grant
 from libs.common.errors import StoreError
 
 KEY_PREFIX = "vj_"
@@ -24,6 +25,14 @@ class Account(msgspec.Struct, frozen=True, kw_only=True):
     concurrent_jobs: int
     credits_balance: int
     credits_reserved: int
+    daily_spend_cap: int | None = None  # credits committed per UTC day; None: no cap
+    max_job_credits: int | None = None  # the most one job may be estimated at; None: no maximum
+    requests_per_s: float | None = None  # API requests per second per key; None: the platform default
+    request_burst: int | None = None
+
+
+_COLUMNS = ("id, name, concurrent_jobs, credits_balance, credits_reserved, daily_spend_cap, max_job_credits, "
+            "requests_per_s, request_burst")
 
 
 def new_api_key() -> str:
@@ -34,15 +43,24 @@ def hash_key(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-async def create_account(conn: asyncpg.Connection, name: str, *, credits: int, concurrency: int) -> tuple[str, str]:
-    """A new account with `credits` and a concurrency limit; returns (account_id, api_key)."""
+async def create_account(
+    conn: asyncpg.Connection, name: str, *, credits: int, concurrency: int, daily_spend_cap: int | None = None,
+    max_job_credits: int | None = None, requests_per_s: float | None = None, request_burst: int | None = None,
+) -> tuple[str, str]:
+    """A new account with its opening credit (a ledger entry) and limits; returns (account_id, api_key)."""
     account_id = ids.new("acct")
     key = new_api_key()
     async with conn.transaction():
         await conn.execute(
-            "INSERT INTO accounts (id, name, concurrent_jobs, credits_balance) VALUES ($1, $2, $3, $4)",
-            account_id, name, concurrency, credits,
+            """
+            INSERT INTO accounts (id, name, concurrent_jobs, daily_spend_cap, max_job_credits, requests_per_s,
+                                  request_burst)
+            VALUES ($1, $2, $3, $4, $5, $6, $7)
+            """,
+            account_id, name, concurrency, daily_spend_cap, max_job_credits, requests_per_s, request_burst,
         )
+        if credits:
+            await grant(conn, account_id, credits, "opening credit")
         await add_api_key(conn, account_id, key)
     return account_id, key
 
@@ -68,7 +86,8 @@ async def by_key(conn: asyncpg.Connection | asyncpg.Pool, key: str) -> Account |
     """The account a live (unrevoked) key belongs to."""
     row = await conn.fetchrow(
         """
-        SELECT a.id, a.name, a.concurrent_jobs, a.credits_balance, a.credits_reserved
+        SELECT a.id, a.name, a.concurrent_jobs, a.credits_balance, a.credits_reserved, a.daily_spend_cap,
+               a.max_job_credits, a.requests_per_s, a.request_burst
         FROM api_keys k JOIN accounts a ON a.id = k.account_id
         WHERE k.key_hash = $1 AND k.revoked_at IS NULL
         """,
@@ -79,7 +98,7 @@ async def by_key(conn: asyncpg.Connection | asyncpg.Pool, key: str) -> Account |
 
 async def fetch(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> Account | None:
     row = await conn.fetchrow(
-        "SELECT id, name, concurrent_jobs, credits_balance, credits_reserved FROM accounts WHERE id = $1",
+        f"SELECT {_COLUMNS} FROM accounts WHERE id = $1",
         account_id,
     )
     return None if row is None else Account(**dict(row))

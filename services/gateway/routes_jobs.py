@@ -8,7 +8,7 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from libs.common import jobs, outbox, uploads
+from libs.common import jobs, outbox, ratecard, uploads
 from libs.common.errors import ErrorCode, JobError, ProviderError, QuotaExhausted
 from libs.common.jobs import JobRequest, JobRow
 from libs.common.settings import Settings
@@ -22,7 +22,6 @@ from services.gateway.accounts import Account
 from services.gateway.bodies import CreateJob, JobList, JobOut, ListQuery, Trail, TransitionOut
 from services.gateway.decoding import read_json, read_query
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
-from services.gateway.pricing import estimate_credits
 from services.gateway.routing import Route, json_response
 from services.gateway.state import Gateway, account, gateway
 from services.gateway.views import job_view
@@ -68,13 +67,18 @@ async def _create_once(
 ) -> tuple[JobRow, bool]:
     """(job, created). Credit reservation, the job, and the idempotency key commit together or not at all."""
     body_hash = idempotency.digest(body)
-    estimate = estimate_credits(request)
     async with gw.rt.tx() as conn:
         if key is not None and (earlier := await idempotency.previous(conn, owner.id, key, body_hash)):
             return await _replayed(conn, owner.id, earlier), False
+        card = await ratecard.current(conn)
+        try:
+            estimate = ratecard.estimate(card, request)
+        except ratecard.Unpriced as err:
+            raise invalid(f"model: {err}; choose another model or resolution") from err
         try:
             job = await jobs.create(conn, account_id=owner.id, request=request, estimated_credits=estimate,
-                                    recovery_delay_s=gw.settings.recovery_delay_s, route=route)
+                                    recovery_delay_s=gw.settings.recovery_delay_s, route=route,
+                                    rate_card_version=card.version)
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         if key is not None:

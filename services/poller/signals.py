@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from libs.common import jobs
+from libs.common import jobs, ratecard
 from libs.common.errors import ErrorCode, JobError, Redeliver
 from libs.common.events import DownloadRequested
 from libs.common.jobs import JobRow
@@ -81,6 +81,11 @@ async def _adopt(
 async def _apply(
     ctx: SignalContext, conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, source: str,
 ) -> None:
+    if sig.cost is not None:
+        # Before the move it comes with, so the charge at the end of the job can read it.
+        cost = await ratecard.provider_cost_credits(conn, job.rate_card_version, sig.cost)
+        await jobs.record_provider_cost(conn, job.id, cost, attempt=job.attempt,
+                                        provider_job_id=job.provider_job_id)
     match sig.state:
         case ProviderState.QUEUED:
             if sig.queue_position is not None and job.status is JobStatus.SUBMITTED:

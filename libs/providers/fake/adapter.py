@@ -25,9 +25,10 @@ SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
     "content_rejected", "fail_always", "hang", "bad_output", "expired_output", "unsafe_output",
 )
-PARAMS = ("scenario", "render_s", "output_mb")
+PARAMS = ("scenario", "render_s", "output_mb", "cost_usd")
 MAX_OUTPUT_MB = 2048
 MAX_RENDER_S = 600
+MAX_COST_USD = 1000
 
 # The provider's own error codes, in a failed render or an error answer, in our taxonomy.
 PROVIDER_CODES: dict[str, ErrorCode] = {
@@ -63,6 +64,7 @@ class _Render(msgspec.Struct, kw_only=True):
     progress: float | None = None
     output_url: str | None = None
     error: _Error | None = None
+    cost_usd: float | None = None
     metadata: _Metadata = msgspec.field(default_factory=_Metadata)
 
 
@@ -119,6 +121,9 @@ class FakeAdapter:
         output_mb = request.params.get("output_mb", 0)
         if not isinstance(output_mb, int) or isinstance(output_mb, bool) or not 0 <= output_mb <= MAX_OUTPUT_MB:
             raise _invalid(f"params.output_mb: must be a whole number of megabytes from 0 to {MAX_OUTPUT_MB}")
+        cost_usd = request.params.get("cost_usd", 0)
+        if not _is_number(cost_usd) or not 0 <= cost_usd <= MAX_COST_USD:
+            raise _invalid(f"params.cost_usd: must be a number of USD from 0 to {MAX_COST_USD}, not {cost_usd!r}")
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
@@ -213,7 +218,7 @@ def _signal(render: _Render) -> ProviderSignal:
     return ProviderSignal(
         provider_job_id=render.id, state=render.status, job_id=render.metadata.job_id,
         attempt=render.metadata.attempt, progress=render.progress, output_url=render.output_url,
-        error=render_error(render.error) if failed else None,
+        error=render_error(render.error) if failed else None, cost=render.cost_usd,
     )
 
 

@@ -11,7 +11,8 @@ Routes (JSON unless said otherwise; errors are `{"error": {"code", "message", "p
 
 `params.scenario` picks a behaviour from API.md's table and `params.render_s` how long rendering takes;
 `params.output_mb` pads the served MP4 to that many megabytes with a trailing `free` box (still a valid MP4),
-streamed without holding it in memory, so large copies can be tested.
+streamed without holding it in memory, so large copies can be tested. A finished render reports what it was
+billed (`cost_usd`): `params.cost_usd`, or by default USD_PER_SECOND of video.
 An `input_image_url` is fetched over HTTP when the render starts, as a real provider would, and must decode as
 an image; if it cannot be fetched or read, the render fails with `invalid_request`. The image's mean colour
 tints the clip, and what was fetched is recorded in the counters (`input_images`, by job).
@@ -82,6 +83,16 @@ class RenderParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     scenario: Scenario = Scenario.SUCCEED
     render_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 3.0
     output_mb: Annotated[int, msgspec.Meta(ge=0, le=2048)] = 0
+    # What a finished render is billed, reported with it; by default USD_PER_SECOND of video.
+    cost_usd: Annotated[float, msgspec.Meta(ge=0, le=1000)] | None = None
+
+
+USD_PER_SECOND = 0.10  # the fake's list price per second of video
+
+
+def billed(req: CreateRender) -> float:
+    given = req.params.cost_usd
+    return round(req.duration_s * USD_PER_SECOND, 4) if given is None else given
 
 
 class Metadata(msgspec.Struct, kw_only=True):
@@ -125,6 +136,7 @@ class RenderOut(msgspec.Struct, kw_only=True):
     seed: int
     output_url: str | None
     error: RenderError | None
+    cost_usd: float | None  # what the render was billed, once it succeeded
     metadata: Metadata
     idempotency_key: str | None
 
@@ -239,6 +251,7 @@ class FakeProvider:
             created_at=rec.created_at, started_at=rec.started_at, finished_at=rec.finished_at,
             duration_s=req.duration_s, width=rec.clip.width, height=rec.clip.height, seed=rec.clip.seed,
             output_url=self.output_url(rec) if done else None, error=rec.error,
+            cost_usd=billed(req) if done else None,
             metadata=req.metadata, idempotency_key=rec.idempotency_key,
         )
 
@@ -458,6 +471,7 @@ def _record(request: web.Request) -> RenderRecord:
 _HINTS = {
     "params.scenario": "one of " + ", ".join(Scenario),
     "params.render_s": "seconds from 0 to 600",
+    "params.cost_usd": "USD from 0 to 1000",
 }
 
 
