@@ -38,6 +38,10 @@ class Stack:
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}"}
 
+    def as_key(self, key: str) -> Stack:
+        """The same stack, spoken to with another account's key."""
+        return Stack(self.settings, self.supervisor, self.session, key)
+
     async def create_job(self, **body: Any) -> dict:
         payload = {"model": "fake/default", "prompt": "a red fox in snow", "duration_s": 1, **body}
         async with self.session.post(f"{self.url}/v1/jobs", json=payload, headers=self.auth) as resp:
@@ -119,13 +123,16 @@ def host_port(url: str) -> str:
     return allow_downloads_from("", url)
 
 
-async def demo_key(database_url: str) -> str:
+async def demo_key(database_url: str, **limits: Any) -> str:
+    """A key of a fresh account. By default its limits stay out of the way (many slots, a fast request rate),
+    so a test about something else is not shaped by them; tests of the limits pass their own."""
     from services.gateway.accounts import create_account
 
+    options = {"credits": 1_000_000, "concurrency": 64, "requests_per_s": 1000.0, "request_burst": 1000, **limits}
     conn = await asyncpg.connect(database_url)
     try:
         async with conn.transaction():
-            _, key = await create_account(conn, f"test-{secrets.token_hex(3)}", credits=1_000_000, concurrency=8)
+            _, key = await create_account(conn, f"test-{secrets.token_hex(3)}", **options)
         return key
     finally:
         await conn.close()

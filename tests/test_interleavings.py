@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from libs.common import bus, events, jobs, outbox
+from libs.common import bus, credits, events, jobs, outbox
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, JobError, ProviderError, Redeliver
 from libs.common.events import CancelRequested, InboxReceived, JobQueued, RecoveryDue
@@ -242,8 +242,9 @@ class Run:
 
 async def new_run(world: World, scenario: str = "hang") -> Run:
     account_id = f"acct_{secrets.token_hex(6)}"
-    await world.rt.pool.execute("INSERT INTO accounts (id, name, credits_balance) VALUES ($1, $1, $2)",
-                                account_id, BALANCE)
+    async with world.rt.tx() as conn:
+        await conn.execute("INSERT INTO accounts (id, name) VALUES ($1, $1)", account_id)
+        await credits.grant(conn, account_id, BALANCE, "test credit")
     request = JobRequest(model="fake/default", prompt="a fox in snow", duration_s=1, seed=7,
                          params={"scenario": scenario, "render_s": 600})
     async with world.rt.tx() as conn:
@@ -450,9 +451,16 @@ async def check_credits(run: Run, job: JobRow) -> None:
                                   run.account_id)
     assert row["credits_reserved"] >= 0, f"credits went negative: {dict(row)}"
     reserved = 0 if job.finished else ESTIMATE
-    charged = (job.actual_credits or 0) if job.status is JobStatus.COMPLETED else 0
+    # A finished job owes what its actual cost says: a delivered render, or one the provider billed for.
+    charged = (job.actual_credits or 0) if job.finished else 0
+    assert charged <= ESTIMATE, f"charged {charged} above the estimate {ESTIMATE}"
     assert (row["credits_balance"], row["credits_reserved"]) == (BALANCE - charged, reserved), (
         f"{job.status} job (deleted: {job.deleted_at is not None}) left the account at {dict(row)}")
+    ledger = await run.pool.fetchrow(
+        "SELECT sum(balance_change) AS balance, sum(reserved_change) AS reserved FROM credit_ledger "
+        "WHERE account_id = $1", run.account_id)
+    assert (ledger["balance"], ledger["reserved"]) == (row["credits_balance"], row["credits_reserved"]), (
+        f"the ledger does not explain the account: {dict(ledger)} vs {dict(row)}")
 
 
 def check_trail(trail: list[dict]) -> None:

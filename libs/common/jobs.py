@@ -150,7 +150,10 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
     the row keeps its status, and every consumer treats `deleted_at` as terminal. False if no such job."""
     row = await conn.fetchrow(
         """
-        UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL
+        UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL,
+            -- A live job is settled here, like a cancel: only what the provider already billed is owed.
+            actual_credits = CASE WHEN status IN ('completed', 'failed', 'canceled', 'expired') THEN actual_credits
+                                  ELSE GREATEST(0, LEAST(estimated_credits, COALESCE(provider_cost_credits, 0))) END
         WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
         RETURNING *
         """,
@@ -161,8 +164,7 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
     job = row_to_job(row)
     if job.status not in TERMINAL:
         # A deleted live job will never reach a terminal transition: give its reservation back now.
-        # Like a cancel: only what the provider already billed is charged.
-        charged = max(0, min(job.provider_cost_credits or 0, job.estimated_credits))
+        charged = job.actual_credits or 0
         await credits.settle(conn, account_id=account_id, job_id=job_id, estimated=job.estimated_credits,
                              charged=charged, day=job.created_at.astimezone(UTC).date(),
                              note=f"{job_id} deleted while {job.status.value}: charged {charged}, "

@@ -41,22 +41,6 @@ async def lock_provider(conn: asyncpg.Connection, provider: str) -> None:
     await conn.execute("SELECT pg_advisory_xact_lock(hashtext('vidjobs.provider'), hashtext($1))", provider)
 
 
-async def admit(
-    conn: asyncpg.Connection, provider: str, job_id: str, limits: ProviderLimits, *, claim_ttl_s: float,
-) -> Admission:
-    """Whether `job_id` may be submitted to `provider` now. Call inside a transaction, after lock_provider."""
-    breaker = await _breaker_gate(conn, provider, job_id)
-    if breaker.wait_s is not None:
-        return breaker
-    busy = await in_flight(conn, provider, claim_ttl_s)
-    if busy >= limits.concurrency:
-        return Admission(1.0, f"{provider} already has {busy} renders in flight, its limit", "concurrency")
-    wait = await _take_token(conn, provider, limits)
-    if wait is not None:
-        return Admission(wait, f"pacing submissions to {provider} at {limits.rate_per_s:g} per second", "rate")
-    return breaker
-
-
 async def in_flight(conn: asyncpg.Connection, provider: str, claim_ttl_s: float) -> int:
     """Renders this provider is working on for us, and calls to it still waiting for an answer."""
     return await conn.fetchval(
@@ -71,7 +55,7 @@ async def in_flight(conn: asyncpg.Connection, provider: str, claim_ttl_s: float)
     )
 
 
-async def _take_token(conn: asyncpg.Connection, provider: str, limits: ProviderLimits) -> float | None:
+async def take_token(conn: asyncpg.Connection, provider: str, limits: ProviderLimits) -> float | None:
     """Spend one token of the provider's bucket; None if there was one, else how long until there is."""
     tokens = await conn.fetchval(
         """
@@ -95,7 +79,7 @@ class BreakerState(enum.StrEnum):
     HALF_OPEN = "half_open"  # one probe job is testing the provider
 
 
-async def _breaker_gate(conn: asyncpg.Connection, provider: str, job_id: str) -> Admission:
+async def breaker_gate(conn: asyncpg.Connection, provider: str, job_id: str) -> Admission:
     row = await conn.fetchrow(
         "SELECT state, reopen_at, probe_job_id FROM provider_breakers WHERE provider = $1", provider)
     if row is None or row["state"] == BreakerState.CLOSED:

@@ -1,4 +1,5 @@
-"""The submitter: takes queued jobs and submits them to their provider through its adapter.
+"""The submitter: hands out provider slots to queued jobs (see `dispatch` for who goes next) and submits
+them through their provider's adapter.
 
 The submission row is committed before the provider is called, and the provider is asked for an existing
 render before any resubmit, so a submitter killed at any point never causes a second render.
@@ -30,12 +31,15 @@ from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage
 from libs.storage.factory import open_storage
-from services.submitter import limits, submissions
+from services.submitter import dispatch, limits, submissions
+from services.submitter.dispatch import Wait
 from services.submitter.submissions import Claim
 
 log = logging.getLogger("vidjobs.submitter")
 
-WAITS = Counter("vidjobs_submit_waits_total", "Submissions held back by a provider's limits", ["provider", "kind"])
+WAITS = Counter("vidjobs_submit_waits_total",
+                "Jobs held back by the platform switch, a provider's limits or their account's cap",
+                ["provider", "kind"])
 
 
 @dataclass(frozen=True)
@@ -83,22 +87,73 @@ async def input_image_url(ctx: Context, job: JobRow) -> str | None:
 
 
 async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
+    """Hand out the next slot of the job's provider, then, while this job still waits, the one after."""
     assert isinstance(event, JobQueued)
     job = await jobs.fetch(ctx.rt.pool, event.job_id)
-    if job is None or job.finished or job.status is not JobStatus.PENDING:
-        return
-    try:
-        adapter = adapter_for(ctx.adapters, job.provider)
-        req = await submit_request(ctx, job, adapter)
-    except ProviderError as err:
-        async with ctx.rt.tx() as conn:
-            await _refused(ctx, conn, job, err)
-        return
-    claimed = await _admit_and_claim(ctx, job, req)
+    while job is not None and not job.finished and job.status is JobStatus.PENDING:
+        try:
+            adapter = adapter_for(ctx.adapters, job.provider)
+        except ProviderError as err:
+            async with ctx.rt.tx() as conn:
+                await _refused(ctx, conn, job, err)
+            return
+        turn = await _take_turn(ctx, job)
+        if isinstance(turn, Wait):
+            WAITS.labels(job.provider, turn.kind).inc()
+            raise Redeliver(turn.reason, delay=max(turn.delay_s, 0.05))
+        if turn is not None:
+            picked, claimed = turn
+            await _submit(ctx, picked, adapter, claimed, handled=job)
+            if picked.id == job.id:
+                return
+        job = await jobs.fetch(ctx.rt.pool, job.id)
+
+
+def _claim_request(job: JobRow) -> SubmitRequest:
+    """What the claim of a submission row needs; the full request is built once the claim is ours."""
+    return SubmitRequest(job_id=job.id, attempt=job.attempt, idempotency_key=f"{job.id}-a{job.attempt}",
+                         request=job.request)
+
+
+async def _take_turn(ctx: Context, job: JobRow) -> tuple[JobRow, submissions.Claimed] | Wait | None:
+    """Claim the submission of whichever job the provider's next slot goes to (maybe `job`, maybe another
+    account's), or say why `job` waits. None: `job` moved on, or the chosen job did meanwhile."""
+    # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
+    ttl = ctx.rt.settings.provider_timeout_s + 15
+    async with ctx.rt.tx() as conn:
+        await limits.lock_provider(conn, job.provider)
+        if not await _still_waiting(conn, job):
+            return None
+        choice = await dispatch.choose(conn, job, limits.limits_for(ctx.rt.settings, job.provider), ttl)
+        if isinstance(choice, Wait):
+            await jobs.set_wait_reason(conn, job.id, choice.reason)
+            return choice
+        picked = job if choice.job_id == job.id else await jobs.fetch(conn, choice.job_id)
+        if picked is None or (picked is not job and not await _still_waiting(conn, picked)):
+            return None
+        return picked, await submissions.claim(conn, _claim_request(picked), picked.provider, ttl_s=ttl)
+
+
+async def _submit(
+    ctx: Context, job: JobRow, adapter: ProviderAdapter, claimed: submissions.Claimed, *, handled: JobRow,
+) -> None:
     if claimed.claim is Claim.MOVED_ON:
         return
     if claimed.claim is Claim.BUSY:
-        raise Redeliver("another submitter is calling the provider for this attempt", delay=5.0)
+        if job.id == handled.id:
+            raise Redeliver("another submitter is calling the provider for this attempt", delay=5.0)
+        return
+    if job.id != handled.id:
+        log.info("slot given to the fair head of the queue", extra={"job_id": job.id, "for_message": handled.id})
+    try:
+        req = await submit_request(ctx, job, adapter)
+    except ProviderError as err:
+        # Refused before the provider was asked (its input image is gone): answer the claim and move on.
+        async with ctx.rt.tx() as conn:
+            await limits.lock_provider(conn, job.provider)
+            await _refused(ctx, conn, job, err)
+            await submissions.record_refused(conn, _claim_request(job), err.to_job_error())
+        return
     try:
         accepted = await _call_provider(adapter, req, claimed)
     except ProviderError as err:
@@ -113,24 +168,6 @@ async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
     await _accepted(ctx, job, adapter, req, accepted)
-
-
-async def _admit_and_claim(ctx: Context, job: JobRow, req: SubmitRequest) -> submissions.Claimed:
-    """Claim this attempt's submission if the provider's breaker, cap and pace allow it now; otherwise say
-    why on the job and have the message come back when it may."""
-    # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
-    ttl = ctx.rt.settings.provider_timeout_s + 15
-    async with ctx.rt.tx() as conn:
-        await limits.lock_provider(conn, job.provider)
-        if not await _still_waiting(conn, job):
-            return submissions.Claimed(Claim.MOVED_ON)
-        admission = await limits.admit(conn, job.provider, job.id, limits.limits_for(ctx.rt.settings, job.provider),
-                                       claim_ttl_s=ttl)
-        if admission.wait_s is None:
-            return await submissions.claim(conn, req, job.provider, ttl_s=ttl)
-        await jobs.set_wait_reason(conn, job.id, admission.reason or "waiting for the provider")
-    WAITS.labels(job.provider, admission.kind).inc()
-    raise Redeliver(admission.reason or "provider limit", delay=max(admission.wait_s, 0.05))
 
 
 async def _call_provider(adapter: ProviderAdapter, req: SubmitRequest, claimed: submissions.Claimed) -> Submission:

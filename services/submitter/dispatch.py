@@ -1,0 +1,158 @@
+"""Whose job goes next: the platform switch, per-account concurrency caps, and fairness across accounts.
+
+A free provider slot is not given to whichever message happens to arrive; it goes to the fair head of that
+provider's queue: among accounts with a waiting job and room under their own cap, the one with the fewest
+renders in flight (on this provider, then overall), and its oldest waiting job. So an account with a
+thousand queued jobs holds back another account's first job by at most the one slot being handed out.
+
+A message about any waiting job of a provider is the occasion to hand out its next slot: the handler
+submits the fair head, which may be another account's job, and its own job waits for a later slot.
+
+Every decision runs under the provider's advisory lock (see `limits`), and the chosen account's lock, so
+replicas serving different providers still never exceed one account's cap. Lock order: provider, account,
+job rows, submission row.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import msgspec
+
+from libs.common import platform
+from libs.common.jobs import JobRow
+from services.submitter import limits
+
+
+class Wait(msgspec.Struct, frozen=True):
+    """The handled job stays queued this long, for this reason."""
+
+    delay_s: float
+    reason: str
+    kind: str  # paused | breaker | concurrency | account | rate: a bounded metric label
+
+
+class Pick(msgspec.Struct, frozen=True):
+    """Submit this job now (the handled one, or the fair head of its provider's queue)."""
+
+    job_id: str
+    account_id: str
+
+
+async def lock_account(conn: asyncpg.Connection, account_id: str) -> None:
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('vidjobs.account'), hashtext($1))", account_id)
+
+
+async def paused(conn: asyncpg.Connection) -> Wait | None:
+    switch = await platform.submissions(conn)
+    if not switch.paused:
+        return None
+    why = f": {switch.reason}" if switch.reason else ""
+    return Wait(5.0, f"new submissions are paused for the whole platform{why}", "paused")
+
+
+async def account_load(conn: asyncpg.Connection, account_id: str, claim_ttl_s: float) -> tuple[int, int]:
+    """(renders in flight for the account, its cap). In flight: submitted or rendering at any provider, or
+    a call to a provider that has not answered yet."""
+    row = await conn.fetchrow(
+        """
+        SELECT a.concurrent_jobs AS cap,
+               (SELECT count(*) FROM jobs j
+                WHERE j.account_id = $1 AND j.status IN ('submitted', 'processing') AND j.deleted_at IS NULL)
+             + (SELECT count(*) FROM provider_submissions s JOIN jobs j ON j.id = s.job_id
+                WHERE j.account_id = $1 AND s.answered_at IS NULL
+                  AND s.claimed_at > clock_timestamp() - make_interval(secs => $2)) AS busy
+        FROM accounts a WHERE a.id = $1
+        """,
+        account_id, claim_ttl_s,
+    )
+    return row["busy"], row["cap"]
+
+
+_FAIR_HEAD = """
+WITH calling AS (   -- calls to a provider still waiting for an answer
+    SELECT s.job_id, s.attempt FROM provider_submissions s
+    WHERE s.answered_at IS NULL AND s.claimed_at > clock_timestamp() - make_interval(secs => $2)
+),
+busy AS (
+    SELECT account_id, count(*) FILTER (WHERE provider = $1) AS here, count(*) AS total
+    FROM (SELECT account_id, provider FROM jobs
+          WHERE status IN ('submitted', 'processing') AND deleted_at IS NULL
+          UNION ALL
+          SELECT j.account_id, j.provider FROM calling c JOIN jobs j ON j.id = c.job_id) AS b
+    GROUP BY account_id
+),
+heads AS (          -- each account's oldest job waiting for this provider that nobody is submitting
+    SELECT DISTINCT ON (j.account_id) j.id, j.account_id, j.created_at
+    FROM jobs j
+    WHERE j.provider = $1 AND j.status = 'pending' AND j.deleted_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM calling c WHERE c.job_id = j.id AND c.attempt = j.attempt)
+    ORDER BY j.account_id, j.created_at, j.id
+)
+SELECT h.id AS job_id, h.account_id
+FROM heads h JOIN accounts a ON a.id = h.account_id LEFT JOIN busy b ON b.account_id = h.account_id
+WHERE COALESCE(b.total, 0) < a.concurrent_jobs
+ORDER BY COALESCE(b.here, 0), COALESCE(b.total, 0), h.created_at, h.id
+LIMIT 1
+"""
+
+
+async def fair_head(conn: asyncpg.Connection, provider: str, claim_ttl_s: float) -> Pick | None:
+    row = await conn.fetchrow(_FAIR_HEAD, provider, claim_ttl_s)
+    return None if row is None else Pick(job_id=row["job_id"], account_id=row["account_id"])
+
+
+async def queue_place(conn: asyncpg.Connection, job: JobRow) -> int:
+    """The job's place among its account's waiting jobs (1 is next)."""
+    return await conn.fetchval(
+        """
+        SELECT count(*) FROM jobs
+        WHERE account_id = $1 AND status = 'pending' AND deleted_at IS NULL AND (created_at, id) <= ($2, $3)
+        """,
+        job.account_id, job.created_at, job.id,
+    )
+
+
+async def account_wait(conn: asyncpg.Connection, job: JobRow, claim_ttl_s: float) -> Wait:
+    """Why `job` waits when no waiting job may go: its account is using all its slots. Jobs further back
+    in the queue look again less often; the ones in front take the next slot anyway."""
+    busy, cap = await account_load(conn, job.account_id, claim_ttl_s)
+    place = await queue_place(conn, job)
+    delay = min(1.0 + 0.1 * max(place - 1, 0), 10.0)
+    if busy >= cap:
+        return Wait(delay, f"your account has {busy} job{'s' if busy != 1 else ''} rendering, its limit of {cap}; "
+                           "this one starts when one of them finishes", "account")
+    return Wait(1.0, "waiting for a free slot", "account")
+
+
+async def choose(
+    conn: asyncpg.Connection, job: JobRow, provider_limits: limits.ProviderLimits, claim_ttl_s: float,
+) -> Pick | Wait:
+    """Who takes `job`'s provider's next slot now, or why `job` waits. Call inside a transaction, after
+    `limits.lock_provider`. Spends a rate token only when it picks."""
+    if (stop := await paused(conn)) is not None:
+        return stop
+    breaker = await limits.breaker_gate(conn, job.provider, job.id)
+    if breaker.wait_s is not None:
+        return Wait(breaker.wait_s, breaker.reason or "provider paused", breaker.kind)
+    busy = await limits.in_flight(conn, job.provider, claim_ttl_s)
+    if busy >= provider_limits.concurrency:
+        return Wait(1.0, f"{job.provider} already has {busy} renders in flight, its limit", "concurrency")
+    if breaker.probe:
+        # One job tests a provider that was down: the one the breaker chose, not the queue's head.
+        pick: Pick | None = Pick(job_id=job.id, account_id=job.account_id)
+    else:
+        pick = await fair_head(conn, job.provider, claim_ttl_s)
+    if pick is None:
+        return await account_wait(conn, job, claim_ttl_s)
+    await lock_account(conn, pick.account_id)
+    taken, cap = await account_load(conn, pick.account_id, claim_ttl_s)
+    if taken >= cap:
+        # Another provider's replica gave this account its last slot a moment ago.
+        if pick.job_id == job.id:
+            return await account_wait(conn, job, claim_ttl_s)
+        return Wait(0.2, "waiting for a free slot", "account")
+    wait = await limits.take_token(conn, job.provider, provider_limits)
+    if wait is not None:
+        return Wait(wait, f"pacing submissions to {job.provider} at {provider_limits.rate_per_s:g} per second",
+                    "rate")
+    return pick
