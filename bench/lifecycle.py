@@ -133,7 +133,8 @@ async def bench_account(database_url: str) -> str:
     conn = await asyncpg.connect(database_url)
     try:
         async with conn.transaction():
-            _, key = await create_account(conn, "bench", credits=10**9, concurrency=10_000)
+            _, key = await create_account(conn, "bench", credits=10**9, concurrency=10_000,
+                                          requests_per_s=100_000.0, request_burst=100_000)
         return key
     finally:
         await conn.close()

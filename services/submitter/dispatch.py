@@ -2,8 +2,9 @@
 
 A free provider slot is not given to whichever message happens to arrive; it goes to the fair head of that
 provider's queue: among accounts with a waiting job and room under their own cap, the one with the fewest
-renders in flight (on this provider, then overall), and its oldest waiting job. So an account with a
-thousand queued jobs holds back another account's first job by at most the one slot being handed out.
+renders in flight (on this provider, then overall), then the one whose last turn is longest ago (round
+robin), and its oldest waiting job. So an account with a thousand queued jobs holds back another account's
+first job by at most the one slot being handed out.
 
 A message about any waiting job of a provider is the occasion to hand out its next slot: the handler
 submits the fair head, which may be another account's job, and its own job waits for a later slot.
@@ -21,6 +22,8 @@ import msgspec
 from libs.common import platform
 from libs.common.jobs import JobRow
 from services.submitter import limits
+
+MAX_PATIENCE_S = 30.0
 
 
 class Wait(msgspec.Struct, frozen=True):
@@ -69,7 +72,7 @@ async def account_load(conn: asyncpg.Connection, account_id: str, claim_ttl_s: f
 
 
 _FAIR_HEAD = """
-WITH calling AS (   -- calls to a provider still waiting for an answer
+WITH RECURSIVE calling AS (   -- calls to a provider still waiting for an answer
     SELECT s.job_id, s.attempt FROM provider_submissions s
     WHERE s.answered_at IS NULL AND s.claimed_at > clock_timestamp() - make_interval(secs => $2)
 ),
@@ -81,17 +84,31 @@ busy AS (
           SELECT j.account_id, j.provider FROM calling c JOIN jobs j ON j.id = c.job_id) AS b
     GROUP BY account_id
 ),
+waiting AS (        -- accounts with a job waiting for this provider: a skip scan of jobs_provider_waiting,
+                    -- one index probe per account however deep its queue
+    SELECT account_id FROM (
+        SELECT account_id FROM jobs WHERE provider = $1 AND status = 'pending' AND deleted_at IS NULL
+        ORDER BY account_id LIMIT 1) AS first
+    UNION ALL
+    SELECT (SELECT j.account_id FROM jobs j
+            WHERE j.provider = $1 AND j.status = 'pending' AND j.deleted_at IS NULL AND j.account_id > w.account_id
+            ORDER BY j.account_id LIMIT 1)
+    FROM waiting w WHERE w.account_id IS NOT NULL
+),
 heads AS (          -- each account's oldest job waiting for this provider that nobody is submitting
-    SELECT DISTINCT ON (j.account_id) j.id, j.account_id, j.created_at
-    FROM jobs j
-    WHERE j.provider = $1 AND j.status = 'pending' AND j.deleted_at IS NULL
-      AND NOT EXISTS (SELECT 1 FROM calling c WHERE c.job_id = j.id AND c.attempt = j.attempt)
-    ORDER BY j.account_id, j.created_at, j.id
+    SELECT h.id, w.account_id, h.created_at
+    FROM waiting w CROSS JOIN LATERAL (
+        SELECT j.id, j.created_at FROM jobs j
+        WHERE j.provider = $1 AND j.account_id = w.account_id AND j.status = 'pending' AND j.deleted_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM calling c WHERE c.job_id = j.id AND c.attempt = j.attempt)
+        ORDER BY j.created_at, j.id LIMIT 1) AS h
+    WHERE w.account_id IS NOT NULL
 )
 SELECT h.id AS job_id, h.account_id
 FROM heads h JOIN accounts a ON a.id = h.account_id LEFT JOIN busy b ON b.account_id = h.account_id
+    LEFT JOIN account_turns t ON t.account_id = h.account_id
 WHERE COALESCE(b.total, 0) < a.concurrent_jobs
-ORDER BY COALESCE(b.here, 0), COALESCE(b.total, 0), h.created_at, h.id
+ORDER BY COALESCE(b.here, 0), COALESCE(b.total, 0), t.last_turn_at NULLS FIRST, h.created_at, h.id
 LIMIT 1
 """
 
@@ -112,16 +129,23 @@ async def queue_place(conn: asyncpg.Connection, job: JobRow) -> int:
     )
 
 
-async def account_wait(conn: asyncpg.Connection, job: JobRow, claim_ttl_s: float) -> Wait:
-    """Why `job` waits when no waiting job may go: its account is using all its slots. Jobs further back
-    in the queue look again less often; the ones in front take the next slot anyway."""
-    busy, cap = await account_load(conn, job.account_id, claim_ttl_s)
+async def patience(conn: asyncpg.Connection, job: JobRow) -> float:
+    """How long a job waiting for a slot sleeps before it looks again. Only an account's first waiting job
+    can be handed a slot, and any waiting job's message hands out the fair head's, so the first look often
+    and the ones further back rarely: a thousand queued jobs cost a few dozen checks a second, not a
+    thousand."""
     place = await queue_place(conn, job)
-    delay = min(1.0 + 0.1 * max(place - 1, 0), 10.0)
+    return min(1.0 + 0.5 * max(place - 1, 0), MAX_PATIENCE_S)
+
+
+async def account_wait(conn: asyncpg.Connection, job: JobRow, claim_ttl_s: float) -> Wait:
+    """Why `job` waits when no waiting job may go: its account is using all its slots."""
+    busy, cap = await account_load(conn, job.account_id, claim_ttl_s)
+    delay = await patience(conn, job)
     if busy >= cap:
         return Wait(delay, f"your account has {busy} job{'s' if busy != 1 else ''} rendering, its limit of {cap}; "
                            "this one starts when one of them finishes", "account")
-    return Wait(1.0, "waiting for a free slot", "account")
+    return Wait(delay, "waiting for a free slot", "account")
 
 
 async def choose(
@@ -136,7 +160,8 @@ async def choose(
         return Wait(breaker.wait_s, breaker.reason or "provider paused", breaker.kind)
     busy = await limits.in_flight(conn, job.provider, claim_ttl_s)
     if busy >= provider_limits.concurrency:
-        return Wait(1.0, f"{job.provider} already has {busy} renders in flight, its limit", "concurrency")
+        return Wait(await patience(conn, job), f"{job.provider} already has {busy} renders in flight, its limit",
+                    "concurrency")
     if breaker.probe:
         # One job tests a provider that was down: the one the breaker chose, not the queue's head.
         pick: Pick | None = Pick(job_id=job.id, account_id=job.account_id)
@@ -155,4 +180,11 @@ async def choose(
     if wait is not None:
         return Wait(wait, f"pacing submissions to {job.provider} at {provider_limits.rate_per_s:g} per second",
                     "rate")
+    await conn.execute(
+        """
+        INSERT INTO account_turns (account_id, last_turn_at) VALUES ($1, clock_timestamp())
+        ON CONFLICT (account_id) DO UPDATE SET last_turn_at = EXCLUDED.last_turn_at
+        """,
+        pick.account_id,
+    )
     return pick

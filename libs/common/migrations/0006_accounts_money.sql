@@ -100,6 +100,12 @@ CREATE INDEX jobs_account_rendering ON jobs (account_id)
 
 -- submitter ------------------------------------------------------------------------------------------
 CREATE INDEX provider_submissions_unanswered ON provider_submissions (job_id) WHERE answered_at IS NULL;
+-- When each account was last handed a provider slot: among equally served accounts, the one that waited
+-- longest goes next (round robin).
+CREATE TABLE account_turns (
+    account_id   text PRIMARY KEY REFERENCES accounts (id),
+    last_turn_at timestamptz NOT NULL
+);
 
 -- gateway --------------------------------------------------------------------------------------------
 -- Idempotency keys are kept for 24 hours; the sweep finds old ones by age.
