@@ -17,6 +17,13 @@ class JobQueued(msgspec.Struct, tag="job.queued"):
     job_id: str
 
 
+class SlotFreed(msgspec.Struct, tag="slot.freed"):
+    """A render slot at `provider` came free: hand it to whoever is next, now rather than when a waiting
+    job next looks."""
+
+    provider: str
+
+
 class InboxReceived(msgspec.Struct, tag="inbox.received"):
     """A verified provider callback was stored in the webhook inbox."""
 
@@ -78,13 +85,14 @@ CANCEL = "vidjobs.work.cancel"
 CHANGED_PREFIX = "vidjobs.changed"
 
 WorkEvent = (
-    JobQueued | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
+    JobQueued | SlotFreed | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
     | CancelRequested
 )
 Event = WorkEvent | JobChanged
 
 SUBJECT_OF: dict[type, str] = {
     JobQueued: SUBMIT,
+    SlotFreed: SUBMIT,
     InboxReceived: INBOX,
     PollRequested: POLL,
     DownloadRequested: DOWNLOAD,

@@ -10,7 +10,14 @@ import msgspec
 
 from libs.common import credits, ids, outbox
 from libs.common.errors import JobError
-from libs.common.events import AssetsDeleteRequested, CancelRequested, JobChanged, JobQueued, RecoveryDue
+from libs.common.events import (
+    AssetsDeleteRequested,
+    CancelRequested,
+    JobChanged,
+    JobQueued,
+    RecoveryDue,
+    SlotFreed,
+)
 from libs.common.states import TERMINAL, JobStatus
 
 
@@ -171,6 +178,7 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
                                   "estimate released")
     await outbox.add(conn, [
         *stop_at_provider(job),
+        *([SlotFreed(provider=job.provider)] if job.status in (JobStatus.SUBMITTED, JobStatus.PROCESSING) else []),
         AssetsDeleteRequested(job_id=job_id),
         JobChanged(job_id=job_id, status="deleted", at=row["updated_at"]),
     ])

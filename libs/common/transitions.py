@@ -18,7 +18,7 @@ import msgspec
 
 from libs.common import credits, metrics, outbox
 from libs.common.errors import JobError
-from libs.common.events import Event, JobChanged
+from libs.common.events import Event, JobChanged, SlotFreed
 from libs.common.jobs import JobRow, Outputs, row_to_job
 from libs.common.states import TERMINAL, JobStatus, sources_of
 
@@ -89,6 +89,8 @@ def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
     return " ".join(clauses), values
 
 
+# A job in these holds one of its provider's render slots (and one of its account's).
+RENDERING = frozenset({JobStatus.SUBMITTED, JobStatus.PROCESSING})
 # The endings that settle a job's credit (expiry comes after completion, which already did).
 BILLED_ENDINGS = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELED})
 # What the job costs, kept beside its estimate: a delivered render costs the provider's reported cost where
@@ -155,7 +157,8 @@ async def transition(
         job = row_to_job(row)
         if to in BILLED_ENDINGS and from_status not in TERMINAL:
             await _settle(conn, job, to)
-        await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *emit])
+        freed = [SlotFreed(provider=job.provider)] if from_status in RENDERING and to not in RENDERING else []
+        await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *freed, *emit])
     metrics.TRANSITIONS.labels(to.value).inc()
     if job.route is not None and to in TERMINAL and from_status not in TERMINAL:
         metrics.ROUTE_JOBS.labels(job.route, job.model, to.value).inc()

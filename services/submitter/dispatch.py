@@ -113,7 +113,7 @@ LIMIT 1
 """
 
 
-async def fair_head(conn: asyncpg.Connection, provider: str, claim_ttl_s: float) -> Pick | None:
+async def fair_head(conn: asyncpg.Connection | asyncpg.Pool, provider: str, claim_ttl_s: float) -> Pick | None:
     row = await conn.fetchrow(_FAIR_HEAD, provider, claim_ttl_s)
     return None if row is None else Pick(job_id=row["job_id"], account_id=row["account_id"])
 

@@ -20,7 +20,7 @@ from prometheus_client import Counter
 from libs.common import bus, events, jobs, metrics, outbox, uploads
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, ProviderError, Redeliver
-from libs.common.events import CancelRequested, JobQueued, PollRequested
+from libs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
 from libs.common.jobs import JobRow
 from libs.common.outcomes import fail_or_retry
 from libs.common.retry import Policies
@@ -87,9 +87,30 @@ async def input_image_url(ctx: Context, job: JobRow) -> str | None:
 
 
 async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
-    """Hand out the next slot of the job's provider, then, while this job still waits, the one after."""
+    if isinstance(event, SlotFreed):
+        await _fill_freed_slot(ctx, event.provider)
+        return
     assert isinstance(event, JobQueued)
-    job = await jobs.fetch(ctx.rt.pool, event.job_id)
+    await _serve(ctx, await jobs.fetch(ctx.rt.pool, event.job_id))
+
+
+async def _fill_freed_slot(ctx: Context, provider: str) -> None:
+    """Serve the queue's head at once. If it must wait after all (the slot went to someone else, or its
+    account is full), its own message looks again later, so this one is done either way."""
+    head = await dispatch.fair_head(ctx.rt.pool, provider, _claim_ttl(ctx))
+    if head is None:
+        return
+    with contextlib.suppress(Redeliver):
+        await _serve(ctx, await jobs.fetch(ctx.rt.pool, head.job_id))
+
+
+def _claim_ttl(ctx: Context) -> float:
+    # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
+    return ctx.rt.settings.provider_timeout_s + 15
+
+
+async def _serve(ctx: Context, job: JobRow | None) -> None:
+    """Hand out the next slot of the job's provider, then, while this job still waits, the one after."""
     while job is not None and not job.finished and job.status is JobStatus.PENDING:
         try:
             adapter = adapter_for(ctx.adapters, job.provider)
@@ -118,8 +139,7 @@ def _claim_request(job: JobRow) -> SubmitRequest:
 async def _take_turn(ctx: Context, job: JobRow) -> tuple[JobRow, submissions.Claimed] | Wait | None:
     """Claim the submission of whichever job the provider's next slot goes to (maybe `job`, maybe another
     account's), or say why `job` waits. None: `job` moved on, or the chosen job did meanwhile."""
-    # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
-    ttl = ctx.rt.settings.provider_timeout_s + 15
+    ttl = _claim_ttl(ctx)
     async with ctx.rt.tx() as conn:
         await limits.lock_provider(conn, job.provider)
         if not await _still_waiting(conn, job):
@@ -153,6 +173,7 @@ async def _submit(
             await limits.lock_provider(conn, job.provider)
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, _claim_request(job), err.to_job_error())
+            await outbox.add(conn, [SlotFreed(provider=job.provider)])
         return
     try:
         accepted = await _call_provider(adapter, req, claimed)
@@ -165,6 +186,7 @@ async def _submit(
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, req, err.to_job_error())
             await limits.record_answer(conn, job.provider, err.code, ctx.rt.settings)
+            await outbox.add(conn, [SlotFreed(provider=job.provider)])  # the claim held one
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
     await _accepted(ctx, job, adapter, req, accepted)
