@@ -1,4 +1,4 @@
-"""The `vidjobs` command."""
+"""The `vidjobs` command: `up` runs the stack; the rest are operator commands (implemented in cli/admin.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,61 @@ import argparse
 import asyncio
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 
-import asyncpg
-
+from cli import admin
 from libs.common import db
-from libs.common.errors import ConfigError
+from libs.common.errors import ConfigError, StoreError
 from libs.common.settings import Settings, load
+from services.gateway.accounts import LIMITS
+
+
+def _integer(minimum: int) -> Callable[[str], int]:
+    def integer(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+    return integer
+
+
+def _positive() -> Callable[[str], float]:
+    def number(text: str) -> float:
+        value = float(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        return value
+    return number
+
+
+def _or_none(parse: Callable[[str], int | float]) -> Callable[[str], int | float | None]:
+    def value_or_none(text: str) -> int | float | None:
+        return None if text.lower() == "none" else parse(text)
+    value_or_none.__name__ = parse.__name__  # argparse names the type in "invalid ... value"
+    return value_or_none
+
+
+# Account limits besides concurrency: option, `accounts` column, value parser, metavar, help.
+_LIMIT_OPTIONS: tuple[tuple[str, str, Callable[[str], int | float], str, str], ...] = (
+    ("--daily-cap", "daily_spend_cap", _integer(0), "N", "credits the account may commit per UTC day"),
+    ("--max-job", "max_job_credits", _integer(1), "N", "the most credits one job may be estimated at"),
+    ("--rate", "requests_per_s", _positive(), "R", "API requests per second per key, if not the platform's"),
+    ("--burst", "request_burst", _integer(1), "N", "requests per key allowed at once after a quiet spell"),
+)
+
+
+def _add_limits(parser: argparse.ArgumentParser, *, clearable: bool) -> None:
+    for flag, column, parse, metavar, text in _LIMIT_OPTIONS:
+        if clearable:
+            parser.add_argument(flag, dest=column, type=_or_none(parse), default=argparse.SUPPRESS,
+                                metavar=f"{metavar}|none", help=f"{text}; `none` for no limit")
+        else:
+            parser.add_argument(flag, dest=column, type=parse, metavar=metavar, help=f"{text} (default: none)")
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="JSON, one object a line, instead of a table")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -21,27 +69,89 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the whole stack in the foreground on embedded defaults")
     up.add_argument("--data-dir", help="where state is kept (VIDJOBS_DATA_DIR, default ./.vidjobs)")
     up.add_argument("--port", type=int, help="gateway port (VIDJOBS_HTTP_PORT, default 8080)")
-    sub.add_parser("migrate", help="apply database migrations (the services also do this at start)")
-    accounts = sub.add_parser("accounts", help="manage accounts").add_subparsers(dest="action", required=True)
-    create = accounts.add_parser("create", help="create an account and print its API key")
-    create.add_argument("name")
-    create.add_argument("--credits", type=int, default=10_000)
-    create.add_argument("--concurrency", type=int, default=2)
+    up.set_defaults(handler=_up)
+    migrate = sub.add_parser("migrate", help="apply database migrations (the services also do this at start)")
+    migrate.set_defaults(handler=_migrate)
+    _accounts_parser(sub.add_parser("accounts", help="accounts and their limits"))
+    _keys_parser(sub.add_parser("keys", help="an account's API keys"))
+    _credits_parser(sub.add_parser("credits", help="an account's credit and its ledger"))
+    _submissions_parser(sub.add_parser("submissions", help="the platform-wide switch for new submissions"))
+    _rates_parser(sub.add_parser("rates", help="the rate card jobs are priced by"))
     return parser
 
 
-async def _create_account(settings: Settings, name: str, credits: int, concurrency: int) -> str:
-    from services.gateway.accounts import create_account
+def _accounts_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create an account and print its API key")
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("--credits", type=_integer(0), default=10_000, metavar="N",
+                        help="opening credit (default 10000)")
+    create.add_argument("--concurrency", type=_integer(1), default=2, metavar="N",
+                        help="jobs rendering at once (default 2)")
+    _add_limits(create, clearable=False)
+    create.set_defaults(handler=_accounts_create)
+    listing = actions.add_parser("list", help="every account with its credit, limits, keys and active jobs")
+    _json_flag(listing)
+    listing.set_defaults(handler=_accounts_list)
+    change = actions.add_parser("set", help="change an account's limits")
+    change.add_argument("account_id", metavar="ACCOUNT_ID")
+    change.add_argument("--concurrency", dest="concurrent_jobs", type=_integer(1), default=argparse.SUPPRESS,
+                        metavar="N", help="jobs rendering at once")
+    _add_limits(change, clearable=True)
+    change.set_defaults(handler=_accounts_set)
 
-    url = settings.database_url
-    await db.migrate(url)
-    conn = await asyncpg.connect(url)
-    try:
-        async with conn.transaction():
-            _, key = await create_account(conn, name, credits=credits, concurrency=concurrency)
-    finally:
-        await conn.close()
-    return key
+
+def _keys_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="a new API key for an account; printed once, stored hashed")
+    create.add_argument("account_id", metavar="ACCOUNT_ID")
+    create.add_argument("--name", default="", help="what the key is for")
+    create.set_defaults(handler=_keys_create)
+    listing = actions.add_parser("list", help="an account's keys (never the keys themselves)")
+    listing.add_argument("account_id", metavar="ACCOUNT_ID")
+    _json_flag(listing)
+    listing.set_defaults(handler=_keys_list)
+    revoke = actions.add_parser("revoke", help="refuse a key from now on")
+    revoke.add_argument("key_id", metavar="KEY_ID")
+    revoke.set_defaults(handler=_keys_revoke)
+
+
+def _credits_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    give = actions.add_parser("grant", help="add credit (negative: take free credit back); prints the balance")
+    give.add_argument("account_id", metavar="ACCOUNT_ID")
+    give.add_argument("amount", type=int, metavar="N")
+    give.add_argument("--note", default="", metavar="TEXT", help="why, for the ledger")
+    give.set_defaults(handler=_credits_grant)
+    ledger = actions.add_parser("ledger", help="the account's newest ledger entries")
+    ledger.add_argument("account_id", metavar="ACCOUNT_ID")
+    ledger.add_argument("--limit", type=_integer(1), default=20, help="entries to show (default 20)")
+    _json_flag(ledger)
+    ledger.set_defaults(handler=_credits_ledger)
+
+
+def _submissions_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    pause = actions.add_parser("pause", help="send nothing new to any provider; running jobs go on")
+    pause.add_argument("--reason", default="", metavar="TEXT", help="shown with every waiting job")
+    pause.set_defaults(handler=partial(_submissions_set, paused=True))
+    resume = actions.add_parser("resume", help="send waiting jobs to providers again")
+    resume.set_defaults(handler=partial(_submissions_set, paused=False), reason="")
+    status = actions.add_parser("status", help="whether submissions are paused, and why")
+    _json_flag(status)
+    status.set_defaults(handler=_submissions_status)
+
+
+def _rates_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    show = actions.add_parser("show", help="the current rate card")
+    _json_flag(show)
+    show.set_defaults(handler=_rates_show)
+    publish = actions.add_parser("set", help="publish a JSON rate card as the next version; prints its number")
+    publish.add_argument("file", metavar="FILE",
+                         help='JSON: {"credits_per_usd": 100, "prices": [{"model": "*", "resolution": "720p", '
+                              '"credits_per_second": 10}, ...], "note": "..."}')
+    publish.set_defaults(handler=_rates_set)
 
 
 @contextlib.contextmanager
@@ -63,37 +173,96 @@ def embedded_database(settings: Settings) -> Iterator[Settings]:
         server.stop()
 
 
+def _admin(settings: Settings, command: admin.Command) -> int:
+    with embedded_database(settings) as resolved:
+        admin.run(resolved.database_url, command)
+    return 0
+
+
+def _up(args: argparse.Namespace, settings: Settings) -> int:
+    from cli.up import up
+
+    changes = {}
+    if args.data_dir:
+        changes["data_dir"] = args.data_dir
+    if args.port:
+        changes["http_port"] = args.port
+    return up(settings.with_(**changes))
+
+
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    with embedded_database(settings) as resolved:
+        applied = asyncio.run(db.migrate(resolved.database_url))
+    print(f"schema up to date; applied {len(applied)} migration(s): {', '.join(applied) or 'none'}",
+          file=sys.stderr)
+    return 0
+
+
+def _accounts_create(args: argparse.Namespace, settings: Settings) -> int:
+    limits = {column: getattr(args, column) for _, column, *_ in _LIMIT_OPTIONS}
+    return _admin(settings, partial(admin.create_account, name=args.name, credits=args.credits,
+                                    concurrency=args.concurrency, limits=limits))
+
+
+def _accounts_list(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.list_accounts, as_json=args.json))
+
+
+def _accounts_set(args: argparse.Namespace, settings: Settings) -> int:
+    changes = {name: value for name, value in vars(args).items() if name in LIMITS}
+    if not changes:
+        raise ConfigError("nothing to change: give --concurrency, --daily-cap, --max-job, --rate or --burst")
+    return _admin(settings, partial(admin.set_limits, account_id=args.account_id, changes=changes))
+
+
+def _keys_create(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.create_key, account_id=args.account_id, name=args.name))
+
+
+def _keys_list(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.list_keys, account_id=args.account_id, as_json=args.json))
+
+
+def _keys_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.revoke_key, key_id=args.key_id))
+
+
+def _credits_grant(args: argparse.Namespace, settings: Settings) -> int:
+    if args.amount == 0:
+        raise ConfigError("grant a non-zero amount: positive adds credit, negative takes free credit back")
+    return _admin(settings, partial(admin.grant, account_id=args.account_id, amount=args.amount, note=args.note))
+
+
+def _credits_ledger(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.ledger, account_id=args.account_id, limit=args.limit, as_json=args.json))
+
+
+def _submissions_set(args: argparse.Namespace, settings: Settings, *, paused: bool) -> int:
+    return _admin(settings, partial(admin.set_submissions, paused=paused, reason=args.reason))
+
+
+def _submissions_status(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.submissions_status, as_json=args.json))
+
+
+def _rates_show(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.show_rates, as_json=args.json))
+
+
+def _rates_set(args: argparse.Namespace, settings: Settings) -> int:
+    card = admin.read_rate_card(args.file)  # a bad file is refused before the database is touched
+    return _admin(settings, partial(admin.set_rates, card=card))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        settings = load()
-        if args.command == "up":
-            from cli.up import up
-
-            changes = {}
-            if args.data_dir:
-                changes["data_dir"] = args.data_dir
-            if args.port:
-                changes["http_port"] = args.port
-            return up(settings.with_(**changes))
-        if args.command == "migrate":
-            with embedded_database(settings) as resolved:
-                applied = asyncio.run(db.migrate(resolved.database_url))
-            print(f"schema up to date; applied {len(applied)} migration(s): {', '.join(applied) or 'none'}",
-                  file=sys.stderr)
-            return 0
-        if args.command == "accounts" and args.action == "create":
-            if args.credits < 0 or args.concurrency < 1:
-                raise ConfigError("--credits must be >= 0 and --concurrency >= 1")
-            with embedded_database(settings) as resolved:
-                print(asyncio.run(_create_account(resolved, args.name, args.credits, args.concurrency)))
-            return 0
-    except ConfigError as exc:
+        return args.handler(args, load())
+    except (ConfigError, StoreError) as exc:
         print(f"vidjobs: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,219 @@
+"""Operator commands on the database: accounts, API keys, credits, the submission switch and the rate card.
+
+Each command is a coroutine taking an open connection; `cli/__main__.py` parses the arguments and hands it
+to `run`. What a command exists to show (a key, a table, a number) goes to stdout, so it can be piped;
+notes for the person at the terminal go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+
+from libs.common import credits, db, platform, ratecard
+from libs.common.errors import ConfigError, StoreError
+from services.gateway import accounts
+
+Command = Callable[[asyncpg.Connection], Awaitable[None]]
+
+
+def run(database_url: str, command: Command) -> None:
+    asyncio.run(_run(database_url, command))
+
+
+async def _run(database_url: str, command: Command) -> None:
+    try:
+        await db.migrate(database_url)
+        conn = await asyncpg.connect(database_url)
+    except (OSError, asyncpg.PostgresError) as exc:
+        raise ConfigError(f"cannot reach the database ({exc}); check VIDJOBS_DATABASE_URL, or run "
+                          "`vidjobs up` for the embedded one") from exc
+    try:
+        await command(conn)
+    finally:
+        await conn.close()
+
+
+# accounts ----------------------------------------------------------------------------------------------
+
+async def create_account(conn: asyncpg.Connection, name: str, *, credits: int, concurrency: int,
+                         limits: dict[str, Any]) -> None:
+    account_id, key = await accounts.create_account(conn, name, credits=credits, concurrency=concurrency,
+                                                    **limits)
+    _note(f"created account {account_id} ({name}); its API key is shown once, below")
+    print(key)
+
+
+async def list_accounts(conn: asyncpg.Connection, *, as_json: bool) -> None:
+    rows = await accounts.list_accounts(conn)
+    if as_json:
+        _json_lines(rows)
+        return
+    _table(("id", "name", "balance", "reserved", "concurrency", "daily cap", "per-job max", "rate/s", "burst",
+            "live keys", "active jobs"),
+           [(a.id, a.name, a.credits_balance, a.credits_reserved, a.concurrent_jobs, a.daily_spend_cap,
+             a.max_job_credits, a.requests_per_s, a.request_burst, a.live_keys, a.active_jobs) for a in rows])
+    if not rows:
+        _note("no accounts yet: `vidjobs accounts create NAME` makes one")
+
+
+async def set_limits(conn: asyncpg.Connection, account_id: str, changes: dict[str, Any]) -> None:
+    account = await accounts.update_limits(conn, account_id, **changes)
+    if account is None:
+        raise StoreError(_no_account(account_id))
+    _note(f"{account.id} ({account.name}) now: concurrency {account.concurrent_jobs}, daily cap "
+          f"{_cell(account.daily_spend_cap)}, per-job max {_cell(account.max_job_credits)}, rate/s "
+          f"{_cell(account.requests_per_s)}, burst {_cell(account.request_burst)} (-: none or the default)")
+
+
+# keys --------------------------------------------------------------------------------------------------
+
+async def create_key(conn: asyncpg.Connection, account_id: str, name: str) -> None:
+    key_id, key = await accounts.create_key(conn, account_id, name)
+    _note(f"created {key_id} for {account_id}; the key is shown once, below, and stored only hashed")
+    print(key)
+
+
+async def list_keys(conn: asyncpg.Connection, account_id: str, *, as_json: bool) -> None:
+    await _require_account(conn, account_id)
+    keys = await accounts.list_keys(conn, account_id)
+    if as_json:
+        _json_lines(keys)
+        return
+    _table(("id", "name", "prefix", "created", "last used", "revoked"),
+           [(k.id, k.name or None, k.prefix, k.created_at, k.last_used_at, k.revoked_at) for k in keys])
+
+
+async def revoke_key(conn: asyncpg.Connection, key_id: str) -> None:
+    revoked = await accounts.revoke_key(conn, key_id)
+    if revoked is None:
+        raise StoreError(f"no API key {key_id!r}; `vidjobs keys list ACCOUNT_ID` shows an account's keys")
+    _note(f"revoked {key_id}: requests with it are refused from now on" if revoked
+          else f"{key_id} was already revoked; nothing changed")
+
+
+# credits -----------------------------------------------------------------------------------------------
+
+async def grant(conn: asyncpg.Connection, account_id: str, amount: int, note: str) -> None:
+    await _require_account(conn, account_id)
+    entry = await credits.grant(conn, account_id, amount, note)
+    _note(f"{'granted' if amount > 0 else 'took back'} {abs(amount)} credits; {account_id} has "
+          f"{entry.balance_after} ({entry.reserved_after} reserved, "
+          f"{entry.balance_after - entry.reserved_after} free)")
+    print(entry.balance_after)
+
+
+async def ledger(conn: asyncpg.Connection, account_id: str, *, limit: int, as_json: bool) -> None:
+    await _require_account(conn, account_id)
+    rows = await credits.entries(conn, account_id, limit=limit)
+    if as_json:
+        _json_lines(rows)
+        return
+    _table(("id", "at", "kind", "balance +/-", "reserved +/-", "balance", "reserved", "job", "note"),
+           [(e.id, e.at, e.kind.value, e.balance_change, e.reserved_change, e.balance_after, e.reserved_after,
+             e.job_id, e.note) for e in rows])
+
+
+# the submission switch ---------------------------------------------------------------------------------
+
+async def set_submissions(conn: asyncpg.Connection, *, paused: bool, reason: str) -> None:
+    switch = await platform.set_submissions(conn, paused=paused, reason=reason)
+    _note(_describe(switch))
+
+
+async def submissions_status(conn: asyncpg.Connection, *, as_json: bool) -> None:
+    switch = await platform.submissions(conn)
+    print(msgspec.json.encode(switch).decode() if as_json else _describe(switch))
+
+
+def _describe(switch: platform.Switch) -> str:
+    if not switch.paused:
+        return f"submissions: running (since {_cell(switch.changed_at)})"
+    return (f"submissions: paused since {_cell(switch.changed_at)}: {switch.reason or 'no reason given'}; "
+            "`vidjobs submissions resume` restarts them")
+
+
+# the rate card -----------------------------------------------------------------------------------------
+
+def read_rate_card(path: str) -> ratecard.RateCardIn:
+    """The card in a JSON file, checked field by field; ConfigError names what is wrong."""
+    try:
+        card = msgspec.json.decode(Path(path).read_bytes(), type=ratecard.RateCardIn)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError; its message names the field
+        raise ConfigError(f"{path}: {exc}; fix the file and run `vidjobs rates set` again") from exc
+    seen: set[tuple[str, str]] = set()
+    for i, price in enumerate(card.prices):
+        if (price.model, price.resolution) in seen:
+            raise ConfigError(f"{path}: {price.model} at {price.resolution} is priced twice - at `$.prices[{i}]`; "
+                              "keep one price per model and resolution")
+        seen.add((price.model, price.resolution))
+    return card
+
+
+async def set_rates(conn: asyncpg.Connection, card: ratecard.RateCardIn) -> None:
+    number = await ratecard.publish(conn, card)
+    _note(f"published rate card v{number}; jobs created from now on are priced by it")
+    print(number)
+
+
+async def show_rates(conn: asyncpg.Connection, *, as_json: bool) -> None:
+    card = await ratecard.current(conn)
+    if as_json:
+        print(msgspec.json.encode(card).decode())
+        return
+    print(f"rate card v{card.version}, published {_cell(card.created_at)}, {card.credits_per_usd:g} credits per "
+          f"USD{': ' + card.note if card.note else ''}")
+    _table(("model", "resolution", "credits/s"),
+           [(p.model, p.resolution, p.credits_per_second) for p in card.prices])
+
+
+# output ------------------------------------------------------------------------------------------------
+
+async def _require_account(conn: asyncpg.Connection, account_id: str) -> None:
+    if await accounts.fetch(conn, account_id) is None:
+        raise StoreError(_no_account(account_id))
+
+
+def _no_account(account_id: str) -> str:
+    return f"no account {account_id!r}; `vidjobs accounts list` shows the accounts"
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def _json_lines(rows: Sequence[msgspec.Struct]) -> None:
+    for row in rows:
+        print(msgspec.json.encode(row).decode())
+
+
+def _cell(value: object) -> str:
+    match value:
+        case None:
+            return "-"
+        case datetime():
+            return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        case float():
+            return f"{value:g}"
+        case _:
+            return str(value)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Columns padded to their widest cell; numbers right-aligned."""
+    cells = [list(headers)] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    numeric = [bool(rows) and all(isinstance(row[i], int | float | None) for row in rows)
+               for i in range(len(headers))]
+    for row in cells:
+        line = "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(row, widths, numeric, strict=True))
+        print(line.rstrip())
