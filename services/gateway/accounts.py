@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import datetime
 
 import asyncpg
 import msgspec
@@ -15,6 +16,7 @@ import msgspec
 from libs.common import ids
 from libs.common.credits import grant
 from libs.common.errors import StoreError
+from libs.common.states import TERMINAL
 
 KEY_PREFIX = "vj_"
 
@@ -113,3 +115,92 @@ async def active_jobs(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) 
         """,
         account_id,
     )
+
+
+class AccountSummary(Account, frozen=True, kw_only=True):
+    """An account as an operator lists it."""
+
+    live_keys: int  # unrevoked API keys
+    active_jobs: int  # jobs not yet in a terminal status, and not deleted
+
+
+class KeyInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """An API key as an operator sees it: never the key, never its hash."""
+
+    id: str
+    account_id: str
+    name: str
+    prefix: str  # the key's first 8 characters, enough to recognise it
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+
+
+# Limits an operator may change (`update_limits`), each an `accounts` column.
+LIMITS = frozenset({"concurrent_jobs", "daily_spend_cap", "max_job_credits", "requests_per_s", "request_burst"})
+
+
+async def list_accounts(conn: asyncpg.Connection | asyncpg.Pool) -> list[AccountSummary]:
+    rows = await conn.fetch(
+        f"""
+        SELECT {_COLUMNS},
+               (SELECT count(*) FROM api_keys k WHERE k.account_id = a.id AND k.revoked_at IS NULL) AS live_keys,
+               (SELECT count(*) FROM jobs j WHERE j.account_id = a.id AND j.deleted_at IS NULL
+                  AND j.status <> ALL($1::job_status[])) AS active_jobs
+        FROM accounts a ORDER BY a.created_at, a.id
+        """,
+        [s.value for s in TERMINAL],
+    )
+    return [AccountSummary(**dict(r)) for r in rows]
+
+
+async def update_limits(
+    conn: asyncpg.Connection | asyncpg.Pool, account_id: str, **changes: int | float | None,
+) -> Account | None:
+    """Set the named limits (columns in LIMITS; None clears a cap); None if there is no such account."""
+    if unknown := set(changes) - LIMITS:
+        raise ValueError(f"not account limits: {', '.join(sorted(unknown))}")
+    if not changes:
+        return await fetch(conn, account_id)
+    columns = sorted(changes)  # names from LIMITS only, so safe to place in the statement
+    assignments = ", ".join(f"{column} = ${i}" for i, column in enumerate(columns, start=2))
+    try:
+        row = await conn.fetchrow(f"UPDATE accounts SET {assignments} WHERE id = $1 RETURNING {_COLUMNS}",
+                                  account_id, *(changes[c] for c in columns))
+    except asyncpg.CheckViolationError as exc:
+        raise StoreError(f"a limit is out of range ({exc.constraint_name}); see `vidjobs accounts set -h`") from exc
+    return None if row is None else Account(**dict(row))
+
+
+async def create_key(conn: asyncpg.Connection | asyncpg.Pool, account_id: str, name: str = "") -> tuple[str, str]:
+    """A new API key for an existing account; returns (key_id, key). Only the key's hash is stored."""
+    key_id, key = ids.new("key"), new_api_key()
+    try:
+        await conn.execute(
+            "INSERT INTO api_keys (id, account_id, key_hash, prefix, name) VALUES ($1, $2, $3, $4, $5)",
+            key_id, account_id, hash_key(key), key[:8], name,
+        )
+    except asyncpg.ForeignKeyViolationError as exc:
+        raise StoreError(f"no account {account_id!r}; `vidjobs accounts list` shows the accounts") from exc
+    return key_id, key
+
+
+async def list_keys(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> list[KeyInfo]:
+    rows = await conn.fetch(
+        """
+        SELECT id, account_id, name, prefix, created_at, last_used_at, revoked_at FROM api_keys
+        WHERE account_id = $1 ORDER BY created_at, id
+        """,
+        account_id,
+    )
+    return [KeyInfo(**dict(r)) for r in rows]
+
+
+async def revoke_key(conn: asyncpg.Connection | asyncpg.Pool, key_id: str) -> bool | None:
+    """Revoke a key at once: True if this call revoked it, False if it already was, None if there is none."""
+    if await conn.fetchval(
+        "UPDATE api_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL RETURNING id", key_id,
+    ) is not None:
+        return True
+    exists = await conn.fetchval("SELECT true FROM api_keys WHERE id = $1", key_id)
+    return False if exists else None
