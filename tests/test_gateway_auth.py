@@ -13,7 +13,7 @@ from tests.test_gateway_harness import JOB_BODY, assert_error, auth, gateway_set
 PROTECTED = [
     ("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/job_x"), ("POST", "/v1/jobs/job_x/cancel"),
     ("DELETE", "/v1/jobs/job_x"), ("GET", "/v1/jobs/job_x/events"), ("GET", "/v1/jobs/job_x/stream"),
-    ("GET", "/v1/account"), ("GET", "/v1/no-such-route"),
+    ("GET", "/v1/account"), ("GET", "/v1/account/ledger"), ("GET", "/v1/no-such-route"),
 ]
 
 

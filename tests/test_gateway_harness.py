@@ -55,9 +55,11 @@ class Harness:
     def pool(self) -> asyncpg.Pool:
         return self.gw.rt.pool
 
-    async def account(self, *, credits: int = 100_000, concurrency: int = 2) -> tuple[str, str]:
+    async def account(self, *, credits: int = 100_000, concurrency: int = 2, **limits: Any) -> tuple[str, str]:
+        """(account_id, api_key) of a new account; `limits` are create_account's (requests_per_s, ...)."""
         async with self.pool.acquire() as conn:
-            return await create_account(conn, f"t-{secrets.token_hex(3)}", credits=credits, concurrency=concurrency)
+            return await create_account(conn, f"t-{secrets.token_hex(3)}", credits=credits, concurrency=concurrency,
+                                        **limits)
 
     async def key(self, **kwargs: Any) -> str:
         return (await self.account(**kwargs))[1]

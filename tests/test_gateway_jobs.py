@@ -31,13 +31,17 @@ async def test_create_answers_201_with_the_job_and_reserves_its_credit(h):
     assert set(job) == API_JOB_KEYS
     assert job["id"].startswith("job_") and job["status"] == "pending" and job["stage"] == "queued"
     assert job["model"] == "fake/default" and job["prompt"] == JOB_BODY["prompt"] and job["attempt"] == 1
-    assert job["outputs"] is None and job["error"] is None and job["queue_position"] is None
+    assert job["outputs"] is None and job["error"] is None
+    assert job["queue_position"] == 1  # the account's only waiting job
     assert job["cost"] == {"estimated_credits": 50, "actual_credits": None}
     assert job["created_at"].endswith("Z")
     status, account = await h.get(key, "/v1/account")
     assert status == 200
-    assert account == {"id": account_id, "credits": {"balance": 1000, "reserved": 50},
-                       "limits": {"concurrent_jobs": 2}, "active_jobs": 1}
+    assert account == {
+        "id": account_id, "name": account["name"], "credits": {"balance": 1000, "reserved": 50, "available": 950},
+        "limits": {"concurrent_jobs": 2, "daily_spend_cap": None, "max_job_credits": None,
+                   "requests_per_s": h.settings.api_rate_per_s, "request_burst": h.settings.api_rate_burst},
+        "spent_today": 50, "active_jobs": 1, "queued_jobs": 1}
     status, same = await h.get(key, f"/v1/jobs/{job['id']}")
     assert status == 200 and same == job
 

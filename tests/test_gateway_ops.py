@@ -69,7 +69,8 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
     for method, path in [("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
                          ("POST", "/v1/jobs/{job_id}/cancel"), ("DELETE", "/v1/jobs/{job_id}"),
                          ("GET", "/v1/jobs/{job_id}/events"), ("GET", "/v1/jobs/{job_id}/stream"),
-                         ("GET", "/v1/account"), ("POST", "/v1/webhooks/{provider}"), ("GET", "/healthz"),
+                         ("GET", "/v1/account"), ("GET", "/v1/account/ledger"), ("POST", "/v1/webhooks/{provider}"),
+                         ("GET", "/healthz"),
                          ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json")]:
         assert (method, path) in documented, (method, path)
 
@@ -84,6 +85,12 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
                                                  "completed", "failed", "canceled", "expired"}
     assert set(schemas["TransitionOut"]["properties"]) == {"from", "to", "at", "reason"}
     assert doc["paths"]["/v1/webhooks/{provider}"]["post"]["security"] == []
+    # Every request made with a key spends from its rate; only those can hear 429.
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            assert ("429" in op["responses"]) == bool(op["security"]), (method, path)
+    assert set(schemas["AccountOut"]["properties"]) == {
+        "id", "name", "credits", "limits", "spent_today", "active_jobs", "queued_jobs"}
 
 
 async def test_the_page_and_its_assets_are_served(h):

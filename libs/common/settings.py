@@ -99,6 +99,15 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     download_concurrency: int = 4
     media_concurrency: int = 2
     max_body_bytes: int = 64 * 1024
+    # API requests per API key: a token bucket refilled at this rate, holding at most `burst` requests. An
+    # account's own `requests_per_s` / `request_burst` replace these.
+    api_rate_per_s: float = 20.0
+    api_rate_burst: int = 100
+    # `Idempotency-Key`s are remembered this long; the gateway deletes older ones every sweep interval.
+    idempotency_ttl_s: float = 86400.0
+    idempotency_sweep_interval_s: float = 600.0
+    # How often an event stream rereads a queued job, whose place moves when other jobs leave the queue.
+    stream_queue_refresh_s: float = 2.0
     max_download_bytes: int = 512 * 1024 * 1024
     # Hosts whose render URLs may be fetched although they resolve to a private or loopback address, or are
     # plain http: `host` or `host:port`, comma-separated (a provider on our own network, the fake provider).

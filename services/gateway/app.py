@@ -1,18 +1,23 @@
-"""The gateway application: the route table, the middlewares, and the resources it owns while it runs."""
+"""The gateway application: the route table, the middlewares, and the resources and background work it
+owns while it runs (the sweep of expired idempotency keys)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
+from functools import partial
 
 import aiohttp
 from aiohttp import web
 
-from libs.common.runtime import open_runtime
+from libs.common.runtime import Runtime, every, open_runtime
 from libs.common.settings import Settings
 from libs.providers.registry import build_adapters
 from libs.storage.factory import open_storage
 from services.gateway import (
+    idempotency,
     routes_account,
     routes_files,
     routes_jobs,
@@ -23,7 +28,7 @@ from services.gateway import (
     stream,
 )
 from services.gateway.auth import auth_middleware
-from services.gateway.errors import error_middleware
+from services.gateway.errors import ErrorOut, error_middleware
 from services.gateway.observe import metrics_middleware
 from services.gateway.openapi import openapi_route
 from services.gateway.routing import Route, register
@@ -40,7 +45,21 @@ def route_table(settings: Settings) -> list[Route]:
     # Objects are served here only when they live on our own disk; S3 hands out its own signed URLs.
     if settings.storage_location().startswith("file:"):
         routes += routes_files.ROUTES
+    # Every request made with an API key spends from that key's rate (auth), so any of them may hear 429.
+    routes = [dataclasses.replace(r, responses={**r.responses, 429: ErrorOut}) if r.auth else r for r in routes]
     return [*routes, openapi_route(routes)]
+
+
+async def _sweep_idempotency_keys(rt: Runtime) -> None:
+    settings = rt.settings
+    await every(rt, settings.idempotency_sweep_interval_s,
+                partial(idempotency.sweep, rt.pool, settings.idempotency_ttl_s), "idempotency key sweep")
+
+
+async def _stop(task: asyncio.Task) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -55,6 +74,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         adapters = build_adapters(settings, session)
         for adapter in adapters.values():
             stack.push_async_callback(adapter.close)
+        sweep = asyncio.create_task(_sweep_idempotency_keys(rt), name="idempotency-sweep")
+        stack.push_async_callback(_stop, sweep)  # stopped before the pool it uses is closed
         app[GATEWAY] = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters)
         yield
 

@@ -1,10 +1,12 @@
-"""`Authorization: Bearer <key>` on every /v1 route except the ones the route table marks public."""
+"""`Authorization: Bearer <key>` on every /v1 route except the ones the route table marks public, and the
+key's request rate: a request over it is answered 429 with `Retry-After` (see `ratelimit`)."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
-from services.gateway import accounts
+from libs.common.errors import ErrorCode
+from services.gateway import ratelimit
 from services.gateway.accounts import Account
 from services.gateway.errors import ApiError, GatewayCode
 from services.gateway.state import ACCOUNT, PUBLIC_ROUTES, gateway
@@ -18,15 +20,29 @@ def bearer_token(request: web.Request) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
+def rate_limited(admission: ratelimit.Admission) -> ApiError:
+    wait = admission.retry_after_s
+    return ApiError(
+        429, ErrorCode.RATE_LIMITED,
+        f"too many requests: this API key may make {admission.rate_per_s:g} requests per second "
+        f"(bursts of {admission.burst}); retry in {wait} s",
+        retryable=True, headers={"Retry-After": str(wait)},
+    )
+
+
 async def authenticate(request: web.Request) -> Account:
+    """The key's account, once one of the key's request tokens is spent (one statement for both)."""
     token = bearer_token(request)
     if token is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "send your API key as `Authorization: Bearer <key>`",
                        headers=_CHALLENGE)
-    found = await accounts.by_key(gateway(request).rt.pool, token)
-    if found is None:
+    gw = gateway(request)
+    admission = await ratelimit.admit(gw.rt.pool, token, gw.settings)
+    if admission is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "unknown or revoked API key", headers=_CHALLENGE)
-    return found
+    if not admission.admitted:
+        raise rate_limited(admission)
+    return admission.account
 
 
 def needs_key(request: web.Request) -> bool:

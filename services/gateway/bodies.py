@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from libs.common.credits import LedgerKind
 from libs.common.errors import JobError
 from libs.common.jobs import JobRequest
 from libs.common.states import JobStatus, Stage
@@ -112,18 +113,56 @@ class Trail(msgspec.Struct, kw_only=True):
 
 class Credits(msgspec.Struct, kw_only=True):
     balance: int
-    reserved: int
+    reserved: int  # held for jobs that have not finished
+    available: int  # balance - reserved: what new jobs may use
 
 
 class Limits(msgspec.Struct, kw_only=True):
-    concurrent_jobs: int
+    """The limits in force: the account's own, or the platform's where it has none."""
+
+    concurrent_jobs: int  # renders at once; more jobs wait in the account's queue
+    daily_spend_cap: int | None  # credits committed per UTC day; null: no cap
+    max_job_credits: int | None  # the most one job may be estimated at; null: no maximum
+    requests_per_s: float  # API requests per second, per API key
+    request_burst: int  # requests one key may make at once after a quiet spell
 
 
 class AccountOut(msgspec.Struct, kw_only=True):
+    """Answer of `GET /v1/account`."""
+
     id: str
+    name: str
     credits: Credits
     limits: Limits
-    active_jobs: int
+    spent_today: int  # credits committed today (UTC), as the daily cap counts them
+    active_jobs: int  # jobs not finished yet, waiting ones included
+    queued_jobs: int  # of those, waiting for a slot
+
+
+class LedgerQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Query string of `GET /v1/account/ledger`."""
+
+    limit: Annotated[int, Meta(ge=1, le=100)] = 20
+    cursor: str | None = None
+
+
+class LedgerEntryOut(msgspec.Struct, kw_only=True):
+    """One change of the account's balance or reservation, and what it left."""
+
+    id: int
+    kind: LedgerKind
+    job_id: str | None
+    balance_change: int
+    reserved_change: int
+    balance_after: int
+    reserved_after: int
+    note: str
+    at: datetime
+
+
+class LedgerPage(msgspec.Struct, kw_only=True):
+    data: list[LedgerEntryOut]  # newest first
+    next_cursor: str | None
 
 
 class WebhookAck(msgspec.Struct, kw_only=True):

@@ -1,10 +1,15 @@
 """`Idempotency-Key` on job creation: the same key with the same body answers the same job; with another
 body, 409. The key is stored in the transaction that creates the job, and the table's primary key decides
-a race between two requests carrying the same key."""
+a race between two requests carrying the same key.
+
+A key is remembered for `VIDJOBS_IDEMPOTENCY_TTL_S` (24 hours) from the request that stored it. After that
+it is forgotten, whether or not the sweep has deleted its row yet: it is never replayed, and a request that
+reuses it makes a new job and takes the row over."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import asyncpg
 import msgspec
@@ -13,8 +18,11 @@ from aiohttp import web
 from services.gateway.bodies import CreateJob
 from services.gateway.errors import ApiError, GatewayCode, invalid
 
+log = logging.getLogger("vidjobs.gateway")
+
 HEADER = "Idempotency-Key"
 MAX_KEY_CHARS = 255
+SWEEP_BATCH = 1000
 
 
 class LostRace(Exception):
@@ -36,10 +44,16 @@ def digest(body: CreateJob) -> bytes:
     return hashlib.sha256(msgspec.json.encode(body, order="sorted")).digest()
 
 
-async def previous(conn: asyncpg.Connection, account_id: str, key: str, body_hash: bytes) -> str | None:
-    """The job id made earlier with this key, or None if the key is new."""
+async def previous(
+    conn: asyncpg.Connection, account_id: str, key: str, body_hash: bytes, ttl_s: float,
+) -> str | None:
+    """The job id made earlier with this key, or None if the key is new or older than `ttl_s`."""
     row = await conn.fetchrow(
-        "SELECT request_hash, job_id FROM idempotency_keys WHERE account_id = $1 AND key = $2", account_id, key,
+        """
+        SELECT request_hash, job_id FROM idempotency_keys
+        WHERE account_id = $1 AND key = $2 AND created_at > now() - make_interval(secs => $3)
+        """,
+        account_id, key, ttl_s,
     )
     if row is None:
         return None
@@ -48,15 +62,45 @@ async def previous(conn: asyncpg.Connection, account_id: str, key: str, body_has
     return row["job_id"]
 
 
-async def remember(conn: asyncpg.Connection, account_id: str, key: str, body_hash: bytes, job_id: str) -> None:
-    """Raises LostRace when a concurrent request committed the same key first (the insert waits for it)."""
+async def remember(
+    conn: asyncpg.Connection, account_id: str, key: str, body_hash: bytes, job_id: str, ttl_s: float,
+) -> None:
+    """Store the key, taking over a row older than `ttl_s`. Raises LostRace when a concurrent request
+    committed the same key first (the insert waits for it)."""
     stored = await conn.fetchval(
         """
-        INSERT INTO idempotency_keys (account_id, key, request_hash, job_id) VALUES ($1, $2, $3, $4)
-        ON CONFLICT (account_id, key) DO NOTHING
+        INSERT INTO idempotency_keys AS i (account_id, key, request_hash, job_id, created_at)
+        VALUES ($1, $2, $3, $4, now())
+        ON CONFLICT (account_id, key) DO UPDATE
+            SET request_hash = excluded.request_hash, job_id = excluded.job_id, created_at = excluded.created_at
+            WHERE i.created_at <= now() - make_interval(secs => $5)
         RETURNING 1
         """,
-        account_id, key, body_hash, job_id,
+        account_id, key, body_hash, job_id, ttl_s,
     )
     if stored is None:
         raise LostRace(key)
+
+
+async def sweep(pool: asyncpg.Pool, ttl_s: float, *, batch: int = SWEEP_BATCH) -> int:
+    """Delete keys older than `ttl_s`, a batch at a time (several gateways may sweep at once); returns how
+    many went."""
+    deleted = 0
+    while True:
+        status = await pool.execute(
+            """
+            DELETE FROM idempotency_keys WHERE (account_id, key) IN (
+                SELECT account_id, key FROM idempotency_keys
+                WHERE created_at <= now() - make_interval(secs => $1)
+                ORDER BY created_at LIMIT $2
+                FOR UPDATE SKIP LOCKED)
+            """,
+            ttl_s, batch,
+        )
+        count = int(status.split()[-1])
+        deleted += count
+        if count < batch:
+            break
+    if deleted:
+        log.info("expired idempotency keys deleted", extra={"count": deleted, "ttl_s": ttl_s})
+    return deleted

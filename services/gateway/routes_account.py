@@ -1,31 +1,79 @@
-"""`GET /v1/account`: credit, limits and how many jobs are running."""
+"""`GET /v1/account`: credit, limits, today's spend and the account's jobs in flight; and
+`GET /v1/account/ledger`: every change of its credit, newest first. Both through the caller's Tenant."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 from aiohttp import web
 
-from services.gateway import accounts
-from services.gateway.bodies import AccountOut, Credits, Limits
-from services.gateway.errors import ErrorOut, not_found
+from libs.common.credits import Entry
+from services.gateway import ratelimit
+from services.gateway.bodies import AccountOut, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
+from services.gateway.decoding import read_query
+from services.gateway.errors import ErrorOut, invalid, not_found
 from services.gateway.routing import Route, json_response
-from services.gateway.state import account, gateway
+from services.gateway.state import gateway
+from services.gateway.tenant import tenant
+
+_CURSOR_PREFIX = "ledger:"
 
 
 async def get_account(request: web.Request) -> web.Response:
-    pool = gateway(request).rt.pool
     # Reread rather than reuse the row auth loaded: credit may have moved since.
-    found = await accounts.fetch(pool, account(request).id)
-    if found is None:
+    state = await tenant(request).account()
+    if state is None:
         raise not_found("account")
+    found = state.account
+    rate, burst = ratelimit.limits_of(found, gateway(request).settings)
     return json_response(AccountOut(
         id=found.id,
-        credits=Credits(balance=found.credits_balance, reserved=found.credits_reserved),
-        limits=Limits(concurrent_jobs=found.concurrent_jobs),
-        active_jobs=await accounts.active_jobs(pool, found.id),
+        name=found.name,
+        credits=Credits(balance=found.credits_balance, reserved=found.credits_reserved,
+                        available=found.credits_balance - found.credits_reserved),
+        limits=Limits(concurrent_jobs=found.concurrent_jobs, daily_spend_cap=found.daily_spend_cap,
+                      max_job_credits=found.max_job_credits, requests_per_s=rate, request_burst=burst),
+        spent_today=state.spent_today,
+        active_jobs=state.active_jobs,
+        queued_jobs=state.queued_jobs,
     ))
+
+
+def encode_cursor(entry_id: int) -> str:
+    return base64.urlsafe_b64encode(f"{_CURSOR_PREFIX}{entry_id}".encode()).rstrip(b"=").decode()
+
+
+def decode_cursor(cursor: str) -> int:
+    """The id of the last entry on the previous page."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if text.startswith(_CURSOR_PREFIX) and (digits := text[len(_CURSOR_PREFIX):]).isdigit():
+            return int(digits)
+    except (binascii.Error, ValueError):
+        pass
+    raise invalid("cursor: not a cursor this API issued; pass next_cursor back unchanged", status=400)
+
+
+def _entry_out(entry: Entry) -> LedgerEntryOut:
+    return LedgerEntryOut(id=entry.id, kind=entry.kind, job_id=entry.job_id, balance_change=entry.balance_change,
+                          reserved_change=entry.reserved_change, balance_after=entry.balance_after,
+                          reserved_after=entry.reserved_after, note=entry.note, at=entry.at)
+
+
+async def get_ledger(request: web.Request) -> web.Response:
+    query = read_query(request.query, LedgerQuery)
+    before_id = decode_cursor(query.cursor) if query.cursor else None
+    entries = await tenant(request).ledger(before_id=before_id, limit=query.limit + 1)
+    page = entries[: query.limit]
+    next_cursor = encode_cursor(page[-1].id) if len(entries) > query.limit else None
+    return json_response(LedgerPage(data=[_entry_out(e) for e in page], next_cursor=next_cursor))
 
 
 ROUTES = [
     Route("GET", "/v1/account", get_account, "get_account", "The caller's account",
           responses={200: AccountOut, 401: ErrorOut}),
+    Route("GET", "/v1/account/ledger", get_ledger, "get_ledger",
+          "The account's credit ledger, newest first, keyset pagination", query=LedgerQuery,
+          responses={200: LedgerPage, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
 ]

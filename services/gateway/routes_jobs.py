@@ -1,4 +1,7 @@
-"""`/v1/jobs`: create, read, list, cancel, delete, and the audit trail."""
+"""`/v1/jobs`: create, read, list, cancel, delete, and the audit trail.
+
+Every read and change goes through the caller's `Tenant`, which scopes it to the caller's account; job
+creation runs in a transaction the Tenant opens and names the Tenant's account, never another."""
 
 from __future__ import annotations
 
@@ -8,22 +11,20 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from libs.common import jobs, outbox, ratecard, uploads
-from libs.common.errors import ErrorCode, JobError, ProviderError, QuotaExhausted
-from libs.common.jobs import JobRequest, JobRow
+from libs.common import jobs, ratecard
+from libs.common.errors import ErrorCode, ProviderError, QuotaExhausted
+from libs.common.jobs import JobRequest
 from libs.common.settings import Settings
-from libs.common.states import TERMINAL, JobStatus
-from libs.common.transitions import JobUpdate, transition
 from libs.providers import routing as rollout
 from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for
-from services.gateway import cursor, idempotency, store
-from services.gateway.accounts import Account
+from services.gateway import cursor, idempotency
 from services.gateway.bodies import CreateJob, JobList, JobOut, ListQuery, Trail, TransitionOut
 from services.gateway.decoding import read_json, read_query
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from services.gateway.routing import Route, json_response
-from services.gateway.state import Gateway, account, gateway
+from services.gateway.state import Gateway, gateway
+from services.gateway.tenant import OwnedJob, Tenant, tenant
 from services.gateway.views import job_view
 
 # What `libs.common.ids` makes. Anything else cannot name a job, and must never reach a NATS subject.
@@ -42,12 +43,12 @@ def check_provider(adapters: dict[str, ProviderAdapter], request: JobRequest) ->
         raise invalid(err.message) from err
 
 
-async def check_input_image(gw: Gateway, owner: Account, request: JobRequest) -> None:
+async def check_input_image(owner: Tenant, request: JobRequest) -> None:
     """The named upload must be the caller's own and not deleted; anything else reads as "no such upload",
     so another account's upload id cannot even be confirmed to exist."""
     if request.input_image is None:
         return
-    if await uploads.owned(gw.rt.pool, owner.id, request.input_image) is None:
+    if await owner.upload(request.input_image) is None:
         raise invalid(f"input_image: no such upload {request.input_image!r}; upload the image with "
                       "POST /v1/uploads and name the id it answers")
 
@@ -58,36 +59,42 @@ def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | N
     return (request if route is None else msgspec.structs.replace(request, model=model)), route
 
 
-def view(gw: Gateway, job: JobRow) -> JobOut:
-    return job_view(job, gw.storage, gw.settings.signed_url_ttl_s, gw.settings.retention_days)
+def view(gw: Gateway, owned: OwnedJob) -> JobOut:
+    return job_view(owned.job, owned.waiting_position, gw.storage, gw.settings.signed_url_ttl_s,
+                    gw.settings.retention_days)
 
 
 async def _create_once(
-    gw: Gateway, owner: Account, body: CreateJob, request: JobRequest, key: str | None, route: str | None,
-) -> tuple[JobRow, bool]:
+    gw: Gateway, owner: Tenant, body: CreateJob, request: JobRequest, key: str | None, route: str | None,
+) -> tuple[OwnedJob, bool]:
     """(job, created). Credit reservation, the job, and the idempotency key commit together or not at all."""
     body_hash = idempotency.digest(body)
-    async with gw.rt.tx() as conn:
-        if key is not None and (earlier := await idempotency.previous(conn, owner.id, key, body_hash)):
-            return await _replayed(conn, owner.id, earlier), False
+    ttl_s = gw.settings.idempotency_ttl_s
+    async with owner.tx() as conn:
+        if key is not None and (earlier := await idempotency.previous(conn, owner.account_id, key, body_hash,
+                                                                       ttl_s)):
+            return await _replayed(conn, owner, earlier), False
         card = await ratecard.current(conn)
         try:
             estimate = ratecard.estimate(card, request)
         except ratecard.Unpriced as err:
             raise invalid(f"model: {err}; choose another model or resolution") from err
         try:
-            job = await jobs.create(conn, account_id=owner.id, request=request, estimated_credits=estimate,
+            job = await jobs.create(conn, account_id=owner.account_id, request=request, estimated_credits=estimate,
                                     recovery_delay_s=gw.settings.recovery_delay_s, route=route,
                                     rate_card_version=card.version)
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         if key is not None:
-            await idempotency.remember(conn, owner.id, key, body_hash, job.id)
-        return job, True
+            await idempotency.remember(conn, owner.account_id, key, body_hash, job.id, ttl_s)
+        # Read back with the queue position, in this transaction: the job is not visible outside it yet.
+        created = await owner.job(job.id, conn=conn)
+        assert created is not None  # made just now, in this transaction
+        return created, True
 
 
-async def _replayed(conn: asyncpg.Connection, account_id: str, job_id: str) -> JobRow:
-    job = await store.owned_job(conn, account_id, job_id)
+async def _replayed(conn: asyncpg.Connection, owner: Tenant, job_id: str) -> OwnedJob:
+    job = await owner.job(job_id, conn=conn)
     if job is None:
         raise ApiError(409, GatewayCode.CONFLICT,
                        f"the job made with this {idempotency.HEADER} has been deleted; use a new key")
@@ -95,11 +102,11 @@ async def _replayed(conn: asyncpg.Connection, account_id: str, job_id: str) -> J
 
 
 async def create_job(request: web.Request) -> web.Response:
-    gw, owner = gateway(request), account(request)
+    gw, owner = gateway(request), tenant(request)
     body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
     job_request, route = routed(body.to_request(), gw.settings)
     check_provider(gw.adapters, job_request)
-    await check_input_image(gw, owner, job_request)
+    await check_input_image(owner, job_request)
     key = idempotency.key_from(request)
     try:
         job, created = await _create_once(gw, owner, body, job_request, key, route)
@@ -107,7 +114,7 @@ async def create_job(request: web.Request) -> web.Response:
         # The winner has committed by now: answer as a replay of its request.
         job, created = await _create_once(gw, owner, body, job_request, key, route)
     return json_response(view(gw, job), status=201 if created else 200,
-                         headers={"Location": f"/v1/jobs/{job.id}"})
+                         headers={"Location": f"/v1/jobs/{job.job.id}"})
 
 
 def job_id_of(request: web.Request) -> str:
@@ -117,12 +124,14 @@ def job_id_of(request: web.Request) -> str:
     return job_id
 
 
-async def owned_or_404(request: web.Request) -> JobRow:
-    job_id = job_id_of(request)
-    job = await store.owned_job(gateway(request).rt.pool, account(request).id, job_id)
+def found(job: OwnedJob | None) -> OwnedJob:
     if job is None:
         raise not_found()
     return job
+
+
+async def owned_or_404(request: web.Request) -> OwnedJob:
+    return found(await tenant(request).job(job_id_of(request)))
 
 
 async def get_job(request: web.Request) -> web.Response:
@@ -130,41 +139,31 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def list_jobs(request: web.Request) -> web.Response:
-    gw, owner = gateway(request), account(request)
+    gw = gateway(request)
     query = read_query(request.query, ListQuery)
     after = cursor.decode(query.cursor) if query.cursor else None
-    rows = await store.list_jobs(gw.rt.pool, owner.id, status=query.status, after=after, limit=query.limit + 1)
+    rows = await tenant(request).jobs(status=query.status, after=after, limit=query.limit + 1)
     page = rows[: query.limit]
-    next_cursor = cursor.encode(page[-1].created_at, page[-1].id) if len(rows) > query.limit else None
+    last = page[-1].job if page else None
+    next_cursor = cursor.encode(last.created_at, last.id) if last and len(rows) > query.limit else None
     return json_response(JobList(data=[view(gw, job) for job in page], next_cursor=next_cursor))
 
 
 async def cancel_job(request: web.Request) -> web.Response:
-    gw = gateway(request)
-    job = await owned_or_404(request)
-    if job.status not in TERMINAL:
-        async with gw.rt.tx() as conn:
-            moved = await transition(conn, job.id, JobStatus.CANCELED, reason="canceled by owner",
-                                     update=JobUpdate(error=JobError.of(ErrorCode.CANCELED)))
-            if moved is not None:
-                await outbox.add(conn, jobs.stop_at_provider(moved.job, was=moved.from_status))
-        # Moved or not (another worker may have finished it first), the answer is the job as it now stands.
-        job = await owned_or_404(request)
-    return json_response(view(gw, job))
+    job = found(await tenant(request).cancel(job_id_of(request)))
+    return json_response(view(gateway(request), job))
 
 
 async def delete_job(request: web.Request) -> web.Response:
-    gw = gateway(request)
-    async with gw.rt.tx() as conn:
-        deleted = await jobs.mark_deleted(conn, job_id_of(request), account(request).id)
-    if not deleted:
+    if not await tenant(request).delete(job_id_of(request)):
         raise not_found()
     return web.Response(status=204)
 
 
 async def job_events(request: web.Request) -> web.Response:
-    job = await owned_or_404(request)
-    rows = await store.trail(gateway(request).rt.pool, job.id)
+    rows = await tenant(request).trail(job_id_of(request))
+    if rows is None:
+        raise not_found()
     moves = [TransitionOut(from_=r["from_status"], to=r["to_status"], at=r["at"], reason=r["reason"]) for r in rows]
     return json_response(Trail(data=moves))
 

@@ -1,4 +1,5 @@
-"""`POST /v1/uploads`: an image for image-to-video, checked, stripped of metadata and stored for the account.
+"""`POST /v1/uploads`: an image for image-to-video, checked, stripped of metadata and stored for the account
+(recorded through the caller's Tenant, under the caller's account).
 
 The body is the raw image. It is read here in bounded chunks rather than through the app's JSON body limit,
 so a body larger than `upload_max_bytes` is refused as soon as that many bytes have arrived (or at once, when
@@ -12,7 +13,7 @@ from datetime import UTC, datetime
 
 from aiohttp import web
 
-from libs.common import ids, uploads
+from libs.common import ids
 from libs.common.settings import Settings
 from libs.common.uploads import UploadRow
 from libs.storage.base import upload_prefix
@@ -20,7 +21,8 @@ from services.gateway import images
 from services.gateway.bodies import UploadOut
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode
 from services.gateway.routing import Route, json_response
-from services.gateway.state import account, gateway
+from services.gateway.state import gateway
+from services.gateway.tenant import tenant
 
 log = logging.getLogger("vidjobs.gateway")
 
@@ -51,19 +53,19 @@ async def read_capped(request: web.Request, max_bytes: int) -> bytes:
 
 
 async def create_upload(request: web.Request) -> web.Response:
-    gw, owner = gateway(request), account(request)
+    gw, owner = gateway(request), tenant(request)
     raw = await read_capped(request, gw.settings.upload_max_bytes)
     image = await request.app[CLEANER](raw)
     upload_id = ids.new("upl")
-    key = f"{upload_prefix(owner.id, upload_id)}image.{image.kind.extension}"
+    key = f"{upload_prefix(owner.account_id, upload_id)}image.{image.kind.extension}"
     # Stored first, recorded second: a crash in between leaves an object without a row, which the orphan
     # sweep removes; the other order could leave a row naming nothing.
     stored = await gw.storage.put_bytes(key, image.data, image.kind.content_type)
-    row = UploadRow(id=upload_id, account_id=owner.id, key=key, content_type=image.kind.content_type,
+    row = UploadRow(id=upload_id, account_id=owner.account_id, key=key, content_type=image.kind.content_type,
                     bytes=stored.bytes, sha256=image.sha256, width=image.width, height=image.height,
                     created_at=datetime.now(UTC))
-    await uploads.insert(gw.rt.pool, row)
-    log.info("image uploaded", extra={"upload_id": upload_id, "account_id": owner.id, "bytes": row.bytes,
+    await owner.add_upload(row)
+    log.info("image uploaded", extra={"upload_id": upload_id, "account_id": owner.account_id, "bytes": row.bytes,
                                       "received_bytes": len(raw), "width": row.width, "height": row.height})
     return json_response(UploadOut(id=upload_id, width=row.width, height=row.height,
                                    content_type=row.content_type, bytes=row.bytes), status=201)

@@ -28,6 +28,8 @@ class Gateway:
 
 SETTINGS = web.AppKey("settings", Settings)
 GATEWAY = web.AppKey("gateway", Gateway)
+# The authenticated account; the auth middleware sets it on every protected route. Handlers reach it only
+# through `tenant.tenant(request)`, which scopes everything they read or change to it.
 ACCOUNT = web.RequestKey("account", Account)
 
 
@@ -35,8 +37,5 @@ def gateway(request: web.Request) -> Gateway:
     return request.app[GATEWAY]
 
 
-def account(request: web.Request) -> Account:
-    """The authenticated account; the auth middleware sets it on every protected route."""
-    return request[ACCOUNT]
 # Names of routes under /v1 that need no API key (the provider webhook).
 PUBLIC_ROUTES = web.AppKey("public_routes", frozenset[str])

@@ -1,8 +1,10 @@
 """`GET /v1/jobs/{id}/stream`: Server-Sent Events, one `event: job` on connect and on every change.
 
-A change notification only says "look again": the stream rereads the job, exactly like every other
-consumer, so a lost or repeated notification cannot show a wrong state. A slow reread on a timer covers
-notifications that never arrive (core NATS delivers at most once).
+A change notification only says "look again": the stream rereads the job (through the caller's Tenant),
+exactly like every other consumer, so a lost or repeated notification cannot show a wrong state. A slow
+reread on a timer covers notifications that never arrive (core NATS delivers at most once). A waiting job's
+queue position moves when other jobs leave the queue, which sends no notification about this job: while it
+waits it is reread every `VIDJOBS_STREAM_QUEUE_REFRESH_S`, and sent only when what it shows has changed.
 """
 
 from __future__ import annotations
@@ -19,17 +21,17 @@ from aiohttp import web
 from nats.aio.msg import Msg
 
 from libs.common import events
-from libs.common.jobs import JobRow
-from libs.common.states import TERMINAL
-from services.gateway import store
+from libs.common.states import TERMINAL, JobStatus
 from services.gateway.errors import ErrorOut
 from services.gateway.routes_jobs import job_id_of, owned_or_404, view
 from services.gateway.routing import Route
-from services.gateway.state import Gateway, account, gateway
+from services.gateway.state import Gateway, gateway
+from services.gateway.tenant import OwnedJob, tenant
 
 log = logging.getLogger("vidjobs.gateway.stream")
 
 KEEPALIVE_S = 15.0
+_TIMER_SLACK_S = 0.005  # asyncio may wake a timer this early; still the keepalive's turn
 
 _HEADERS = {
     "Content-Type": "text/event-stream",
@@ -58,29 +60,42 @@ async def _next_tick(changed: asyncio.Event, closing: asyncio.Event, quiet_s: fl
     return Tick.CHANGED if done else Tick.QUIET
 
 
-async def _send(resp: web.StreamResponse, gw: Gateway, job: JobRow) -> None:
+async def _send(resp: web.StreamResponse, gw: Gateway, job: OwnedJob) -> None:
     data = msgspec.json.encode(view(gw, job))
     await resp.write(b"event: job\ndata: " + data + b"\n\n")
+
+
+def _shown(job: OwnedJob) -> tuple[object, ...]:
+    """What the job's JSON shows: every stored change moves `updated_at`, and the queue position is made at
+    read time. The signed URLs are left out: they are new at every read, which is not a change."""
+    return job.job.status, job.job.updated_at, job.waiting_position
 
 
 def _client_gone(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-async def _follow(request: web.Request, resp: web.StreamResponse, job: JobRow, changed: asyncio.Event) -> None:
+async def _follow(request: web.Request, resp: web.StreamResponse, job: OwnedJob, changed: asyncio.Event) -> None:
     """Send the job whenever it changes, until it is terminal, deleted, the client leaves or we shut down."""
-    gw = gateway(request)
-    while job.status not in TERMINAL and not _client_gone(request):
-        tick = await _next_tick(changed, gw.closing, KEEPALIVE_S)
+    gw, owner = gateway(request), tenant(request)
+    loop = asyncio.get_running_loop()
+    keepalive_at = loop.time() + KEEPALIVE_S  # unless something else is written first
+    while job.job.status not in TERMINAL and not _client_gone(request):
+        quiet_s = max(0.0, keepalive_at - loop.time())
+        if job.job.status is JobStatus.PENDING:
+            quiet_s = min(quiet_s, gw.settings.stream_queue_refresh_s)
+        tick = await _next_tick(changed, gw.closing, quiet_s)
         if tick is Tick.CLOSING:
             return
-        if tick is Tick.QUIET:
+        if tick is Tick.QUIET and loop.time() >= keepalive_at - _TIMER_SLACK_S:
             await resp.write(b": keepalive\n\n")
-        latest = await store.owned_job(gw.rt.pool, account(request).id, job.id)
+            keepalive_at = loop.time() + KEEPALIVE_S
+        latest = await owner.job(job.job.id)
         if latest is None:
             return  # deleted: nothing more will ever change
-        if (latest.status, latest.updated_at) != (job.status, job.updated_at):
+        if _shown(latest) != _shown(job):
             await _send(resp, gw, latest)
+            keepalive_at = loop.time() + KEEPALIVE_S
         job = latest
 
 
@@ -104,7 +119,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
             pass  # the client left; nothing to answer
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             # Headers are sent, so no error body is possible: end the stream; the client reconnects.
-            log.warning("event stream ended early", extra={"job_id": job.id, "error": repr(exc)})
+            log.warning("event stream ended early", extra={"job_id": job.job.id, "error": repr(exc)})
         return resp
     finally:
         with contextlib.suppress(nats.errors.Error):  # a closed connection has dropped it already

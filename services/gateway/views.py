@@ -1,4 +1,4 @@
-"""A stored job as the API shows it: stage from status, signed URLs made at read time."""
+"""A stored job as the API shows it: stage from status, queue position and signed URLs made at read time."""
 
 from __future__ import annotations
 
@@ -30,14 +30,25 @@ def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retent
     )
 
 
-def job_view(job: JobRow, storage: Storage, ttl_s: int, retention_days: float = 30.0) -> JobOut:
+def queue_position(job: JobRow, waiting_position: int | None) -> int | None:
+    """A waiting job's place among its account's waiting jobs; once submitted, its place in the provider's
+    own queue where the provider reports one (fal does); otherwise none."""
+    if job.status is JobStatus.PENDING:
+        return waiting_position
+    if job.status is JobStatus.SUBMITTED:
+        return job.provider_queue_position
+    return None
+
+
+def job_view(job: JobRow, waiting_position: int | None, storage: Storage, ttl_s: int,
+             retention_days: float = 30.0) -> JobOut:
+    """`waiting_position` is the job's place among its account's waiting jobs, computed with the read."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
     shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED) and job.outputs is not None
     return JobOut(
         id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=job.request.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
-        # Until per-account slots exist, the only queue a job waits in is its provider's (fal reports it).
-        attempt=job.attempt, queue_position=job.provider_queue_position, queue_reason=job.wait_reason,
+        attempt=job.attempt, queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, job.outputs, storage, ttl_s, retention_days) if shown else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),

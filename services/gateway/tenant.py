@@ -1,0 +1,187 @@
+"""Everything a handler reads or changes on behalf of an account, bound to that account.
+
+A `Tenant` holds the database and one account id, and is obtained only through `tenant(request)`, from the
+account the API key authenticated. Every query here names that account, and hides deleted jobs and
+uploads, so another account's job and a deleted one look exactly like one that never existed. Handlers
+never see the pool or write SQL (tests/test_tenancy.py checks it), so there is no unscoped query for a
+handler to forget a check in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import date, datetime
+
+import asyncpg
+import msgspec
+from aiohttp import web
+
+from libs.common import credits, jobs, outbox, uploads
+from libs.common.credits import Entry
+from libs.common.errors import ErrorCode, JobError
+from libs.common.jobs import JobRow, row_to_job
+from libs.common.runtime import Runtime
+from libs.common.states import TERMINAL, JobStatus
+from libs.common.transitions import JobUpdate, transition
+from libs.common.uploads import UploadRow
+from services.gateway.accounts import Account
+from services.gateway.state import ACCOUNT, gateway
+
+Conn = asyncpg.Connection | asyncpg.Pool
+
+
+class OwnedJob(msgspec.Struct, frozen=True):
+    """A job of the account, with its place among the account's waiting jobs (None unless it waits)."""
+
+    job: JobRow
+    waiting_position: int | None
+
+
+class AccountState(msgspec.Struct, frozen=True, kw_only=True):
+    account: Account
+    active_jobs: int  # not finished (waiting, submitted, rendering, retrying, downloading)
+    queued_jobs: int  # of those, waiting for a slot
+    spent_today: int  # credit committed today (UTC), as the daily cap counts it
+
+
+# A waiting job is pending and not deleted (the partial index jobs_account_waiting); its place is 1 + the
+# account's waiting jobs created before it, in (created_at, id) order.
+_ONE_JOB = """
+SELECT j.*,
+       CASE WHEN j.status = 'pending' THEN (
+           SELECT count(*) FROM jobs w
+           WHERE w.account_id = $2 AND w.status = 'pending' AND w.deleted_at IS NULL
+             AND (w.created_at, w.id) <= (j.created_at, j.id))
+       END AS waiting_position
+FROM jobs j
+WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
+"""
+
+# Newest first, strictly after the keyset position (the last row of the previous page). The account's
+# waiting jobs are numbered once for the whole page.
+_JOB_PAGE = """
+WITH waiting AS (
+    SELECT id, row_number() OVER (ORDER BY created_at, id) AS position
+    FROM jobs WHERE account_id = $1 AND status = 'pending' AND deleted_at IS NULL
+)
+SELECT j.*, w.position AS waiting_position
+FROM jobs j LEFT JOIN waiting w ON w.id = j.id
+WHERE j.account_id = $1 AND j.deleted_at IS NULL
+  AND ($2::job_status IS NULL OR j.status = $2::job_status)
+  AND ($3::timestamptz IS NULL OR (j.created_at, j.id) < ($3::timestamptz, $4::text))
+ORDER BY j.created_at DESC, j.id DESC
+LIMIT $5
+"""
+
+# One row per audit entry; a job without entries still answers one row (with NULLs), so "no such job" and
+# "no moves yet" stay apart.
+_TRAIL = """
+SELECT t.from_status, t.to_status, t.at, t.reason
+FROM jobs j LEFT JOIN job_transitions t ON t.job_id = j.id
+WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
+ORDER BY t.id
+"""
+
+_ACCOUNT = """
+SELECT a.id, a.name, a.concurrent_jobs, a.credits_balance, a.credits_reserved, a.daily_spend_cap,
+       a.max_job_credits, a.requests_per_s, a.request_burst,
+       (now() AT TIME ZONE 'UTC')::date AS today,
+       (SELECT count(*) FROM jobs j
+        WHERE j.account_id = $1 AND j.deleted_at IS NULL
+          AND j.status NOT IN ('completed', 'failed', 'canceled', 'expired')) AS active_jobs,
+       (SELECT count(*) FROM jobs j
+        WHERE j.account_id = $1 AND j.deleted_at IS NULL AND j.status = 'pending') AS queued_jobs
+FROM accounts a WHERE a.id = $1
+"""
+
+
+def _owned(row: asyncpg.Record) -> OwnedJob:
+    return OwnedJob(row_to_job(row), row["waiting_position"])
+
+
+class Tenant:
+    """Reads and changes of one account's jobs, uploads, credit and ledger."""
+
+    __slots__ = ("_rt", "account_id")
+
+    def __init__(self, rt: Runtime, account_id: str):
+        self._rt = rt
+        self.account_id = account_id
+
+    @contextlib.asynccontextmanager
+    async def tx(self) -> AsyncIterator[asyncpg.Connection]:
+        """A transaction for work that must commit as one (job creation); its outbox rows are published as
+        soon as it commits. Pass the account as `self.account_id`, never from anywhere else."""
+        async with self._rt.tx() as conn:
+            yield conn
+
+    # --- jobs -------------------------------------------------------------------------------------------
+    async def job(self, job_id: str, *, conn: Conn | None = None) -> OwnedJob | None:
+        row = await (conn or self._rt.pool).fetchrow(_ONE_JOB, job_id, self.account_id)
+        return None if row is None else _owned(row)
+
+    async def jobs(
+        self, *, status: JobStatus | None, after: tuple[datetime, str] | None, limit: int,
+    ) -> list[OwnedJob]:
+        before_at, before_id = after if after else (None, None)
+        rows = await self._rt.pool.fetch(_JOB_PAGE, self.account_id, status.value if status else None,
+                                         before_at, before_id, limit)
+        return [_owned(r) for r in rows]
+
+    async def trail(self, job_id: str) -> list[asyncpg.Record] | None:
+        """The job's audit trail, oldest first; None if the account has no such job."""
+        rows = await self._rt.pool.fetch(_TRAIL, job_id, self.account_id)
+        if not rows:
+            return None
+        return [r for r in rows if r["to_status"] is not None]
+
+    async def cancel(self, job_id: str) -> OwnedJob | None:
+        """Cancel a live job; a finished one is left as it is. The job as it now stands, or None."""
+        async with self._rt.tx() as conn:
+            found = await self.job(job_id, conn=conn)
+            if found is None:
+                return None
+            if found.job.status not in TERMINAL:
+                moved = await transition(conn, job_id, JobStatus.CANCELED, reason="canceled by owner",
+                                         update=JobUpdate(error=JobError.of(ErrorCode.CANCELED)))
+                if moved is not None:
+                    await outbox.add(conn, jobs.stop_at_provider(moved.job, was=moved.from_status))
+        # Moved or not (another worker may have finished it first), answer with the job as it now stands.
+        return await self.job(job_id)
+
+    async def delete(self, job_id: str) -> bool:
+        """Hide the job from every read and have its assets removed; False if the account has no such job."""
+        async with self._rt.tx() as conn:
+            return await jobs.mark_deleted(conn, job_id, self.account_id)
+
+    # --- uploads ----------------------------------------------------------------------------------------
+    async def upload(self, upload_id: str) -> UploadRow | None:
+        return await uploads.owned(self._rt.pool, self.account_id, upload_id)
+
+    async def add_upload(self, upload: UploadRow) -> None:
+        if upload.account_id != self.account_id:
+            raise ValueError(f"upload {upload.id} is for another account")
+        await uploads.insert(self._rt.pool, upload)
+
+    # --- the account ------------------------------------------------------------------------------------
+    async def account(self) -> AccountState | None:
+        row = await self._rt.pool.fetchrow(_ACCOUNT, self.account_id)
+        if row is None:
+            return None
+        account = Account(**{name: row[name] for name in Account.__struct_fields__})
+        today: date = row["today"]
+        spent = await credits.committed_on(self._rt.pool, self.account_id, today)
+        return AccountState(account=account, active_jobs=row["active_jobs"], queued_jobs=row["queued_jobs"],
+                            spent_today=spent)
+
+    async def ledger(self, *, before_id: int | None, limit: int) -> list[Entry]:
+        """The account's credit ledger, newest first, strictly before entry `before_id`."""
+        return await credits.entries(self._rt.pool, self.account_id, before_id=before_id, limit=limit)
+
+
+def tenant(request: web.Request) -> Tenant:
+    """The caller's tenant. Only routes behind an API key have one: asking on any other is a bug."""
+    if ACCOUNT not in request:
+        raise RuntimeError(f"route {request.match_info.route.name!r} has no authenticated account")
+    return Tenant(gateway(request).rt, request[ACCOUNT].id)

@@ -1,0 +1,114 @@
+"""Requests per API key: past the bucket, 429 with `Retry-After`; each key has its own bucket; a refused
+request spends nothing; the bucket is shared by every gateway that reads the same database."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.gateway.accounts import add_api_key, hash_key
+from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
+
+
+@pytest.fixture
+async def h(tmp_path, database_url, nats_url):
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
+        yield harness
+
+
+async def tokens(h, key: str) -> float:
+    return await h.pool.fetchval("SELECT rate_tokens FROM api_keys WHERE key_hash = $1", hash_key(key))
+
+
+async def test_the_request_past_the_burst_is_429_until_a_token_is_back(h):
+    _, key = await h.account(requests_per_s=2.0, request_burst=3)
+
+    first_three = [(await h.get(key, "/v1/account"))[0] for _ in range(3)]
+    resp = await h.client.get("/v1/account", headers={"Authorization": f"Bearer {key}"})
+
+    assert first_three == [200, 200, 200]
+    assert resp.status == 429
+    body = await resp.json()
+    assert_error(body, "rate_limited", "2 requests per second", "3")
+    assert body["error"]["retryable"] is True
+    retry_after = int(resp.headers["Retry-After"])
+    assert retry_after >= 1
+
+    await asyncio.sleep(retry_after)
+    assert (await h.get(key, "/v1/account"))[0] == 200
+
+
+async def test_a_refused_request_spends_no_token(h):
+    _, key = await h.account(requests_per_s=2.0, request_burst=3)
+    for _ in range(3):
+        await h.get(key, "/v1/account")
+    assert (await h.get(key, "/v1/account"))[0] == 429
+    before = await tokens(h, key)
+
+    refused = [(await h.get(key, "/v1/jobs"))[0] for _ in range(5)]
+
+    assert refused == [429] * 5
+    # The bucket only refilled meanwhile; it did not go down, let alone below zero.
+    assert 0 <= before <= await tokens(h, key) < 1
+    await asyncio.sleep(0.5 + 0.1)  # one token at 2/s, whatever the refused requests did
+    assert (await h.get(key, "/v1/jobs"))[0] == 200
+
+
+async def test_each_key_of_an_account_has_its_own_bucket(h):
+    account_id, key = await h.account(requests_per_s=2.0, request_burst=3)
+    async with h.pool.acquire() as conn:
+        await add_api_key(conn, account_id, "vj_second-key-of-the-same-account")
+    for _ in range(3):
+        await h.get(key, "/v1/account")
+    assert (await h.get(key, "/v1/account"))[0] == 429
+
+    second = [(await h.get("vj_second-key-of-the-same-account", "/v1/account"))[0] for _ in range(3)]
+
+    assert second == [200, 200, 200]
+
+
+async def test_the_platform_default_applies_to_accounts_without_their_own(tmp_path, database_url, nats_url):
+    settings = gateway_settings(tmp_path, database_url, nats_url, api_rate_per_s=0.5, api_rate_burst=2)
+    async with running_gateway(settings) as h:
+        _, key = await h.account()
+        statuses = [(await h.get(key, "/v1/jobs"))[0] for _ in range(3)]
+        resp = await h.client.get("/v1/jobs", headers={"Authorization": f"Bearer {key}"})
+
+    assert statuses == [200, 200, 429]
+    assert int(resp.headers["Retry-After"]) == 2  # a whole token at 0.5/s, rounded up
+
+
+async def test_concurrent_requests_get_exactly_the_burst(h):
+    # Two gateways in production share one bucket through the row lock; concurrent requests are the same race.
+    _, key = await h.account(requests_per_s=0.01, request_burst=5)
+
+    statuses = await asyncio.gather(*(h.get(key, "/v1/jobs") for _ in range(12)))
+
+    assert sorted(s for s, _ in statuses) == [200] * 5 + [429] * 7
+
+
+async def test_unknown_and_revoked_keys_stay_401(h):
+    account_id, key = await h.account(requests_per_s=1.0, request_burst=1)
+    assert (await h.get("vj_nobody", "/v1/jobs"))[0] == 401
+    await h.pool.execute("UPDATE api_keys SET revoked_at = now() WHERE account_id = $1", account_id)
+    status, body = await h.get(key, "/v1/jobs")
+    assert status == 401
+    assert_error(body, "unauthorized", "revoked")
+
+
+async def test_a_request_records_when_the_key_was_last_used(h):
+    _, key = await h.account()
+    assert await h.pool.fetchval("SELECT last_used_at FROM api_keys WHERE key_hash = $1", hash_key(key)) is None
+    await h.get(key, "/v1/jobs")
+    assert await h.pool.fetchval("SELECT last_used_at FROM api_keys WHERE key_hash = $1", hash_key(key)) is not None
+
+
+async def test_the_account_shows_the_limits_in_force(h):
+    _, own = await h.account(requests_per_s=2.5, request_burst=7)
+    _, default = await h.account()
+    _, a = await h.get(own, "/v1/account")
+    _, b = await h.get(default, "/v1/account")
+    assert (a["limits"]["requests_per_s"], a["limits"]["request_burst"]) == (2.5, 7)
+    assert (b["limits"]["requests_per_s"], b["limits"]["request_burst"]) == (
+        h.settings.api_rate_per_s, h.settings.api_rate_burst)
