@@ -124,10 +124,22 @@ async def _serve(ctx: Context, job: JobRow | None) -> None:
             raise Redeliver(turn.reason, delay=max(turn.delay_s, 0.05))
         if turn is not None:
             picked, claimed = turn
-            await _submit(ctx, picked, adapter, claimed, handled=job)
             if picked.id == job.id:
+                await _submit(ctx, picked, adapter, claimed, handled=job)
                 return
+            await _submit_for_another(ctx, picked, adapter, claimed, handled=job)
         job = await jobs.fetch(ctx.rt.pool, job.id)
+
+
+async def _submit_for_another(
+    ctx: Context, job: JobRow, adapter: ProviderAdapter, claimed: submissions.Claimed, *, handled: JobRow,
+) -> None:
+    """Submit the queue's head on behalf of another job's message. Its failure is its own: logged here, and
+    its claim, once stale, is taken over by its own message, which retries or dead-letters it."""
+    try:
+        await _submit(ctx, job, adapter, claimed, handled=handled)
+    except Exception:
+        log.exception("submitting the head of the queue failed", extra={"job_id": job.id, "for_message": handled.id})
 
 
 def _claim_request(job: JobRow) -> SubmitRequest:
@@ -151,7 +163,26 @@ async def _take_turn(ctx: Context, job: JobRow) -> tuple[JobRow, submissions.Cla
         picked = job if choice.job_id == job.id else await jobs.fetch(conn, choice.job_id)
         if picked is None or (picked is not job and not await _still_waiting(conn, picked)):
             return None
-        return picked, await submissions.claim(conn, _claim_request(picked), picked.provider, ttl_s=ttl)
+        if picked is not job:
+            if (claimed := await _claim_head(conn, picked, ttl)) is not None:
+                return picked, claimed
+            # The head cannot even be claimed (its own message carries that failure to the dead letters):
+            # rather than stand idle, the slot goes to this job if its account has room.
+            busy, cap = await dispatch.account_load(conn, job.account_id, ttl)
+            if busy >= cap:
+                return await dispatch.account_wait(conn, job, ttl)
+        return job, await submissions.claim(conn, _claim_request(job), job.provider, ttl_s=ttl)
+
+
+async def _claim_head(conn: asyncpg.Connection, head: JobRow, ttl: float) -> submissions.Claimed | None:
+    """Claim another job's submission; None if that fails. A job that breaks its own submission must not
+    break the messages of the jobs queued behind it."""
+    try:
+        async with conn.transaction():  # a savepoint: this transaction goes on either way
+            return await submissions.claim(conn, _claim_request(head), head.provider, ttl_s=ttl)
+    except asyncpg.PostgresError:
+        log.exception("could not claim the head of the queue", extra={"job_id": head.id})
+        return None
 
 
 async def _submit(
