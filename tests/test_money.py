@@ -180,3 +180,22 @@ async def test_through_the_stack_the_providers_reported_cost_is_what_is_charged(
         await pool.close()
     assert account["credits"]["reserved"] == 0
     assert account["credits"]["balance"] == entries[0]["balance_change"] - 30 - ESTIMATE
+
+
+async def test_creates_racing_settlements_on_one_account_neither_deadlock_nor_drift(h):
+    account_id, key = await _account(h, credits=100_000, daily_spend_cap=90_000)
+    earlier = [(await h.post_job(key))[1]["id"] for _ in range(40)]
+    headers = {"Authorization": f"Bearer {key}"}
+
+    async def cancel(job_id: str) -> int:
+        resp = await h.client.post(f"/v1/jobs/{job_id}/cancel", headers=headers)
+        return resp.status
+
+    # Each create locks the account and then its day's spend; each cancel settles, touching both as well.
+    answers = await asyncio.gather(*(h.post_job(key) for _ in range(40)), *(cancel(j) for j in earlier))
+
+    assert [a[0] if isinstance(a, tuple) else a for a in answers] == [201] * 40 + [200] * 40
+    await assert_ledger_explains(h.pool, account_id)
+    committed = await h.pool.fetchval("SELECT sum(committed) FROM account_daily_spend WHERE account_id = $1",
+                                      account_id)
+    assert committed == 40 * ESTIMATE  # the live jobs' estimates; the canceled ones gave theirs back

@@ -6,6 +6,10 @@ job ends the reservation is released, and what is owed is charged: a delivered r
 canceled one the provider billed for. A charge never exceeds the estimate: the estimate is the quote.
 
 `_apply` changes the account and appends the ledger entry in one statement, so the two cannot disagree.
+
+Every change locks the account's row before the day's spend row, so reservations and settlements racing on
+one account queue up instead of deadlocking. The row lock is FOR NO KEY UPDATE: it serializes changes of
+credit without blocking the inserts of rows that merely reference the account (jobs, ledger entries).
 """
 
 from __future__ import annotations
@@ -75,7 +79,7 @@ async def _lock(conn: asyncpg.Connection, account_id: str) -> Guardrails:
     row = await conn.fetchrow(
         """
         SELECT credits_balance AS balance, credits_reserved AS reserved, daily_spend_cap, max_job_credits
-        FROM accounts WHERE id = $1 FOR UPDATE
+        FROM accounts WHERE id = $1 FOR NO KEY UPDATE
         """,
         account_id,
     )
@@ -130,9 +134,10 @@ async def settle(
     """A job ended: release its reservation and pay `charged` (at most the estimate) from the balance."""
     if not 0 <= charged <= estimated:
         raise ValueError(f"charge {charged} is outside 0..{estimated}")
-    await _commit_day(conn, account_id, day, charged - estimated)
     kind = LedgerKind.CHARGE if charged else LedgerKind.RELEASE
-    return await _apply(conn, account_id, kind, balance=-charged, reserved=-estimated, job_id=job_id, note=note)
+    entry = await _apply(conn, account_id, kind, balance=-charged, reserved=-estimated, job_id=job_id, note=note)
+    await _commit_day(conn, account_id, day, charged - estimated)  # after the account row, as `reserve` does
+    return entry
 
 
 async def grant(conn: asyncpg.Connection, account_id: str, amount: int, note: str = "") -> Entry:
