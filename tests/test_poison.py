@@ -47,10 +47,14 @@ async def test_poison_messages_are_dead_lettered_and_their_job_fails(tmp_path, d
     async with running_stack(settings) as stack:
         nc = await nats.connect(nats_url)
         await nc.jetstream().publish(events.SUBMIT, b"{not json")  # cannot even be read
-        await nc.close()
         poisoned = await stack.create_job(prompt=POISON_PROMPT, params={"render_s": 0.1})
+        # A freed slot offered to the queue's head, the poisoned job: the wake-up must not become a poison
+        # message of its own (the job's own message carries the failure).
+        for _ in range(2):
+            await nc.jetstream().publish(events.SUBMIT, events.encode(events.SlotFreed(provider="fake")))
         healthy = await stack.create_job(params={"render_s": 0.1})
 
+        await nc.close()
         failed = await stack.wait_terminal(poisoned["id"], within=60)
         fine = await stack.wait_terminal(healthy["id"], within=60)
         dead = await wait_until(lambda: _two(nats_url), within=30, what="two dead letters")

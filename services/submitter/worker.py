@@ -95,13 +95,19 @@ async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
 
 
 async def _fill_freed_slot(ctx: Context, provider: str) -> None:
-    """Serve the queue's head at once. If it must wait after all (the slot went to someone else, or its
-    account is full), its own message looks again later, so this one is done either way."""
+    """Serve the queue's head at once. This message is only a wake-up: if the head must wait after all (the
+    slot went to someone else, or its account is full), or its submission fails, its own message looks
+    again later and carries any failure, so this one is done either way."""
     head = await dispatch.fair_head(ctx.rt.pool, provider, _claim_ttl(ctx))
     if head is None:
         return
-    with contextlib.suppress(Redeliver):
+    try:
         await _serve(ctx, await jobs.fetch(ctx.rt.pool, head.job_id))
+    except Redeliver:
+        pass
+    except Exception:
+        log.exception("could not serve the head of the queue on a freed slot",
+                      extra={"job_id": head.job_id, "provider": provider})
 
 
 def _claim_ttl(ctx: Context) -> float:
