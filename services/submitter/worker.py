@@ -15,6 +15,7 @@ from functools import partial
 
 import aiohttp
 import asyncpg
+import msgspec
 from prometheus_client import Counter
 
 from libs.common import bus, events, jobs, metrics, outbox, uploads
@@ -166,28 +167,29 @@ async def _take_turn(ctx: Context, job: JobRow) -> tuple[JobRow, submissions.Cla
         if isinstance(choice, Wait):
             await jobs.set_wait_reason(conn, job.id, choice.reason)
             return choice
-        picked = job if choice.job_id == job.id else await jobs.fetch(conn, choice.job_id)
-        if picked is None or (picked is not job and not await _still_waiting(conn, picked)):
-            return None
-        if picked is not job:
-            if (claimed := await _claim_head(conn, picked, ttl)) is not None:
-                return picked, claimed
-            # The head cannot even be claimed (its own message carries that failure to the dead letters):
-            # rather than stand idle, the slot goes to this job if its account has room.
+        if choice.job_id != job.id:
+            if (taken := await _claim_head(conn, choice.job_id, ttl)) is not None:
+                return taken
+            # The head moved on a moment ago, or cannot even be claimed (its own message carries that
+            # failure to the dead letters): rather than stand idle, the slot goes to this job if its
+            # account has room.
             busy, cap = await dispatch.account_load(conn, job.account_id, ttl)
             if busy >= cap:
                 return await dispatch.account_wait(conn, job, ttl)
         return job, await submissions.claim(conn, _claim_request(job), job.provider, ttl_s=ttl)
 
 
-async def _claim_head(conn: asyncpg.Connection, head: JobRow, ttl: float) -> submissions.Claimed | None:
-    """Claim another job's submission; None if that fails. A job that breaks its own submission must not
-    break the messages of the jobs queued behind it."""
+async def _claim_head(conn: asyncpg.Connection, job_id: str, ttl: float) -> tuple[JobRow, submissions.Claimed] | None:
+    """Claim another job's submission; None if it is no longer waiting or that fails. A job that breaks its
+    own submission must not break the messages of the jobs queued behind it."""
     try:
         async with conn.transaction():  # a savepoint: this transaction goes on either way
-            return await submissions.claim(conn, _claim_request(head), head.provider, ttl_s=ttl)
-    except asyncpg.PostgresError:
-        log.exception("could not claim the head of the queue", extra={"job_id": head.id})
+            head = await jobs.fetch(conn, job_id)
+            if head is None or not await _still_waiting(conn, head):
+                return None
+            return head, await submissions.claim(conn, _claim_request(head), head.provider, ttl_s=ttl)
+    except (asyncpg.PostgresError, msgspec.ValidationError):
+        log.exception("could not claim the head of the queue", extra={"job_id": job_id})
         return None
 
 
