@@ -150,9 +150,11 @@ async def account_wait(conn: asyncpg.Connection, job: JobRow, claim_ttl_s: float
 
 async def choose(
     conn: asyncpg.Connection, job: JobRow, provider_limits: limits.ProviderLimits, claim_ttl_s: float,
+    *, fair: bool = True,
 ) -> Pick | Wait:
     """Who takes `job`'s provider's next slot now, or why `job` waits. Call inside a transaction, after
-    `limits.lock_provider`. Spends a rate token only when it picks."""
+    `limits.lock_provider`. Spends a rate token only when it picks. `fair=False` offers the slot to `job`
+    itself, not the queue's head (for a turn after the head could not be claimed)."""
     if (stop := await paused(conn)) is not None:
         return stop
     breaker = await limits.breaker_gate(conn, job.provider, job.id)
@@ -162,7 +164,7 @@ async def choose(
     if busy >= provider_limits.concurrency:
         return Wait(await patience(conn, job), f"{job.provider} already has {busy} renders in flight, its limit",
                     "concurrency")
-    if breaker.probe:
+    if breaker.probe or not fair:
         # One job tests a provider that was down: the one the breaker chose, not the queue's head.
         pick: Pick | None = Pick(job_id=job.id, account_id=job.account_id)
     else:

@@ -67,10 +67,8 @@ async def main(rt: Runtime) -> None:
 
 async def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
     callback = f"{ctx.rt.settings.gateway_url}/v1/webhooks/{job.provider}" if adapter.supports_callbacks else None
-    return SubmitRequest(
-        job_id=job.id, attempt=job.attempt, idempotency_key=f"{job.id}-a{job.attempt}",
-        request=job.request, callback_url=callback, input_image_url=await input_image_url(ctx, job),
-    )
+    return msgspec.structs.replace(_claim_request(job), callback_url=callback,
+                                   input_image_url=await input_image_url(ctx, job))
 
 
 async def input_image_url(ctx: Context, job: JobRow) -> str | None:
@@ -118,6 +116,7 @@ def _claim_ttl(ctx: Context) -> float:
 
 async def _serve(ctx: Context, job: JobRow | None) -> None:
     """Hand out the next slot of the job's provider, then, while this job still waits, the one after."""
+    fair = True
     while job is not None and not job.finished and job.status is JobStatus.PENDING:
         try:
             adapter = adapter_for(ctx.adapters, job.provider)
@@ -125,7 +124,10 @@ async def _serve(ctx: Context, job: JobRow | None) -> None:
             async with ctx.rt.tx() as conn:
                 await _refused(ctx, conn, job, err)
             return
-        turn = await _take_turn(ctx, job)
+        turn = await _take_turn(ctx, job, fair=fair)
+        # No turn: this job moved on, or the head moved on or could not be claimed. Then the next slot is
+        # offered to this job itself, rather than to a head that may fail again.
+        fair = turn is not None
         if isinstance(turn, Wait):
             WAITS.labels(job.provider, turn.kind).inc()
             raise Redeliver(turn.reason, delay=max(turn.delay_s, 0.05))
@@ -150,32 +152,30 @@ async def _submit_for_another(
 
 
 def _claim_request(job: JobRow) -> SubmitRequest:
-    """What the claim of a submission row needs; the full request is built once the claim is ours."""
+    """What the claim of a submission row needs; the full request (`submit_request`) is built from it once
+    the claim is ours."""
     return SubmitRequest(job_id=job.id, attempt=job.attempt, idempotency_key=f"{job.id}-a{job.attempt}",
                          request=job.request)
 
 
-async def _take_turn(ctx: Context, job: JobRow) -> tuple[JobRow, submissions.Claimed] | Wait | None:
+async def _take_turn(
+    ctx: Context, job: JobRow, *, fair: bool,
+) -> tuple[JobRow, submissions.Claimed] | Wait | None:
     """Claim the submission of whichever job the provider's next slot goes to (maybe `job`, maybe another
-    account's), or say why `job` waits. None: `job` moved on, or the chosen job did meanwhile."""
+    account's), or say why `job` waits. None: `job` moved on, or the chosen head did or could not be
+    claimed (its own message carries that failure to the dead letters)."""
     ttl = _claim_ttl(ctx)
     async with ctx.rt.tx() as conn:
         await limits.lock_provider(conn, job.provider)
         if not await _still_waiting(conn, job):
             return None
-        choice = await dispatch.choose(conn, job, limits.limits_for(ctx.rt.settings, job.provider), ttl)
+        choice = await dispatch.choose(conn, job, limits.limits_for(ctx.rt.settings, job.provider), ttl,
+                                       fair=fair)
         if isinstance(choice, Wait):
             await jobs.set_wait_reason(conn, job.id, choice.reason)
             return choice
         if choice.job_id != job.id:
-            if (taken := await _claim_head(conn, choice.job_id, ttl)) is not None:
-                return taken
-            # The head moved on a moment ago, or cannot even be claimed (its own message carries that
-            # failure to the dead letters): rather than stand idle, the slot goes to this job if its
-            # account has room.
-            busy, cap = await dispatch.account_load(conn, job.account_id, ttl)
-            if busy >= cap:
-                return await dispatch.account_wait(conn, job, ttl)
+            return await _claim_head(conn, choice.job_id, ttl)
         return job, await submissions.claim(conn, _claim_request(job), job.provider, ttl_s=ttl)
 
 
