@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import sys
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple
 
@@ -153,8 +152,7 @@ async def test_credits_grant_ledger_and_refused_withdrawal(vidjobs, pool):
 
     # A running job holds 1200, so 300 is free.
     async with pool.acquire() as conn, conn.transaction():
-        await credits.reserve(conn, account_id=account_id, job_id="job_held", amount=1200,
-                              day=datetime.now(UTC).date())
+        await credits.reserve(conn, account_id=account_id, job_id="job_held", amount=1200)
     refused = await vidjobs("credits", "grant", account_id, "-400")
     assert refused.code == 2 and refused.out == ""
     assert refused.err.startswith("vidjobs: cannot take back 400 credits")

@@ -88,33 +88,39 @@ async def _lock(conn: asyncpg.Connection, account_id: str) -> Guardrails:
     return Guardrails(**dict(row))
 
 
-async def committed_on(conn: asyncpg.Connection | asyncpg.Pool, account_id: str, day: date) -> int:
-    """Credit committed on `day` (UTC): estimates of that day's jobs while held, then what they cost."""
+# A day is a UTC date; None is the database's today, the day of a job created in this transaction (its
+# `created_at` is the transaction's `now()` too).
+_DAY = "COALESCE($2::date, (now() AT TIME ZONE 'UTC')::date)"
+
+
+async def committed_on(conn: asyncpg.Connection | asyncpg.Pool, account_id: str, day: date | None = None) -> int:
+    """Credit committed on `day`: estimates of that day's jobs while held, then what they cost."""
     value = await conn.fetchval(
-        "SELECT committed FROM account_daily_spend WHERE account_id = $1 AND day = $2", account_id, day)
+        f"SELECT committed FROM account_daily_spend WHERE account_id = $1 AND day = {_DAY}", account_id, day)
     return value or 0
 
 
-async def _commit_day(conn: asyncpg.Connection, account_id: str, day: date, amount: int) -> None:
+async def _commit_day(conn: asyncpg.Connection, account_id: str, day: date | None, amount: int) -> None:
     await conn.execute(
-        """
-        INSERT INTO account_daily_spend AS d (account_id, day, committed) VALUES ($1, $2, $3)
+        f"""
+        INSERT INTO account_daily_spend AS d (account_id, day, committed) VALUES ($1, {_DAY}, $3)
         ON CONFLICT (account_id, day) DO UPDATE SET committed = d.committed + $3
         """,
         account_id, day, amount,
     )
 
 
-async def reserve(conn: asyncpg.Connection, *, account_id: str, job_id: str, amount: int, day: date) -> Entry:
-    """Hold `amount` credits for a new job, if the account's guardrails allow it. Call inside the
-    transaction that creates the job; the account row stays locked until it commits, so requests racing
-    for the last credits are decided one at a time. Raises QuotaExhausted, creating nothing."""
+async def reserve(conn: asyncpg.Connection, *, account_id: str, job_id: str, amount: int) -> Entry:
+    """Hold `amount` credits for a new job, if the account's guardrails allow it (the daily cap counts
+    today's jobs). Call inside the transaction that creates the job; the account row stays locked until it
+    commits, so requests racing for the last credits are decided one at a time. Raises QuotaExhausted,
+    creating nothing."""
     account = await _lock(conn, account_id)
     if account.max_job_credits is not None and amount > account.max_job_credits:
         raise QuotaExhausted(f"this job is estimated at {amount} credits, above the account's per-job maximum "
                              f"of {account.max_job_credits}; choose a shorter or lower-resolution render")
     if account.daily_spend_cap is not None:
-        spent = await committed_on(conn, account_id, day)
+        spent = await committed_on(conn, account_id)
         if spent + amount > account.daily_spend_cap:
             raise QuotaExhausted(f"this job needs {amount} credits and {spent} of today's cap of "
                                  f"{account.daily_spend_cap} are committed; the cap resets at 00:00 UTC")
@@ -122,7 +128,7 @@ async def reserve(conn: asyncpg.Connection, *, account_id: str, job_id: str, amo
     if free < amount:
         raise QuotaExhausted(f"this job needs {amount} credits and the account has {max(free, 0)} free; "
                              "add credit or wait for running jobs to finish")
-    await _commit_day(conn, account_id, day, amount)
+    await _commit_day(conn, account_id, None, amount)
     return await _apply(conn, account_id, LedgerKind.RESERVE, balance=0, reserved=amount, job_id=job_id,
                         note=f"estimate for {job_id}")
 
@@ -166,12 +172,12 @@ async def entries(
     return [msgspec.convert(dict(r), Entry) for r in rows]
 
 
-def settle_note(to: JobStatus, job_id: str, estimated: int, charged: int, provider_cost: int | None) -> str:
-    """Why a job's credit moved as it did, for the ledger."""
-    if to is JobStatus.COMPLETED:
+def settle_note(ending: str, job_id: str, estimated: int, charged: int, provider_cost: int | None) -> str:
+    """Why a job's credit moved as it did, for the ledger. `ending`: its terminal status, or "deleted"."""
+    if ending == JobStatus.COMPLETED:
         source = "the provider's reported cost" if provider_cost is not None else "the estimate"
         capped = " (capped at the estimate)" if provider_cost is not None and provider_cost > estimated else ""
         return f"{job_id} completed: charged {charged} from {source}{capped}"
     if charged:
-        return f"{job_id} {to.value}: the provider billed {provider_cost}, charged {charged}"
-    return f"{job_id} {to.value}: nothing billed, estimate of {estimated} released"
+        return f"{job_id} {ending}: the provider billed {provider_cost}, charged {charged}"
+    return f"{job_id} {ending}: nothing billed, estimate of {estimated} released"

@@ -18,7 +18,7 @@ from libs.common.events import (
     RecoveryDue,
     SlotFreed,
 )
-from libs.common.states import TERMINAL, JobStatus
+from libs.common.states import RENDERING, TERMINAL, JobStatus
 
 
 class JobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -119,8 +119,7 @@ async def create(
     Must run inside the caller's transaction.
     """
     job_id = ids.new("job")
-    today = await conn.fetchval("SELECT (now() AT TIME ZONE 'UTC')::date")
-    await credits.reserve(conn, account_id=account_id, job_id=job_id, amount=estimated_credits, day=today)
+    await credits.reserve(conn, account_id=account_id, job_id=job_id, amount=estimated_credits)
     row = await conn.fetchrow(
         """
         INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
@@ -144,10 +143,29 @@ async def create(
     return job
 
 
+def owed_sql(delivered: str) -> str:
+    """SQL for what a job ending now owes, kept as its `actual_credits` beside its estimate. `delivered` is a
+    SQL condition: a delivered render costs the provider's reported cost where it gave one, else the
+    estimate; any other ending costs what the provider billed, if anything. Never more than the estimate:
+    the estimate is the quote the credit was reserved for."""
+    return f"""GREATEST(0, LEAST(estimated_credits, CASE WHEN {delivered}
+        THEN COALESCE(provider_cost_credits, estimated_credits) ELSE COALESCE(provider_cost_credits, 0) END))"""
+
+
+async def settle_credit(conn: asyncpg.Connection, job: JobRow, ending: str) -> None:
+    """A job just ended (`ending`: its terminal status, or "deleted"): release its reservation and charge its
+    `actual_credits`, with a ledger entry saying why."""
+    charged = max(0, min(job.actual_credits or 0, job.estimated_credits))
+    await credits.settle(conn, account_id=job.account_id, job_id=job.id, estimated=job.estimated_credits,
+                         charged=charged, day=job.created_at.astimezone(UTC).date(),
+                         note=credits.settle_note(ending, job.id, job.estimated_credits, charged,
+                                                  job.provider_cost_credits))
+
+
 def stop_at_provider(job: JobRow, was: JobStatus | None = None) -> list[CancelRequested]:
     """The message that asks the provider to stop rendering this job, if it may still be rendering (judged
     by `was`, its status before the change at hand, when given)."""
-    if job.provider_job_id is None or (was or job.status) not in (JobStatus.SUBMITTED, JobStatus.PROCESSING):
+    if job.provider_job_id is None or (was or job.status) not in RENDERING:
         return []
     return [CancelRequested(job_id=job.id, provider=job.provider, provider_job_id=job.provider_job_id)]
 
@@ -155,12 +173,12 @@ def stop_at_provider(job: JobRow, was: JobStatus | None = None) -> list[CancelRe
 async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -> bool:
     """Hide a job from every read at once and ask for its assets to be removed. Deletion is not a status:
     the row keeps its status, and every consumer treats `deleted_at` as terminal. False if no such job."""
+    # A deleted live job never reaches a terminal transition: it is settled here, like a cancel.
     row = await conn.fetchrow(
-        """
+        f"""
         UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL,
-            -- A live job is settled here, like a cancel: only what the provider already billed is owed.
             actual_credits = CASE WHEN status IN ('completed', 'failed', 'canceled', 'expired') THEN actual_credits
-                                  ELSE GREATEST(0, LEAST(estimated_credits, COALESCE(provider_cost_credits, 0))) END
+                                  ELSE {owed_sql("false")} END
         WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
         RETURNING *
         """,
@@ -170,15 +188,10 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
         return False
     job = row_to_job(row)
     if job.status not in TERMINAL:
-        # A deleted live job will never reach a terminal transition: give its reservation back now.
-        charged = job.actual_credits or 0
-        await credits.settle(conn, account_id=account_id, job_id=job_id, estimated=job.estimated_credits,
-                             charged=charged, day=job.created_at.astimezone(UTC).date(),
-                             note=f"{job_id} deleted while {job.status.value}: charged {charged}, "
-                                  "estimate released")
+        await settle_credit(conn, job, "deleted")
     await outbox.add(conn, [
         *stop_at_provider(job),
-        *([SlotFreed(provider=job.provider)] if job.status in (JobStatus.SUBMITTED, JobStatus.PROCESSING) else []),
+        *([SlotFreed(provider=job.provider)] if job.status in RENDERING else []),
         AssetsDeleteRequested(job_id=job_id),
         JobChanged(job_id=job_id, status="deleted", at=row["updated_at"]),
     ])

@@ -32,6 +32,8 @@ S = JobStatus
 
 TERMINAL: frozenset[JobStatus] = frozenset({S.COMPLETED, S.FAILED, S.CANCELED, S.EXPIRED})
 NON_TERMINAL: frozenset[JobStatus] = frozenset(set(S) - TERMINAL)
+# At the provider: the job holds one of its provider's render slots, and one of its account's.
+RENDERING: frozenset[JobStatus] = frozenset({S.SUBMITTED, S.PROCESSING})
 
 # from -> the statuses it may move to. `canceled` is reachable from every non-terminal status.
 LEGAL: dict[JobStatus, frozenset[JobStatus]] = {

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from libs.common import credits, metrics, outbox
+from libs.common import metrics, outbox
 from libs.common.errors import JobError
 from libs.common.events import Event, JobChanged, SlotFreed
-from libs.common.jobs import JobRow, Outputs, row_to_job
-from libs.common.states import TERMINAL, JobStatus, sources_of
+from libs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credit
+from libs.common.states import RENDERING, TERMINAL, JobStatus, sources_of
 
 log = logging.getLogger("vidjobs.transitions")
 
@@ -89,16 +89,9 @@ def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
     return " ".join(clauses), values
 
 
-# A job in these holds one of its provider's render slots (and one of its account's).
-RENDERING = frozenset({JobStatus.SUBMITTED, JobStatus.PROCESSING})
 # The endings that settle a job's credit (expiry comes after completion, which already did).
 BILLED_ENDINGS = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELED})
-# What the job costs, kept beside its estimate: a delivered render costs the provider's reported cost where
-# it gave one, else the estimate; a failed or canceled render costs what the provider billed, if anything.
-# Never more than the estimate: the estimate is the quote the credit was reserved for.
-_ACTUAL_SQL = """actual_credits = GREATEST(0, LEAST(j.estimated_credits,
-    CASE WHEN $3::job_status = 'completed' THEN COALESCE(j.provider_cost_credits, j.estimated_credits)
-         ELSE COALESCE(j.provider_cost_credits, 0) END))"""
+_ACTUAL_SQL = "actual_credits = " + owed_sql("$3::job_status = 'completed'")
 
 
 def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> tuple[str, list[Any]]:
@@ -156,7 +149,7 @@ async def transition(
         )
         job = row_to_job(row)
         if to in BILLED_ENDINGS and from_status not in TERMINAL:
-            await _settle(conn, job, to)
+            await settle_credit(conn, job, to.value)
         freed = [SlotFreed(provider=job.provider)] if from_status in RENDERING and to not in RENDERING else []
         await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *freed, *emit])
     metrics.TRANSITIONS.labels(to.value).inc()
@@ -167,10 +160,3 @@ async def transition(
              extra={"job_id": job_id, "from": from_status.value, "to": to.value, "reason": reason})
     return Transitioned(from_status=from_status, job=job)
 
-
-async def _settle(conn: asyncpg.Connection, job: JobRow, to: JobStatus) -> None:
-    charged = max(0, min(job.actual_credits or 0, job.estimated_credits))
-    await credits.settle(conn, account_id=job.account_id, job_id=job.id, estimated=job.estimated_credits,
-                         charged=charged, day=job.created_at.astimezone(UTC).date(),
-                         note=credits.settle_note(to, job.id, job.estimated_credits, charged,
-                                                  job.provider_cost_credits))

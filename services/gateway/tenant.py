@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from datetime import date, datetime
+from datetime import datetime
 
 import asyncpg
 import msgspec
@@ -86,7 +86,6 @@ ORDER BY t.id
 _ACCOUNT = """
 SELECT a.id, a.name, a.concurrent_jobs, a.credits_balance, a.credits_reserved, a.daily_spend_cap,
        a.max_job_credits, a.requests_per_s, a.request_burst,
-       (now() AT TIME ZONE 'UTC')::date AS today,
        (SELECT count(*) FROM jobs j
         WHERE j.account_id = $1 AND j.deleted_at IS NULL
           AND j.status NOT IN ('completed', 'failed', 'canceled', 'expired')) AS active_jobs,
@@ -170,8 +169,7 @@ class Tenant:
         if row is None:
             return None
         account = Account(**{name: row[name] for name in Account.__struct_fields__})
-        today: date = row["today"]
-        spent = await credits.committed_on(self._rt.pool, self.account_id, today)
+        spent = await credits.committed_on(self._rt.pool, self.account_id)  # today, UTC
         return AccountState(account=account, active_jobs=row["active_jobs"], queued_jobs=row["queued_jobs"],
                             spent_today=spent)
 

@@ -15,13 +15,12 @@ from libs.common.jobs import JobRow
 from libs.common.outcomes import fail_or_retry
 from libs.common.retry import Policies
 from libs.common.runtime import Runtime
-from libs.common.states import JobStatus
+from libs.common.states import RENDERING, JobStatus
 from libs.common.transitions import Guard, JobUpdate, transition
 from libs.providers.base import ProviderSignal, ProviderState
 
 log = logging.getLogger("vidjobs.poller")
 
-RENDERING = (JobStatus.SUBMITTED, JobStatus.PROCESSING)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,11 @@ from libs.common.events import CancelRequested, InboxReceived, PollRequested
 from libs.common.jobs import JobRow
 from libs.common.retry import Policies
 from libs.common.runtime import Runtime, consumer, pause
+from libs.common.states import RENDERING
 from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from libs.providers.registry import adapter_for, build_adapters
 from services.poller import schedule
-from services.poller.signals import RENDERING, SignalContext, apply_signal
+from services.poller.signals import SignalContext, apply_signal
 
 log = logging.getLogger("vidjobs.poller")
 
