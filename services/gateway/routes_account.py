@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 from aiohttp import web
 
 from libs.common.credits import Entry
-from services.gateway import ratelimit
+from services.gateway import cursor, ratelimit
 from services.gateway.bodies import AccountOut, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
 from services.gateway.decoding import read_query
-from services.gateway.errors import ErrorOut, invalid, not_found
+from services.gateway.errors import ErrorOut, not_found
 from services.gateway.routing import Route, json_response
 from services.gateway.state import gateway
 from services.gateway.tenant import tenant
-
-_CURSOR_PREFIX = "ledger:"
 
 
 async def get_account(request: web.Request) -> web.Response:
@@ -40,21 +35,6 @@ async def get_account(request: web.Request) -> web.Response:
     ))
 
 
-def encode_cursor(entry_id: int) -> str:
-    return base64.urlsafe_b64encode(f"{_CURSOR_PREFIX}{entry_id}".encode()).rstrip(b"=").decode()
-
-
-def decode_cursor(cursor: str) -> int:
-    """The id of the last entry on the previous page."""
-    try:
-        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        if text.startswith(_CURSOR_PREFIX) and (digits := text[len(_CURSOR_PREFIX):]).isdigit():
-            return int(digits)
-    except (binascii.Error, ValueError):
-        pass
-    raise invalid("cursor: not a cursor this API issued; pass next_cursor back unchanged", status=400)
-
-
 def _entry_out(entry: Entry) -> LedgerEntryOut:
     return LedgerEntryOut(id=entry.id, kind=entry.kind, job_id=entry.job_id, balance_change=entry.balance_change,
                           reserved_change=entry.reserved_change, balance_after=entry.balance_after,
@@ -63,10 +43,10 @@ def _entry_out(entry: Entry) -> LedgerEntryOut:
 
 async def get_ledger(request: web.Request) -> web.Response:
     query = read_query(request.query, LedgerQuery)
-    before_id = decode_cursor(query.cursor) if query.cursor else None
+    before_id = cursor.decode(query.cursor, cursor.LedgerPosition).id if query.cursor else None
     entries = await tenant(request).ledger(before_id=before_id, limit=query.limit + 1)
     page = entries[: query.limit]
-    next_cursor = encode_cursor(page[-1].id) if len(entries) > query.limit else None
+    next_cursor = cursor.encode(cursor.LedgerPosition(page[-1].id)) if len(entries) > query.limit else None
     return json_response(LedgerPage(data=[_entry_out(e) for e in page], next_cursor=next_cursor))
 
 

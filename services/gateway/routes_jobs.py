@@ -141,11 +141,13 @@ async def get_job(request: web.Request) -> web.Response:
 async def list_jobs(request: web.Request) -> web.Response:
     gw = gateway(request)
     query = read_query(request.query, ListQuery)
-    after = cursor.decode(query.cursor) if query.cursor else None
+    position = cursor.decode(query.cursor, cursor.JobPosition) if query.cursor else None
+    after = (position.created_at, position.id) if position else None
     rows = await tenant(request).jobs(status=query.status, after=after, limit=query.limit + 1)
     page = rows[: query.limit]
     last = page[-1].job if page else None
-    next_cursor = cursor.encode(last.created_at, last.id) if last and len(rows) > query.limit else None
+    next_cursor = (cursor.encode(cursor.JobPosition(last.created_at, last.id))
+                   if last and len(rows) > query.limit else None)
     return json_response(JobList(data=[view(gw, job) for job in page], next_cursor=next_cursor))
 
 
