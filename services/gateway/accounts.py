@@ -33,8 +33,18 @@ class Account(msgspec.Struct, frozen=True, kw_only=True):
     request_burst: int | None = None
 
 
-_COLUMNS = ("id, name, concurrent_jobs, credits_balance, credits_reserved, daily_spend_cap, max_job_credits, "
-            "requests_per_s, request_burst")
+def columns(alias: str = "") -> str:
+    """The accounts columns an `Account` is read from, for a SELECT or RETURNING list (`alias.` prefixed)."""
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(prefix + name for name in Account.__struct_fields__)
+
+
+def account_of(row: asyncpg.Record) -> Account:
+    """The `Account` in a row that holds `columns()` (and possibly more)."""
+    return Account(**{name: row[name] for name in Account.__struct_fields__})
+
+
+_COLUMNS = columns()
 
 
 def new_api_key() -> str:
@@ -87,15 +97,13 @@ async def add_api_key(conn: asyncpg.Connection, account_id: str, key: str) -> No
 async def by_key(conn: asyncpg.Connection | asyncpg.Pool, key: str) -> Account | None:
     """The account a live (unrevoked) key belongs to."""
     row = await conn.fetchrow(
-        """
-        SELECT a.id, a.name, a.concurrent_jobs, a.credits_balance, a.credits_reserved, a.daily_spend_cap,
-               a.max_job_credits, a.requests_per_s, a.request_burst
-        FROM api_keys k JOIN accounts a ON a.id = k.account_id
+        f"""
+        SELECT {columns("a")} FROM api_keys k JOIN accounts a ON a.id = k.account_id
         WHERE k.key_hash = $1 AND k.revoked_at IS NULL
         """,
         hash_key(key),
     )
-    return None if row is None else Account(**dict(row))
+    return None if row is None else account_of(row)
 
 
 async def fetch(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> Account | None:

@@ -14,16 +14,15 @@ import asyncpg
 import msgspec
 
 from libs.common.settings import Settings
+from services.gateway import accounts
 from services.gateway.accounts import Account, hash_key
 
 # The key row is locked in the first step, so a concurrent request for the same key waits there and then
 # reads the bucket as the other one left it. `now()` is when the statement began, which may be before a
 # request that waited on the lock committed: the bucket's clock only moves forward.
-_ADMIT = """
+_ADMIT = f"""
 WITH locked AS (
-    SELECT k.id AS key_id, k.rate_tokens, k.rate_updated_at,
-           a.id, a.name, a.concurrent_jobs, a.credits_balance, a.credits_reserved, a.daily_spend_cap,
-           a.max_job_credits, a.requests_per_s, a.request_burst,
+    SELECT k.id AS key_id, k.rate_tokens, k.rate_updated_at, {accounts.columns("a")},
            COALESCE(a.requests_per_s, $2::float8) AS rate, COALESCE(a.request_burst, $3::int)::float8 AS burst
     FROM api_keys k JOIN accounts a ON a.id = k.account_id
     WHERE k.key_hash = $1 AND k.revoked_at IS NULL
@@ -40,8 +39,7 @@ SET rate_tokens = CASE WHEN b.tokens >= 1 THEN b.tokens - 1 ELSE b.tokens END,
     rate_updated_at = b.at, last_used_at = b.at
 FROM bucket b
 WHERE k.id = b.key_id
-RETURNING b.id, b.name, b.concurrent_jobs, b.credits_balance, b.credits_reserved, b.daily_spend_cap,
-          b.max_job_credits, b.requests_per_s, b.request_burst, b.rate, b.burst, b.tokens
+RETURNING {accounts.columns("b")}, b.rate, b.burst, b.tokens
 """
 
 
@@ -71,7 +69,6 @@ async def admit(conn: asyncpg.Connection | asyncpg.Pool, key: str, settings: Set
     row = await conn.fetchrow(_ADMIT, hash_key(key), settings.api_rate_per_s, settings.api_rate_burst)
     if row is None:
         return None
-    fields = {name: row[name] for name in Account.__struct_fields__}
     admitted = row["tokens"] >= 1
-    return Admission(account=Account(**fields), admitted=admitted, rate_per_s=row["rate"], burst=int(row["burst"]),
-                     retry_after_s=0 if admitted else wait_s(row["tokens"], row["rate"]))
+    return Admission(account=accounts.account_of(row), admitted=admitted, rate_per_s=row["rate"],
+                     burst=int(row["burst"]), retry_after_s=0 if admitted else wait_s(row["tokens"], row["rate"]))

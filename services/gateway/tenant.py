@@ -25,6 +25,7 @@ from libs.common.runtime import Runtime
 from libs.common.states import TERMINAL, JobStatus
 from libs.common.transitions import JobUpdate, transition
 from libs.common.uploads import UploadRow
+from services.gateway import accounts
 from services.gateway.accounts import Account
 from services.gateway.state import ACCOUNT, gateway
 
@@ -83,9 +84,8 @@ WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 ORDER BY t.id
 """
 
-_ACCOUNT = """
-SELECT a.id, a.name, a.concurrent_jobs, a.credits_balance, a.credits_reserved, a.daily_spend_cap,
-       a.max_job_credits, a.requests_per_s, a.request_burst,
+_ACCOUNT = f"""
+SELECT {accounts.columns("a")},
        (SELECT count(*) FROM jobs j
         WHERE j.account_id = $1 AND j.deleted_at IS NULL
           AND j.status NOT IN ('completed', 'failed', 'canceled', 'expired')) AS active_jobs,
@@ -168,7 +168,7 @@ class Tenant:
         row = await self._rt.pool.fetchrow(_ACCOUNT, self.account_id)
         if row is None:
             return None
-        account = Account(**{name: row[name] for name in Account.__struct_fields__})
+        account = accounts.account_of(row)
         spent = await credits.committed_on(self._rt.pool, self.account_id)  # today, UTC
         return AccountState(account=account, active_jobs=row["active_jobs"], queued_jobs=row["queued_jobs"],
                             spent_today=spent)
