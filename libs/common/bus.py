@@ -11,6 +11,8 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import msgspec
 import nats
@@ -27,7 +29,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError
 
-from libs.common import events, metrics
+from libs.common import events, faults, metrics
 from libs.common.errors import Redeliver
 from libs.common.events import Event
 
@@ -80,7 +82,9 @@ async def ensure_streams(js: JetStreamContext, *, replicas: int = 1) -> None:
 class Delivery:
     """What a handler may know about the message it was handed."""
 
-    attempt: int  # 1 on first delivery
+    # 1 on the first handling of this work; then 1 + the handlings before it that failed or died with their
+    # process. Deferrals (Redeliver, infrastructure faults) do not count. Survives restarts (see `Tries`).
+    attempt: int
     subject: str
 
 
@@ -94,31 +98,43 @@ class ConsumerSpec:
     handler: Handler
     concurrency: int = 8
     ack_wait_s: float = 30.0
-    # Handler failures before the message is dead-lettered. Deferrals (Redeliver) are not failures: a job
-    # held back by a provider's limits may wait through many deliveries, so the server itself never stops
-    # redelivering short of DELIVERY_CEILING.
+    # Handlings that failed or killed their process before the message is dead-lettered. Deferrals
+    # (Redeliver) and infrastructure faults are not failures: a job held back by a provider's limits may be
+    # deferred for hours.
     max_deliver: int = 20
-    # Deferred messages (nak with delay) stay ack-pending; a consumer that defers many must allow many.
     max_ack_pending: int | None = None
     on_dead: Callable[[Event], Awaitable[None]] | None = None
 
 
-DELIVERY_CEILING = 100_000
+# Headers of a deferred message's copy. A deferral acks the message and publishes a copy that carries the
+# count of failed handlings so far, so JetStream's own delivery count of the copy only ever grows by
+# failures and by deliveries that died with their process, and the count survives any restart.
+TRIES_HEADER = "Vidjobs-Tries"  # failed or lost handlings before this copy
+NOT_BEFORE_HEADER = "Vidjobs-Not-Before"  # unix seconds; an earlier delivery is held back once, in place
+STREAK_HEADER = "Vidjobs-Fault-Streak"  # consecutive infrastructure faults, for their backoff
+_OWN_HEADERS = {TRIES_HEADER, NOT_BEFORE_HEADER, STREAK_HEADER, "Nats-Msg-Id"}
+# JetStream stops delivering a message past this many deliveries of one copy and says so in an advisory;
+# it is a backstop only, since `Tries` dead-letters first.
+BACKSTOP_SLACK = 3
 
 
-class FailureCounts:
-    """Handler failures per message (by stream sequence) seen by this process."""
+@dataclass(frozen=True)
+class Tries:
+    """How often the work in a message has been tried, read from the copy and JetStream's count of it."""
 
-    def __init__(self) -> None:
-        self._counts: dict[int, int] = {}
+    before: int  # failed or lost handlings before this delivery
+    streak: int  # consecutive infrastructure faults before this delivery
+    not_before: float | None
 
-    def add(self, msg: Msg) -> int:
-        seq = msg.metadata.sequence.stream
-        self._counts[seq] = self._counts.get(seq, 0) + 1
-        return self._counts[seq]
-
-    def forget(self, msg: Msg) -> None:
-        self._counts.pop(msg.metadata.sequence.stream, None)
+    @classmethod
+    def of(cls, msg: Msg) -> Tries:
+        headers = msg.headers or {}
+        not_before = float(headers[NOT_BEFORE_HEADER]) if NOT_BEFORE_HEADER in headers else None
+        earlier = msg.metadata.num_delivered - 1
+        if not_before is not None and earlier > 0:
+            earlier -= 1  # its first delivery may have been held until `not_before`
+        return cls(before=int(headers.get(TRIES_HEADER, 0)) + earlier,
+                   streak=int(headers.get(STREAK_HEADER, 0)), not_before=not_before)
 
 
 def retry_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0) -> float:
@@ -126,15 +142,38 @@ def retry_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0) -> float:
     return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
 
 
-async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event) -> None:
-    config = ConsumerConfig(
+def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
+    return ConsumerConfig(
         durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=spec.ack_wait_s,
-        max_deliver=DELIVERY_CEILING, max_ack_pending=spec.max_ack_pending or spec.concurrency * 4,
+        max_deliver=spec.max_deliver + BACKSTOP_SLACK, max_ack_pending=spec.max_ack_pending or spec.concurrency * 4,
         filter_subject=spec.subject,
     )
-    psub = await js.pull_subscribe(spec.subject, durable=spec.durable, stream=WORK_STREAM, config=config)
+
+
+async def _subscribe(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event) -> Any:
+    """The pull subscription, waiting out a JetStream that is electing a leader or not there yet. The
+    consumer is created or brought up to this spec (an older deployment's keeps its durable state)."""
+    failures = 0
+    while True:
+        try:
+            try:
+                await js.add_consumer(WORK_STREAM, config=consumer_config(spec))
+            except BadRequestError as exc:
+                log.warning("consumer kept its old settings", extra={"consumer": spec.durable, "error": repr(exc)})
+            return await js.pull_subscribe_bind(durable=spec.durable, stream=WORK_STREAM)
+        except (nats.errors.Error, TimeoutError) as exc:
+            failures += 1
+            if stop.is_set():
+                raise
+            log.warning("consumer not ready; retrying", extra={"consumer": spec.durable, "error": repr(exc)})
+            await asyncio.sleep(min(0.25 * 2 ** failures, 5.0))
+
+
+async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event) -> None:
+    psub = await _subscribe(js, spec, stop)
+    backstop = await js._nc.subscribe(f"{MAX_DELIVERIES_ADVISORY}.{WORK_STREAM}.{spec.durable}",
+                                      cb=partial(_on_max_deliveries, js, spec))
     slots = asyncio.Semaphore(spec.concurrency)
-    failures = FailureCounts()
     inflight: set[asyncio.Task] = set()
     while not stop.is_set():
         await slots.acquire()
@@ -153,13 +192,14 @@ async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event)
         for _ in range(free - len(msgs)):
             slots.release()
         for msg in msgs:
-            task = asyncio.create_task(_handle(spec, msg, slots, failures))
+            task = asyncio.create_task(_handle(js, spec, msg, slots))
             inflight.add(task)
             task.add_done_callback(inflight.discard)
     if inflight:
         await asyncio.wait(inflight, timeout=spec.ack_wait_s)
     with contextlib.suppress(Exception):
         await psub.unsubscribe()
+        await backstop.unsubscribe()
 
 
 async def _heartbeat(msg: Msg, every: float) -> None:
@@ -170,58 +210,151 @@ async def _heartbeat(msg: Msg, every: float) -> None:
             await msg.in_progress()
 
 
-async def _handle(spec: ConsumerSpec, msg: Msg, slots: asyncio.Semaphore, failures: FailureCounts) -> None:
+async def _handle(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, slots: asyncio.Semaphore) -> None:
     started = time.perf_counter()
     try:
-        await _dispatch(spec, msg, failures)
+        await _dispatch(js, spec, msg)
+    except Exception as exc:
+        # The answer to JetStream (ack, nak, a deferral's copy, a dead letter) did not get through: the
+        # message comes back after its ack wait, and the handlers are safe to run again.
+        log.warning("could not settle a message; it will be redelivered",
+                    extra={"consumer": spec.durable, "error": repr(exc)})
     finally:
         slots.release()
         metrics.HANDLE_SECONDS.labels(spec.durable).observe(time.perf_counter() - started)
 
 
-async def _dispatch(spec: ConsumerSpec, msg: Msg, failures: FailureCounts) -> None:
-    attempt = msg.metadata.num_delivered
+async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
+    tries = Tries.of(msg)
+    if tries.not_before is not None and msg.metadata.num_delivered == 1 and tries.not_before > time.time():
+        await msg.nak(delay=tries.not_before - time.time())  # a deferred copy, early: hold it back
+        return
     try:
         event = events.decode(msg.data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         log.error("poison message: cannot decode", extra={"consumer": spec.durable, "error": str(exc)})
-        await _dead_letter(spec, msg, None, f"undecodable: {exc}")
+        await _dead_letter(js, spec, msg, None, f"undecodable: {exc}")
+        return
+    job_id = getattr(event, "job_id", None)
+    if tries.before >= spec.max_deliver:
+        # Earlier handlings failed or took their process down with them: do not offer it another.
+        log.error("message gave up: its handlings kept failing or dying",
+                  extra={"consumer": spec.durable, "job_id": job_id, "tries": tries.before})
+        await _dead_letter(js, spec, msg, event, f"{tries.before} handlings failed or died with their process")
         return
     beat = asyncio.create_task(_heartbeat(msg, spec.ack_wait_s / 3))
     try:
-        await spec.handler(event, Delivery(attempt=attempt, subject=msg.subject))
+        await spec.handler(event, Delivery(attempt=tries.before + 1, subject=msg.subject))
     except Redeliver as again:
+        if again.counts:
+            await _retry(js, spec, msg, event, tries, again)
+            return
         metrics.MESSAGES.labels(spec.durable, "deferred").inc()
-        await msg.nak(delay=again.delay)
+        await _defer(js, msg, tries, again.delay, streak=0)
         return
     except Exception as exc:
-        job_id = getattr(event, "job_id", None)
-        failed = failures.add(msg)
-        if failed >= spec.max_deliver or attempt >= DELIVERY_CEILING:
-            log.exception("handler failed for the last time", extra={"consumer": spec.durable, "job_id": job_id})
-            failures.forget(msg)
-            await _dead_letter(spec, msg, event, repr(exc))
-            return
-        delay = retry_delay(failed)
-        log.warning("handler failed; will be redelivered", exc_info=True,
-                    extra={"consumer": spec.durable, "job_id": job_id, "attempt": attempt, "delay_s": delay})
-        metrics.MESSAGES.labels(spec.durable, "failed").inc()
-        await msg.nak(delay=delay)
+        await _failed(js, spec, msg, event, tries, exc)
         return
     finally:
         beat.cancel()
-    failures.forget(msg)
     await msg.ack()
     metrics.MESSAGES.labels(spec.durable, "acked").inc()
 
 
-async def _dead_letter(spec: ConsumerSpec, msg: Msg, event: Event | None, why: str) -> None:
+async def _failed(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Event, tries: Tries,
+                  exc: Exception) -> None:
+    job_id = getattr(event, "job_id", None)
+    if faults.is_infrastructure(exc):
+        delay = retry_delay(tries.streak + 1, base=0.5, cap=30.0)
+        log.warning("infrastructure fault; work deferred", extra={
+            "consumer": spec.durable, "job_id": job_id, "error": repr(exc), "delay_s": delay})
+        metrics.MESSAGES.labels(spec.durable, "fault").inc()
+        await _defer(js, msg, tries, delay, streak=tries.streak + 1)
+        return
+    failed = tries.before + 1
+    if failed >= spec.max_deliver:
+        log.exception("handler failed for the last time", extra={"consumer": spec.durable, "job_id": job_id})
+        await _dead_letter(js, spec, msg, event, repr(exc))
+        return
+    delay = retry_delay(failed)
+    log.warning("handler failed; will be redelivered", exc_info=True,
+                extra={"consumer": spec.durable, "job_id": job_id, "attempt": failed, "delay_s": delay})
+    metrics.MESSAGES.labels(spec.durable, "failed").inc()
+    await _spend(js, msg, tries, delay)
+
+
+async def _spend(js: JetStreamContext, msg: Msg, tries: Tries, delay: float) -> None:
+    """One try spent; the work comes back after `delay`. Usually JetStream's count of this copy records it
+    (a nak). On the first delivery of a deferred copy, which the count cannot tell from a held-back one, a
+    new copy carries the count instead."""
+    if tries.not_before is not None and msg.metadata.num_delivered == 1:
+        await _defer(js, msg, Tries(before=tries.before + 1, streak=0, not_before=None), delay, streak=0)
+        return
+    await msg.nak(delay=max(delay, 0.0))
+
+
+async def _retry(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Event, tries: Tries,
+                 again: Redeliver) -> None:
+    """A handling that failed in a way its handler expected: one try spent, redelivered after its delay."""
+    if tries.before + 1 >= spec.max_deliver:
+        await _dead_letter(js, spec, msg, event, f"gave up: {again}")
+        return
+    metrics.MESSAGES.labels(spec.durable, "failed").inc()
+    await _spend(js, msg, tries, again.delay)
+
+
+async def _defer(js: JetStreamContext, msg: Msg, tries: Tries, delay: float, *, streak: int) -> None:
+    """Hand the work back for later without spending a try: a copy that carries the count replaces it. The
+    copy is published before the message is acked, so a crash in between leaves a duplicate (which every
+    handler tolerates), never nothing."""
+    headers = {k: v for k, v in (msg.headers or {}).items() if k not in _OWN_HEADERS}
+    headers.update({
+        TRIES_HEADER: str(tries.before), NOT_BEFORE_HEADER: f"{time.time() + max(delay, 0.0):.3f}",
+        "Nats-Msg-Id": f"defer-{msg.metadata.stream}-{msg.metadata.sequence.stream}-{msg.metadata.num_delivered}",
+    })
+    if streak:
+        headers[STREAK_HEADER] = str(streak)
+    await js.publish(msg.subject, msg.data, headers=headers, timeout=5)
+    await msg.ack()
+
+
+async def _dead_letter(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Event | None, why: str) -> None:
+    await _bury(js, spec, msg.data, msg.subject, msg.metadata.sequence.stream, event, why)
+    await msg.term()
+
+
+async def _bury(js: JetStreamContext, spec: ConsumerSpec, data: bytes, subject: str, seq: int,
+                event: Event | None, why: str) -> None:
+    """Keep the message for a person to inspect and fail its job. Both are idempotent: a dead letter is
+    published once per stream sequence, and failing a job that already ended changes nothing."""
     metrics.MESSAGES.labels(spec.durable, "dead").inc()
-    js = msg._client.jetstream()
     await js.publish(
-        f"{DEAD_PREFIX}.{spec.durable}", msg.data,
-        headers={"Vidjobs-Dead-Reason": why[:500], "Vidjobs-Original-Subject": msg.subject},
+        f"{DEAD_PREFIX}.{spec.durable}", data,
+        headers={"Vidjobs-Dead-Reason": why[:500], "Vidjobs-Original-Subject": subject,
+                 "Nats-Msg-Id": f"dead-{WORK_STREAM}-{seq}"},
     )
     if event is not None and spec.on_dead is not None:
         await spec.on_dead(event)
-    await msg.term()
+
+
+MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+
+
+async def _on_max_deliveries(js: JetStreamContext, spec: ConsumerSpec, advisory: Msg) -> None:
+    """JetStream stopped delivering a message (the backstop under `Tries`): bury it and take it out of the
+    work queue, where it would otherwise sit forever."""
+    try:
+        seq = int(msgspec.json.decode(advisory.data)["stream_seq"])
+        raw = await js.get_msg(WORK_STREAM, seq)
+        try:
+            event: Event | None = events.decode(raw.data or b"")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            event = None
+        await _bury(js, spec, raw.data or b"", raw.subject or spec.subject, seq, event,
+                    "JetStream's delivery limit was reached")
+        await js.delete_msg(WORK_STREAM, seq)
+        log.error("message reached JetStream's delivery limit; dead-lettered",
+                  extra={"consumer": spec.durable, "job_id": getattr(event, "job_id", None), "seq": seq})
+    except Exception as exc:  # another replica may have buried it already
+        log.warning("could not handle a max-deliveries advisory", extra={"consumer": spec.durable,
+                                                                          "error": repr(exc)})

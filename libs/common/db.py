@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from importlib import resources
+from typing import Any
 
 import asyncpg
 import msgspec
@@ -22,9 +23,36 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def create_pool(url: str, *, min_size: int = 1, max_size: int = 10) -> asyncpg.Pool:
+class Timeouts(msgspec.Struct, frozen=True, kw_only=True):
+    """Bounds the server enforces on every session of a pool, so a stuck statement, a lock held by a
+    session that went quiet, or a transaction left open by a frozen client is ended by PostgreSQL itself
+    rather than holding up every other service."""
+
+    statement_s: float = 30.0
+    lock_s: float = 10.0
+    idle_in_transaction_s: float = 60.0
+
+    @classmethod
+    def of(cls, settings: Any) -> Timeouts:
+        return cls(statement_s=settings.db_statement_timeout_s, lock_s=settings.db_lock_timeout_s,
+                   idle_in_transaction_s=settings.db_idle_in_transaction_timeout_s)
+
+    def server_settings(self) -> dict[str, str]:
+        return {
+            "statement_timeout": f"{int(self.statement_s * 1000)}",
+            "lock_timeout": f"{int(self.lock_s * 1000)}",
+            "idle_in_transaction_session_timeout": f"{int(self.idle_in_transaction_s * 1000)}",
+        }
+
+
+async def create_pool(
+    url: str, *, min_size: int = 1, max_size: int = 10, timeouts: Timeouts | None = None,
+) -> asyncpg.Pool:
+    timeouts = timeouts or Timeouts()
     return await asyncpg.create_pool(
-        url, min_size=min_size, max_size=max_size, init=_init_connection, command_timeout=30,
+        url, min_size=min_size, max_size=max_size, init=_init_connection,
+        # The client waits a little longer than the server, so the server's own, clearer error wins.
+        command_timeout=timeouts.statement_s + 5, server_settings=timeouts.server_settings(),
     )
 
 

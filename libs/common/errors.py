@@ -80,13 +80,17 @@ class QuotaExhausted(VidjobsError):
 
 
 class ProviderError(VidjobsError):
-    """A provider call failed; `code` classifies it, `retry_after` honours the provider's pacing."""
+    """A provider call failed; `code` classifies it, `retry_after` honours the provider's pacing.
 
-    def __init__(self, code: ErrorCode, message: str, *, retry_after: float | None = None):
+    `unclear` marks a call that may have done its work although no answer came back (a timeout or a
+    connection dropped after the request went out): for a submit, the render may exist."""
+
+    def __init__(self, code: ErrorCode, message: str, *, retry_after: float | None = None, unclear: bool = False):
         super().__init__(message)
         self.code = code
         self.message = message
         self.retry_after = retry_after
+        self.unclear = unclear
 
     @property
     def retryable(self) -> bool:
@@ -118,8 +122,13 @@ class WebhookRejected(VidjobsError):
 
 
 class Redeliver(VidjobsError):
-    """Raised by a message handler to have JetStream deliver the message again after `delay` seconds."""
+    """Raised by a message handler to have the work handed back after `delay` seconds.
 
-    def __init__(self, reason: str, delay: float = 1.0):
+    A deferral (the default) is not a failure and spends nothing: a job waiting for a slot may be deferred
+    for hours. `counts=True` says this handling failed and spends one of the message's tries, so a failure
+    that keeps recurring ends in the dead letters rather than looping."""
+
+    def __init__(self, reason: str, delay: float = 1.0, *, counts: bool = False):
         super().__init__(reason)
         self.delay = delay
+        self.counts = counts

@@ -20,6 +20,9 @@ from libs.common.events import (
 )
 from libs.common.states import RENDERING, TERMINAL, JobStatus
 
+# A waiting job's message looks at it again within this long, whatever it waits for.
+WAIT_LOOK_S = 30.0
+
 
 class JobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The normalised render request, as accepted by the API and handed to an adapter."""
@@ -89,6 +92,7 @@ class JobRow(msgspec.Struct, kw_only=True):
     provider_queue_position: int | None = None
     rate_card_version: int | None = None
     provider_cost_credits: int | None = None  # what the provider reported billing, in credits
+    waited_at: datetime | None = None  # when a submitter last deferred this waiting job's message
 
     @property
     def finished(self) -> bool:
@@ -199,17 +203,26 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
 
 
 async def set_wait_reason(conn: asyncpg.Connection, job_id: str, reason: str) -> None:
-    """Say why a queued job is not submitted yet (not a status change; the next transition clears it)."""
-    at = await conn.fetchval(
+    """Say why a queued job is not submitted yet (not a status change; the next transition clears it), and
+    that its message is alive: `waited_at` tells the recovery check not to publish another."""
+    row = await conn.fetchrow(
         """
-        UPDATE jobs SET wait_reason = $2, updated_at = clock_timestamp()
-        WHERE id = $1 AND status = 'pending' AND deleted_at IS NULL AND wait_reason IS DISTINCT FROM $2
-        RETURNING updated_at
+        UPDATE jobs j SET wait_reason = $2, waited_at = clock_timestamp(),
+                          updated_at = CASE WHEN o.reason IS DISTINCT FROM $2 THEN clock_timestamp()
+                                            ELSE j.updated_at END
+        FROM (SELECT id, wait_reason AS reason FROM jobs WHERE id = $1) AS o
+        WHERE j.id = o.id AND j.status = 'pending' AND j.deleted_at IS NULL
+        RETURNING j.updated_at, o.reason IS DISTINCT FROM $2 AS changed
         """,
         job_id, reason,
     )
-    if at is not None:
-        await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.PENDING.value, at=at)])
+    if row is not None and row["changed"]:
+        await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.PENDING.value, at=row["updated_at"])])
+
+
+def message_alive(job: JobRow, now: datetime) -> bool:
+    """Whether a waiting job's own message looked at it recently enough to be still going round."""
+    return job.waited_at is not None and (now - job.waited_at).total_seconds() < 3 * WAIT_LOOK_S
 
 
 async def record_queue_position(conn: asyncpg.Connection, job_id: str, position: int) -> None:

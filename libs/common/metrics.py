@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Histogram
 
 OUTBOX_PUBLISHED = Counter("vidjobs_outbox_published_total", "Outbox events published to JetStream")
+OUTBOX_FAILURES = Counter("vidjobs_outbox_failures_total", "Outbox relay passes that failed and were retried")
 
 MESSAGES = Counter(
     "vidjobs_messages_total", "Work messages handled, by consumer and outcome", ["consumer", "outcome"]

@@ -19,6 +19,8 @@ from libs.common.events import Event
 
 log = logging.getLogger("vidjobs.outbox")
 
+MAX_BACKOFF_S = 5.0
+
 
 async def add(conn: asyncpg.Connection, items: Sequence[Event]) -> None:
     """Stage events for publishing; call inside the transaction that made them true."""
@@ -45,13 +47,20 @@ class Relay:
         self._wake.set()
 
     async def run(self, stop: asyncio.Event) -> None:
+        failures = 0
         while not stop.is_set():
             try:
                 sent = await self.publish_pending()
-            except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
-                log.warning("outbox relay pass failed; retrying", extra={"error": repr(exc)})
+                failures = 0
+            except Exception as exc:
+                # Whatever JetStream or the database says (no responders while a leader is elected, a
+                # connection lost, a timeout), the rows stay and the next pass publishes them.
+                failures += 1
+                delay = min(self._idle_s * 2 ** min(failures, 6), MAX_BACKOFF_S)
+                log.warning("outbox relay pass failed; retrying", extra={"error": repr(exc), "delay_s": delay})
+                metrics.OUTBOX_FAILURES.inc()
                 sent = 0
-                await asyncio.sleep(self._idle_s)
+                await asyncio.sleep(delay)
             if sent >= self._batch:
                 continue  # more may be waiting
             self._wake.clear()

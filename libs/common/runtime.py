@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from libs.common import bus, db, logs
+from libs.common import bus, db, faults, logs
 from libs.common.errors import ConfigError, ErrorCode, JobError
 from libs.common.events import Event
 from libs.common.outbox import Relay
@@ -29,6 +29,11 @@ from libs.common.states import JobStatus, sources_of
 from libs.common.transitions import JobUpdate, transition
 
 log = logging.getLogger("vidjobs.runtime")
+
+
+PROBE_TIMEOUT_S = 2.0
+# Between a long-lived task's death and the process's exit, /readyz says why (probes see it first).
+FAIL_GRACE_S = 2.0
 
 
 @dataclass
@@ -40,6 +45,45 @@ class Runtime:
     js: JetStreamContext
     relay: Relay
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    failure: str | None = None  # why the service is going down, once a long-lived task stopped
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    def watch(self, work: Awaitable[None], name: str) -> asyncio.Task:
+        """Run a long-lived task that must live as long as the service: if it ends before the service is
+        asked to stop (crashed or not), the service fails, so that it is restarted rather than left
+        half-alive."""
+        task = asyncio.ensure_future(work)
+        task.set_name(name)
+        task.add_done_callback(self._ended)
+        self.tasks.append(task)
+        return task
+
+    def _ended(self, task: asyncio.Task) -> None:
+        if self.stop.is_set():
+            return
+        error = None if task.cancelled() else task.exception()
+        self.fail(f"{task.get_name()} {'stopped' if error is None else f'died: {error!r}'}", error)
+
+    def fail(self, why: str, error: BaseException | None = None) -> None:
+        if self.failure is not None:
+            return
+        self.failure = why
+        log.error("a long-lived task stopped; the service exits to be restarted", exc_info=error,
+                  extra={"why": why})
+        asyncio.get_running_loop().call_later(FAIL_GRACE_S, self.stop.set)
+
+    async def readiness(self) -> str | None:
+        """What keeps this service from being ready, or None."""
+        if self.failure is not None:
+            return self.failure
+        if not self.nc.is_connected:
+            return "NATS unreachable"
+        try:
+            await asyncio.wait_for(self.pool.fetchval("SELECT 1"), PROBE_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("not ready: database", extra={"error": repr(exc)})
+            return "database unreachable"
+        return None
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[asyncpg.Connection]:
@@ -70,17 +114,17 @@ async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) ->
         raise ConfigError("VIDJOBS_DATABASE_URL and VIDJOBS_NATS_URL must be set (`vidjobs up` sets both)")
     await _wait_for_database(settings.database_url)
     await db.migrate(settings.database_url)
-    pool = await db.create_pool(settings.database_url, max_size=pool_size)
+    pool = await db.create_pool(settings.database_url, max_size=pool_size, timeouts=db.Timeouts.of(settings))
     nc, js = await bus.connect(settings.nats_url, name=f"vidjobs-{name}")
     try:
         await bus.ensure_streams(js, replicas=settings.stream_replicas)
         rt = Runtime(name=name, settings=settings, pool=pool, nc=nc, js=js, relay=Relay(pool, js))
-        relay_task = asyncio.create_task(rt.relay.run(rt.stop), name="outbox-relay")
+        rt.watch(rt.relay.run(rt.stop), "outbox-relay")
         try:
             yield rt
         finally:
             rt.stop.set()
-            await asyncio.wait([relay_task], timeout=5)
+            await asyncio.wait(rt.tasks, timeout=5)
     finally:
         with contextlib.suppress(Exception):
             await nc.drain()
@@ -93,11 +137,18 @@ async def health_app(rt: Runtime) -> web.AppRunner:
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "service": rt.name})
 
+    async def readyz(_: web.Request) -> web.Response:
+        why = await rt.readiness()
+        if why is not None:
+            return web.json_response({"status": "not ready", "service": rt.name, "reason": why}, status=503)
+        return web.json_response({"status": "ready", "service": rt.name})
+
     async def metrics_route(_: web.Request) -> web.Response:
         return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_route)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -141,8 +192,11 @@ async def every(rt: Runtime, seconds: float, one_pass: Callable[[], Awaitable[No
     while not rt.stop.is_set():
         try:
             await one_pass()
-        except Exception:
-            log.exception("%s failed; trying again next pass", what)
+        except Exception as exc:
+            if faults.is_infrastructure(exc):
+                log.warning("%s could not run; trying again next pass", what, extra={"error": repr(exc)})
+            else:
+                log.exception("%s failed; trying again next pass", what)
         await pause(rt, seconds)
 
 
@@ -155,18 +209,12 @@ async def _serve(name: str, settings: Settings, main: WorkerMain) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, rt.stop.set)
         runner = await health_app(rt)
-        work = asyncio.create_task(main(rt), name=f"{name}-main")
-        stopping = asyncio.create_task(rt.stop.wait())
+        work = rt.watch(main(rt), f"{name}-main")
         try:
-            done, _ = await asyncio.wait({work, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if work in done and work.exception() is not None:
-                log.error("service failed", exc_info=work.exception())
-                return 1
-            rt.stop.set()
+            await rt.stop.wait()
             await asyncio.wait({work}, timeout=30)  # in-flight work drains
-            return 0
+            return 0 if rt.failure is None else 1
         finally:
-            stopping.cancel()
             work.cancel()
             await runner.cleanup()
 

@@ -74,6 +74,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     model_routes: dict[str, list[RouteShare]] = {}
     ack_wait_s: float = 30.0  # a consumer's message is redelivered if not acked (or heartbeated) this long
     max_deliveries: int = 10  # failed handlings of one message before it is dead-lettered
+    # Server-side bounds on every database session of the services (see db.Timeouts).
+    db_statement_timeout_s: float = 30.0
+    db_lock_timeout_s: float = 10.0
+    db_idle_in_transaction_timeout_s: float = 60.0
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
     signed_url_ttl_s: int = 900  # links to stored objects are short-lived; reading the job again renews them
     fake_provider_url: str = "http://127.0.0.1:8090"

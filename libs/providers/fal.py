@@ -33,7 +33,7 @@ from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderEr
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
 from libs.providers.fal_signature import Jwks, Verifier
-from libs.providers.http import retry_after
+from libs.providers.http import retry_after, sent_maybe
 
 NAME = "fal"
 _KEY_HINT = "check VIDJOBS_FAL_API_KEY"
@@ -295,10 +295,11 @@ class FalAdapter:
             async with self.session.request(method, url, **kwargs) as resp:
                 return _Answer(resp.status, await resp.read(), resp.headers)
         except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise ProviderError(ErrorCode.TIMEOUT, f"fal did not answer {what} in time.") from exc
+            raise ProviderError(ErrorCode.TIMEOUT, f"fal did not answer {what} in time.", unclear=True) from exc
         except aiohttp.ClientError as exc:
             raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE,
-                                f"fal could not be reached for {what}: {type(exc).__name__}") from exc
+                                f"fal could not be reached for {what}: {type(exc).__name__}",
+                                unclear=sent_maybe(exc)) from exc
 
 
 # --- translation ------------------------------------------------------------------------------------------

@@ -38,7 +38,15 @@ async def transport_errors(
     try:
         yield
     except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-        raise ProviderError(ErrorCode.TIMEOUT, f"{provider} did not answer {method} {path} in time.") from exc
+        raise ProviderError(ErrorCode.TIMEOUT, f"{provider} did not answer {method} {path} in time.",
+                            unclear=True) from exc
     except aiohttp.ClientError as exc:
         said = str(exc) if detail else type(exc).__name__
-        raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"{provider} could not be reached: {said}") from exc
+        raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"{provider} could not be reached: {said}",
+                            unclear=sent_maybe(exc)) from exc
+
+
+def sent_maybe(exc: aiohttp.ClientError) -> bool:
+    """Whether a failed call may have reached the provider: only a connection that was never made (refused,
+    unresolvable, TLS refused) proves the request was not sent."""
+    return not isinstance(exc, aiohttp.ClientConnectorError)

@@ -24,6 +24,10 @@ class ObjectNotFound(StorageError):
     pass
 
 
+class StorageUnavailable(StorageError):
+    """The store could not be reached or answered with a server error: the same call may succeed later."""
+
+
 @runtime_checkable
 class Storage(Protocol):
     async def put_file(self, key: str, path: Path, content_type: str) -> ObjectInfo:

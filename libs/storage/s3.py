@@ -24,7 +24,7 @@ from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from libs.storage.base import ObjectInfo, ObjectNotFound, StorageError
+from libs.storage.base import ObjectInfo, ObjectNotFound, StorageError, StorageUnavailable
 
 log = logging.getLogger("vidjobs.storage")
 
@@ -33,6 +33,9 @@ MAX_PARTS = 10_000  # S3's limit per multipart upload
 DELETE_BATCH = 1000  # S3's limit per DeleteObjects call, and a listing's page size
 UNKNOWN_TYPE = "application/octet-stream"  # what a listing says: it does not carry content types
 _MISSING = {"404", "NoSuchKey", "NotFound"}
+# Codes S3-compatible stores send for "try again": treated like a 5xx, as an outage of the store.
+_THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable",
+              "InternalError"}
 
 
 def _client_options(environ: Mapping[str, str]) -> dict[str, Any]:
@@ -67,9 +70,11 @@ def _translated(action: str, key: str) -> Iterator[None]:
         code = str(exc.response.get("Error", {}).get("Code", ""))
         if code in _MISSING:
             raise ObjectNotFound(key) from exc
-        raise StorageError(f"S3 could not {action} {key!r}: {code or exc}") from exc
-    except (BotoCoreError, aiohttp.ClientError, TimeoutError) as exc:
-        raise StorageError(f"S3 could not {action} {key!r}: {exc}") from exc
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        kind = StorageUnavailable if status >= 500 or code in _THROTTLED else StorageError
+        raise kind(f"S3 could not {action} {key!r}: {code or exc}") from exc
+    except (BotoCoreError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise StorageUnavailable(f"S3 could not {action} {key!r}: {exc}") from exc
 
 
 class S3Storage:

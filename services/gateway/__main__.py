@@ -14,6 +14,7 @@ from libs.common import logs
 from libs.common.errors import ConfigError
 from libs.common.settings import Settings, load
 from services.gateway.app import create_app
+from services.gateway.state import GATEWAY
 
 log = logging.getLogger("vidjobs.gateway")
 
@@ -26,15 +27,21 @@ async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runner = web.AppRunner(create_app(settings), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
     await runner.setup()  # opens the database pool, NATS, storage and provider adapters
     try:
         site = web.TCPSite(runner, settings.http_host, settings.http_port)
         await site.start()
         log.info("gateway listening", extra={"url": settings.gateway_url})
-        await stop.wait()
-        log.info("gateway stopping")
-        return 0
+        rt = app[GATEWAY].rt
+        # Asked to stop, or a long-lived task of the runtime stopped (then the exit code says so).
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(rt.stop.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for waiting in waits:
+            waiting.cancel()
+        log.info("gateway stopping", extra={"why": rt.failure or "asked to"})
+        return 0 if rt.failure is None else 1
     finally:
         await runner.cleanup()
 

@@ -74,7 +74,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         adapters = build_adapters(settings, session)
         for adapter in adapters.values():
             stack.push_async_callback(adapter.close)
-        sweep = asyncio.create_task(_sweep_idempotency_keys(rt), name="idempotency-sweep")
+        sweep = rt.watch(_sweep_idempotency_keys(rt), "idempotency-sweep")
         stack.push_async_callback(_stop, sweep)  # stopped before the pool it uses is closed
         app[GATEWAY] = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters)
         yield

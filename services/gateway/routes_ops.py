@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-import asyncpg
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -16,22 +14,16 @@ from services.gateway.state import gateway
 
 log = logging.getLogger("vidjobs.gateway")
 
-_PROBE_TIMEOUT_S = 2.0
-
 
 async def healthz(_: web.Request) -> web.Response:
     return json_response(Health(status="ok"))
 
 
 async def readyz(request: web.Request) -> web.Response:
-    rt = gateway(request).rt
-    try:
-        await asyncio.wait_for(rt.pool.fetchval("SELECT 1"), _PROBE_TIMEOUT_S)
-    except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        log.warning("not ready: database", extra={"error": repr(exc)})
-        raise ApiError(503, GatewayCode.NOT_READY, "database unreachable", retryable=True) from exc
-    if not rt.nc.is_connected:
-        raise ApiError(503, GatewayCode.NOT_READY, "NATS unreachable", retryable=True)
+    why = await gateway(request).rt.readiness()
+    if why is not None:
+        log.warning("not ready", extra={"why": why})
+        raise ApiError(503, GatewayCode.NOT_READY, why, retryable=True)
     return json_response(Health(status="ready"))
 
 

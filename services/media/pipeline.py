@@ -20,7 +20,7 @@ import msgspec
 from libs.common.errors import MediaError
 from libs.common.jobs import JobRow, Outputs
 from libs.storage.base import Storage, StorageError, job_prefix
-from services.media import telemetry
+from services.media import scratch, telemetry
 from services.media.assets import StoredAsset
 from services.media.download import Fetched, check_url, fetch_to_file
 from services.media.preview import Preview, write_preview
@@ -70,7 +70,7 @@ class Copier:
     async def copy(self, job: JobRow, *, headers: Mapping[str, str], timeout_s: float) -> Stored:
         """Raises MediaError (download_failed / verification_failed) or StorageError."""
         url = check_url(job.provider_output)
-        with tempfile.TemporaryDirectory(prefix="vidjobs-media-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=scratch.own_prefix(), dir=scratch.root()) as tmp:
             work = Path(tmp)
             fetched = await fetch_to_file(self.session, url, work / VIDEO_NAME, headers=headers,
                                           max_bytes=self.max_bytes, timeout_s=timeout_s)

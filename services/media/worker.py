@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -31,7 +31,7 @@ from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage, job_prefix
 from libs.storage.factory import open_storage
-from services.media import assets, netguard, orphans, telemetry
+from services.media import assets, copies, netguard, orphans, scratch, telemetry
 from services.media.pipeline import Copier, PreviewSpec, Stored
 
 log = logging.getLogger("vidjobs.media")
@@ -47,10 +47,10 @@ class Media:
     storage: Storage
     copier: Copier
     adapters: dict[str, ProviderAdapter]
-    busy: set[str] = field(default_factory=set)  # jobs this process is copying right now
 
 
 async def main(rt: Runtime) -> None:
+    scratch.remove_stale()
     storage = open_storage(rt.settings)
     transcoder = ThreadPoolExecutor(max_workers=rt.settings.media_concurrency, thread_name_prefix="transcode")
     try:
@@ -74,8 +74,10 @@ def preview_spec(settings: Settings) -> PreviewSpec:
 async def serve(media: Media) -> None:
     """Run both consumers until the runtime's stop event is set."""
     settings = media.rt.settings
+    # A download that keeps failing is failed by its handler after `download_attempts`; one that keeps
+    # killing its process (a decoder crash, an out-of-memory kill) is dead-lettered one try later.
     downloads = consumer(media.rt, "media-download", events.DOWNLOAD, partial(on_download, media),
-                         concurrency=settings.download_concurrency)
+                         concurrency=settings.download_concurrency, max_deliver=settings.download_attempts + 1)
     deletes = consumer(media.rt, "media-assets-delete", events.ASSETS_DELETE, partial(on_assets_delete, media),
                        concurrency=4)
     async with asyncio.TaskGroup() as tg:
@@ -90,14 +92,13 @@ async def on_download(media: Media, event: events.Event, delivery: Delivery) -> 
     if job is None or job.finished or job.status is not JobStatus.DOWNLOADING:
         log.info("nothing to download", extra={"job_id": event.job_id, "status": job and job.status.value})
         return
-    if job.id in media.busy:
-        # A recovery re-sent the request while this process is still copying: let that copy finish first.
-        raise Redeliver("already copying this job", delay=5.0)
-    media.busy.add(job.id)
-    try:
+    held_for = await copies.take(media.rt.pool, job.id)
+    if held_for is not None:
+        # A recovery re-sent the request while some media process is still copying: let that copy finish
+        # first. A deferral, not a failure: it spends none of the download's tries.
+        raise Redeliver("already copying this job", delay=min(held_for, 5.0))
+    async with copies.held(media.rt.pool, job.id):
         await _copy(media, job, delivery)
-    finally:
-        media.busy.discard(job.id)
 
 
 async def _copy(media: Media, job: JobRow, delivery: Delivery) -> None:
@@ -132,7 +133,7 @@ async def _copy_failed(media: Media, job: JobRow, err: MediaError, delivery: Del
         log.warning("download failed; it will be retried", extra=extra)
         settings = media.rt.settings
         delay = bus.retry_delay(delivery.attempt, base=settings.retry_base_s, cap=settings.retry_cap_s)
-        raise Redeliver(err.message, delay=min(delay, _seconds_left(deadline)))
+        raise Redeliver(err.message, delay=min(delay, _seconds_left(deadline)), counts=True)
     telemetry.COPIES.labels("failed", err.code.value).inc()
     log.error("copy failed; failing the job", extra=extra)
     await _fail(media, job, err)

@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from libs.common import jobs, ratecard
+from libs.common import jobs, outbox, ratecard
 from libs.common.errors import ErrorCode, JobError, Redeliver
-from libs.common.events import DownloadRequested
+from libs.common.events import CancelRequested, DownloadRequested
 from libs.common.jobs import JobRow
 from libs.common.outcomes import fail_or_retry
 from libs.common.retry import Policies
@@ -36,7 +36,17 @@ def is_stale(job: JobRow, sig: ProviderSignal) -> bool:
     return job.provider_job_id is not None and sig.provider_job_id != job.provider_job_id
 
 
+def is_stray(job: JobRow, sig: ProviderSignal) -> bool:
+    """A render still going at the provider that the job does not use (an attempt given up on, or a second
+    render after an unclear submit): nobody will ever download it, so it only costs money."""
+    return (sig.verified and sig.state in (ProviderState.QUEUED, ProviderState.RUNNING)
+            and sig.provider_job_id != job.provider_job_id and (job.finished or is_stale(job, sig)))
+
+
 async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, source: str) -> None:
+    if is_stray(job, sig):
+        await _stop_stray(ctx, job, sig, source)
+        return
     if job.finished:
         return
     if is_stale(job, sig):
@@ -49,6 +59,14 @@ async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, 
             if job.finished or is_stale(job, sig):
                 return
         await _apply(ctx, conn, job, sig, source)
+
+
+async def _stop_stray(ctx: SignalContext, job: JobRow, sig: ProviderSignal, source: str) -> None:
+    log.warning("a render this job does not use is still going; stopping it", extra={
+        "job_id": job.id, "source": source, "provider_job_id": sig.provider_job_id, "attempt": sig.attempt})
+    async with ctx.rt.tx() as conn:
+        await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,
+                                                provider_job_id=sig.provider_job_id)])
 
 
 def _same_render(job: JobRow) -> Guard:

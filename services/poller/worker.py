@@ -25,8 +25,8 @@ from services.poller.signals import SignalContext, apply_signal
 
 log = logging.getLogger("vidjobs.poller")
 
-# A callback can beat the submitter's commit; give the submit answer this many deliveries to land.
-_LOOKUP_DELIVERIES = 20
+# A callback can beat the submitter's commit; give the submit answer this long to land.
+_LOOKUP_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ async def main(rt: Runtime) -> None:
 
 async def on_inbox(ctx: Context, event: events.Event, delivery: Delivery) -> None:
     assert isinstance(event, InboxReceived)
-    row = await ctx.rt.pool.fetchrow("SELECT provider, payload FROM webhook_inbox WHERE id = $1", event.inbox_id)
+    row = await ctx.rt.pool.fetchrow(
+        "SELECT provider, payload, extract(epoch FROM now() - received_at) AS age_s FROM webhook_inbox WHERE id = $1",
+        event.inbox_id)
     if row is None:
         log.warning("inbox row missing", extra={"inbox_id": event.inbox_id})
         return
@@ -63,7 +65,7 @@ async def on_inbox(ctx: Context, event: events.Event, delivery: Delivery) -> Non
         return
     job = await _job_for(ctx, row["provider"], sig)
     if job is None:
-        if delivery.attempt < _LOOKUP_DELIVERIES:
+        if row["age_s"] < _LOOKUP_S:
             raise Redeliver("no job for this provider id yet", delay=0.5)
         log.warning("callback for an unknown job", extra={"inbox_id": event.inbox_id,
                                                           "provider_job_id": sig.provider_job_id})
@@ -102,7 +104,9 @@ async def on_cancel(ctx: Context, event: events.Event, delivery: Delivery) -> No
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(event.provider, "cancel", err.code.value).inc()
         if err.retryable:
-            raise Redeliver(f"cancel failed: {err.message}", delay=err.retry_after or 2.0) from err
+            # Counted: a provider that never lets us cancel ends in the dead letters, not in a loop.
+            raise Redeliver(f"cancel failed: {err.message}", delay=err.retry_after or bus.retry_delay(
+                delivery.attempt, base=1.0, cap=60.0), counts=True) from err
         log.warning("provider refused to cancel", extra={"job_id": event.job_id, "code": err.code.value})
         return
     metrics.PROVIDER_CALLS.labels(event.provider, "cancel", "ok").inc()

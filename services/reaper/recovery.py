@@ -66,7 +66,11 @@ async def recover(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: date
     log.info("recovering job", extra={"job_id": job.id, "status": job.status.value})
     match job.status:
         case JobStatus.PENDING:
-            await _hand_off(ctx, conn, job, JobQueued(job_id=job.id), now)
+            if jobs.message_alive(job, now):
+                # It waits for a slot and its own message is going round: one is enough.
+                await jobs.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now))
+            else:
+                await _hand_off(ctx, conn, job, JobQueued(job_id=job.id), now)
         case JobStatus.RETRYING:
             await _end_backoff(ctx, conn, job, now)
         case JobStatus.SUBMITTED | JobStatus.PROCESSING:

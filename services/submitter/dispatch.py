@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncpg
 import msgspec
 
-from libs.common import platform
+from libs.common import jobs, platform
 from libs.common.jobs import JobRow
 from services.submitter import limits
 
-MAX_PATIENCE_S = 30.0
+MAX_PATIENCE_S = jobs.WAIT_LOOK_S
 
 
 class Wait(msgspec.Struct, frozen=True):

@@ -76,3 +76,14 @@ async def record_refused(conn: asyncpg.Connection, req: SubmitRequest, error: Jo
         "UPDATE provider_submissions SET error = $3, answered_at = now() WHERE job_id = $1 AND attempt = $2",
         req.job_id, req.attempt, msgspec.to_builtins(error),
     )
+
+
+async def renew(conn: asyncpg.Connection, req: SubmitRequest) -> None:
+    """Keep a claim that is still calling the provider (resolving an unclear outcome) from looking dead."""
+    await conn.execute(
+        """
+        UPDATE provider_submissions SET claimed_at = now(), unclear_calls = unclear_calls + 1, unclear_at = now()
+        WHERE job_id = $1 AND attempt = $2 AND provider_job_id IS NULL
+        """,
+        req.job_id, req.attempt,
+    )

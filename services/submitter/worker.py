@@ -7,7 +7,9 @@ render before any resubmit, so a submitter killed at any point never causes a se
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -18,7 +20,7 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter
 
-from libs.common import bus, events, jobs, metrics, outbox, uploads
+from libs.common import bus, events, faults, jobs, metrics, outbox, uploads
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, ProviderError, Redeliver
 from libs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
@@ -37,6 +39,10 @@ from services.submitter.dispatch import Wait
 from services.submitter.submissions import Claim
 
 log = logging.getLogger("vidjobs.submitter")
+
+# Calls made to resolve one unclear submit outcome before it is given up as a timeout (any render that turns
+# up for the abandoned attempt later is stopped when its signal arrives).
+UNCLEAR_CALLS = 3
 
 WAITS = Counter("vidjobs_submit_waits_total",
                 "Jobs held back by the platform switch, a provider's limits or their account's cap",
@@ -109,9 +115,15 @@ async def _fill_freed_slot(ctx: Context, provider: str) -> None:
                       extra={"job_id": head.job_id, "provider": provider})
 
 
+def _call_budget(ctx: Context) -> float:
+    # The slowest submit makes two provider requests (Veo fetches the input image, then posts), each bounded
+    # by the provider timeout; the whole call is cut off here.
+    return 2 * ctx.rt.settings.provider_timeout_s
+
+
 def _claim_ttl(ctx: Context) -> float:
     # A claim outlives the longest provider call, so a live call is never mistaken for a dead one.
-    return ctx.rt.settings.provider_timeout_s + 15
+    return _call_budget(ctx) + 15
 
 
 async def _serve(ctx: Context, job: JobRow | None) -> None:
@@ -130,7 +142,9 @@ async def _serve(ctx: Context, job: JobRow | None) -> None:
         fair = turn is not None
         if isinstance(turn, Wait):
             WAITS.labels(job.provider, turn.kind).inc()
-            raise Redeliver(turn.reason, delay=max(turn.delay_s, 0.05))
+            # However long the wait, the message looks again within the limit, so the job's one message
+            # stays visibly alive (jobs.waited_at) and the recovery check adds no second one.
+            raise Redeliver(turn.reason, delay=min(max(turn.delay_s, 0.05), jobs.WAIT_LOOK_S))
         if turn is not None:
             picked, claimed = turn
             if picked.id == job.id:
@@ -215,7 +229,7 @@ async def _submit(
             await outbox.add(conn, [SlotFreed(provider=job.provider)])
         return
     try:
-        accepted = await _call_provider(adapter, req, claimed)
+        accepted = await _call_provider(ctx, adapter, req, claimed)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(job.provider, "submit", err.code.value).inc()
         # The refusal and the job's move away from pending commit together: a refused claim is never up for
@@ -228,19 +242,66 @@ async def _submit(
             await outbox.add(conn, [SlotFreed(provider=job.provider)])  # the claim held one
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
-    await _accepted(ctx, job, adapter, req, accepted)
+    await _record_patiently(ctx, job, adapter, req, accepted)
 
 
-async def _call_provider(adapter: ProviderAdapter, req: SubmitRequest, claimed: submissions.Claimed) -> Submission:
+async def _record_patiently(
+    ctx: Context, job: JobRow, adapter: ProviderAdapter, req: SubmitRequest, accepted: Submission,
+) -> None:
+    """The provider's answer exists only in this process until it commits: a database that is failing over
+    is waited out for as long as the claim is ours, rather than leaving the render to be found again."""
+    give_up = asyncio.get_running_loop().time() + _claim_ttl(ctx) - _call_budget(ctx)
+    for n in itertools.count(1):
+        try:
+            await _accepted(ctx, job, adapter, req, accepted)
+            return
+        except Exception as exc:
+            if not faults.is_infrastructure(exc) or asyncio.get_running_loop().time() > give_up:
+                raise
+            log.warning("could not record the provider's answer yet; retrying", extra={
+                "job_id": job.id, "provider_job_id": accepted.provider_job_id, "error": repr(exc)})
+            await asyncio.sleep(bus.retry_delay(n, base=0.5, cap=3.0))
+
+
+async def _call_provider(
+    ctx: Context, adapter: ProviderAdapter, req: SubmitRequest, claimed: submissions.Claimed,
+) -> Submission:
+    """The provider's render for this attempt: the one it already has, or a new one. A call whose outcome is
+    unclear (no answer, a dropped connection) is resolved before anything else happens: the render is looked
+    up where the provider allows it, and otherwise asked for again under the same idempotency key, so a
+    provider that honours the key renders the attempt once. The claim is renewed before each new call."""
     if claimed.claim is Claim.ACCEPTED:
         assert claimed.provider_job_id is not None
         return Submission(provider_job_id=claimed.provider_job_id)
-    if claimed.claim is Claim.TAKEN_OVER:
-        existing = await adapter.find(req)
-        if existing is not None:
-            log.info("provider already had this attempt; not resubmitting", extra={"job_id": req.job_id})
-            return existing
-    return await adapter.submit(req)
+    look_first = claimed.claim is Claim.TAKEN_OVER
+    for call in range(1, UNCLEAR_CALLS + 1):
+        try:
+            return await _one_call(ctx, adapter, req, look_first=look_first)
+        except ProviderError as err:
+            if not err.unclear or call == UNCLEAR_CALLS:
+                raise
+            log.warning("submit outcome unclear; resolving it under the same key", extra={
+                "job_id": req.job_id, "attempt": req.attempt, "call": call, "error": err.message})
+            metrics.PROVIDER_CALLS.labels(adapter.name, "submit", "unclear").inc()
+        look_first = True
+        await asyncio.sleep(bus.retry_delay(call, base=1.0, cap=5.0))
+        async with ctx.rt.tx() as conn:
+            await submissions.renew(conn, req)
+    raise AssertionError("unreachable")
+
+
+async def _one_call(ctx: Context, adapter: ProviderAdapter, req: SubmitRequest, *, look_first: bool) -> Submission:
+    """One look-up-then-submit, cut off at the call budget so it can never outlive its claim."""
+    budget = _call_budget(ctx)
+    try:
+        async with asyncio.timeout(budget):
+            if look_first and (existing := await adapter.find(req)) is not None:
+                log.info("provider already had this attempt; not resubmitting", extra={"job_id": req.job_id})
+                return existing
+            return await adapter.submit(req)
+    except TimeoutError as exc:
+        raise ProviderError(ErrorCode.TIMEOUT, f"{adapter.name} did not answer the submit within {budget:.0f} s.",
+                            unclear=True) from exc
 
 
 async def _accepted(

@@ -24,8 +24,9 @@ from libs.providers.http import retry_after, transport_errors
 SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
     "content_rejected", "fail_always", "hang", "bad_output", "expired_output", "unsafe_output",
+    "accept_then_timeout", "accept_then_drop",
 )
-PARAMS = ("scenario", "render_s", "output_mb", "cost_usd")
+PARAMS = ("scenario", "render_s", "output_mb", "cost_usd", "answer_after_s", "lookup")
 MAX_OUTPUT_MB = 2048
 MAX_RENDER_S = 600
 MAX_COST_USD = 1000
@@ -124,6 +125,11 @@ class FakeAdapter:
         cost_usd = request.params.get("cost_usd", 0)
         if not _is_number(cost_usd) or not 0 <= cost_usd <= MAX_COST_USD:
             raise _invalid(f"params.cost_usd: must be a number of USD from 0 to {MAX_COST_USD}, not {cost_usd!r}")
+        answer_after_s = request.params.get("answer_after_s", 0)
+        if not _is_number(answer_after_s) or not 0 <= answer_after_s <= MAX_RENDER_S:
+            raise _invalid(f"params.answer_after_s: must be a number of seconds from 0 to {MAX_RENDER_S}")
+        if not isinstance(request.params.get("lookup", True), bool):
+            raise _invalid("params.lookup: must be true or false")
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
@@ -134,6 +140,8 @@ class FakeAdapter:
         return Submission(provider_job_id=render.id, state=render.status)
 
     async def find(self, req: SubmitRequest) -> Submission | None:
+        if req.request.params.get("lookup") is False:
+            return None  # behaves as a provider that cannot look a render up
         raw = await self._call("GET", "/v1/renders", params={"idempotency_key": req.idempotency_key})
         found = _decode(raw, _RenderList).data
         return Submission(provider_job_id=found[0].id, state=found[0].status) if found else None

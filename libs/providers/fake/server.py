@@ -63,6 +63,10 @@ class Scenario(enum.StrEnum):
     BAD_OUTPUT = "bad_output"
     EXPIRED_OUTPUT = "expired_output"
     UNSAFE_OUTPUT = "unsafe_output"
+    # The first submit of a key is accepted, but its answer is lost: it comes after the caller's timeout
+    # (`params.answer_after_s`), or the connection is closed without one. Replays of the key answer at once.
+    ACCEPT_THEN_TIMEOUT = "accept_then_timeout"
+    ACCEPT_THEN_DROP = "accept_then_drop"
 
 
 class RenderStatus(enum.StrEnum):
@@ -85,6 +89,10 @@ class RenderParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_mb: Annotated[int, msgspec.Meta(ge=0, le=2048)] = 0
     # What a finished render is billed, reported with it; by default USD_PER_SECOND of video.
     cost_usd: Annotated[float, msgspec.Meta(ge=0, le=1000)] | None = None
+    # accept_then_timeout: how long the accepted submit's answer is held back.
+    answer_after_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 45.0
+    # False: the adapter cannot look renders up (as at providers without a list or key lookup).
+    lookup: bool = True
 
 
 USD_PER_SECOND = 0.10  # the fake's list price per second of video
@@ -167,6 +175,8 @@ class Counters(msgspec.Struct, kw_only=True):
     submissions_by_key: dict[str, int] = msgspec.field(default_factory=dict)  # every POST, by Idempotency-Key
     refusals_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # 429/503 answered by a scenario
     renders_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # renders created (each runs once)
+    renders_by_attempt: dict[str, int] = msgspec.field(default_factory=dict)  # by "<job_id>/<attempt>"
+    lost_answers_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # accept_then_timeout / _drop
     output_fetches: dict[str, int] = msgspec.field(default_factory=dict)  # GETs of an output, by render id
     callbacks_by_render: dict[str, int] = msgspec.field(default_factory=dict)  # deliveries answered 2xx
     input_images: dict[str, FetchedImage] = msgspec.field(default_factory=dict)  # by job (or render) id
@@ -284,6 +294,8 @@ class FakeProvider:
         self._maybe_refuse(req)
         rec = self._create(req, key)
         _bump(self.counters.renders_by_job, job_id)
+        if job_id is not None:
+            _bump(self.counters.renders_by_attempt, f"{job_id}/{req.metadata.attempt}")
         rec.task = self.spawn(self._run(rec), name=f"render-{rec.id}")
         log.info("render accepted", extra={"render_id": rec.id, "job_id": job_id, "scenario": rec.scenario.value})
         return rec, False
@@ -494,7 +506,21 @@ async def create_render(request: web.Request) -> web.Response:
     req = _decode_render(await request.read())
     rec, replayed = fp.submit(req, request.headers.get("Idempotency-Key") or None)
     headers = {"Idempotent-Replayed": "true"} if replayed else None
+    if not replayed:
+        await _lose_answer(request, rec)
     return _json(fp.view(rec), status=200 if replayed else 201, headers=headers)
+
+
+async def _lose_answer(request: web.Request, rec: RenderRecord) -> None:
+    """The render is accepted either way; what the caller hears of it is what these scenarios spoil."""
+    if rec.scenario is Scenario.ACCEPT_THEN_TIMEOUT:
+        _bump(request.app[PROVIDER].counters.lost_answers_by_job, rec.request.metadata.job_id)
+        await asyncio.sleep(rec.request.params.answer_after_s)
+    elif rec.scenario is Scenario.ACCEPT_THEN_DROP:
+        _bump(request.app[PROVIDER].counters.lost_answers_by_job, rec.request.metadata.job_id)
+        if request.transport is not None:
+            request.transport.abort()
+        raise ConnectionResetError("the answer to this submit is dropped on purpose")
 
 
 async def list_renders(request: web.Request) -> web.Response:
