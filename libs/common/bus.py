@@ -30,7 +30,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError
 
 from libs.common import events, faults, metrics
-from libs.common.errors import Redeliver
+from libs.common.errors import GiveUp, Redeliver
 from libs.common.events import Event
 
 log = logging.getLogger("vidjobs.bus")
@@ -245,6 +245,9 @@ async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
     beat = asyncio.create_task(_heartbeat(msg, spec.ack_wait_s / 3))
     try:
         await spec.handler(event, Delivery(attempt=tries.before + 1, subject=msg.subject))
+    except GiveUp as hopeless:
+        await _dead_letter(js, spec, msg, event, f"gave up: {hopeless}")
+        return
     except Redeliver as again:
         if again.counts:
             await _retry(js, spec, msg, event, tries, again)

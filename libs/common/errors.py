@@ -132,3 +132,8 @@ class Redeliver(VidjobsError):
         super().__init__(reason)
         self.delay = delay
         self.counts = counts
+
+
+class GiveUp(VidjobsError):
+    """Raised by a message handler whose work can never succeed and must not be tried again: the message is
+    dead-lettered at once and its job failed with `internal`."""

@@ -102,6 +102,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     submit_concurrency: int = 16
     download_concurrency: int = 4
     media_concurrency: int = 2
+    # A media process copying a render holds it this long past its last sign of life; a copier killed
+    # mid-copy delays the next try of that render by at most this much.
+    media_copy_lease_s: float = 60.0
     max_body_bytes: int = 64 * 1024
     # API requests per API key: a token bucket refilled at this rate, holding at most `burst` requests. An
     # account's own `requests_per_s` / `request_burst` replace these.

@@ -20,45 +20,63 @@ LEASE_TTL_S = 60.0
 OWNER = f"media-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"  # unique per process start
 
 
-async def take(pool: asyncpg.Pool, job_id: str, owner: str = OWNER) -> float | None:
-    """None when the lease is ours now; else the seconds until another copier's lease runs out."""
+class Busy(Exception):
+    """Another copier holds the lease; `seconds` until it runs out."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"another copier holds this render for {seconds:.1f} s more")
+        self.seconds = seconds
+
+
+async def take(pool: asyncpg.Pool, job_id: str, ttl_s: float = LEASE_TTL_S, owner: str = OWNER) -> int:
+    """Take the lease; returns how many copiers before us died while decoding this render. Raises Busy."""
     async with pool.acquire() as conn:
-        taken = await conn.fetchval(
+        crashes = await conn.fetchval(
             """
             INSERT INTO media_copies (job_id, owner, expires_at)
             VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))
-            ON CONFLICT (job_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at
+            ON CONFLICT (job_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at,
+                decoding = false, crashes = media_copies.crashes + media_copies.decoding::int
                 WHERE media_copies.expires_at < clock_timestamp()
-            RETURNING 1
+            RETURNING crashes
             """,
-            job_id, owner, LEASE_TTL_S,
+            job_id, owner, ttl_s,
         )
-        if taken:
-            return None
+        if crashes is not None:
+            return crashes
         left = await conn.fetchval(
             "SELECT extract(epoch FROM expires_at - clock_timestamp()) FROM media_copies WHERE job_id = $1", job_id)
-        return max(float(left or 0.0), 0.5)
+        raise Busy(max(float(left or 0.0), 0.5))
+
+
+@contextlib.asynccontextmanager
+async def decoding(pool: asyncpg.Pool, job_id: str, owner: str = OWNER) -> AsyncIterator[None]:
+    """While the body runs, our copy of this render is being decoded: if we die now, the render is suspect."""
+    mark = "UPDATE media_copies SET decoding = $3 WHERE job_id = $1 AND owner = $2"
+    await pool.execute(mark, job_id, owner, True)
+    yield
+    await pool.execute(mark, job_id, owner, False)
 
 
 async def release(pool: asyncpg.Pool, job_id: str, owner: str = OWNER) -> None:
     await pool.execute("DELETE FROM media_copies WHERE job_id = $1 AND owner = $2", job_id, owner)
 
 
-async def _renew(pool: asyncpg.Pool, job_id: str, owner: str) -> None:
+async def _renew(pool: asyncpg.Pool, job_id: str, ttl_s: float, owner: str) -> None:
     while True:
-        await asyncio.sleep(LEASE_TTL_S / 3)
+        await asyncio.sleep(ttl_s / 3)
         try:
             await pool.execute(
                 "UPDATE media_copies SET expires_at = clock_timestamp() + make_interval(secs => $3) "
-                "WHERE job_id = $1 AND owner = $2", job_id, owner, LEASE_TTL_S)
+                "WHERE job_id = $1 AND owner = $2", job_id, owner, ttl_s)
         except Exception as exc:  # the copy goes on; at worst a second copier starts after the TTL
             log.warning("could not renew a copy lease", extra={"job_id": job_id, "error": repr(exc)})
 
 
 @contextlib.asynccontextmanager
-async def held(pool: asyncpg.Pool, job_id: str, owner: str = OWNER) -> AsyncIterator[None]:
+async def held(pool: asyncpg.Pool, job_id: str, ttl_s: float = LEASE_TTL_S, owner: str = OWNER) -> AsyncIterator[None]:
     """Renew the lease while the body runs, and give it up after (also when the body fails)."""
-    renewing = asyncio.create_task(_renew(pool, job_id, owner), name=f"copy-lease-{job_id}")
+    renewing = asyncio.create_task(_renew(pool, job_id, ttl_s, owner), name=f"copy-lease-{job_id}")
     try:
         yield
     finally:

@@ -7,10 +7,12 @@ that is redone after a crash simply replaces what an earlier attempt left behind
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,14 +69,17 @@ class Copier:
     transcoder: Executor
     preview: PreviewSpec = PreviewSpec()
 
-    async def copy(self, job: JobRow, *, headers: Mapping[str, str], timeout_s: float) -> Stored:
-        """Raises MediaError (download_failed / verification_failed) or StorageError."""
+    async def copy(self, job: JobRow, *, headers: Mapping[str, str], timeout_s: float,
+                   decoding: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext) -> Stored:
+        """Raises MediaError (download_failed / verification_failed) or StorageError. `decoding` wraps the
+        decode, the step a hostile render can crash."""
         url = check_url(job.provider_output)
         with tempfile.TemporaryDirectory(prefix=scratch.own_prefix(), dir=scratch.root()) as tmp:
             work = Path(tmp)
             fetched = await fetch_to_file(self.session, url, work / VIDEO_NAME, headers=headers,
                                           max_bytes=self.max_bytes, timeout_s=timeout_s)
-            derived = await self.derive(fetched.path, work)
+            async with decoding():
+                derived = await self.derive(fetched.path, work)
             return await self._upload(job, fetched, derived)
 
     async def derive(self, video: Path, work: Path) -> Derived:

@@ -20,7 +20,7 @@ import aiohttp
 
 from libs.common import bus, events, jobs, metrics
 from libs.common.bus import Delivery
-from libs.common.errors import ErrorCode, JobError, MediaError, Redeliver
+from libs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
 from libs.common.events import AssetsDeleteRequested, DownloadRequested
 from libs.common.jobs import JobRow
 from libs.common.runtime import Runtime, consumer
@@ -37,6 +37,7 @@ from services.media.pipeline import Copier, PreviewSpec, Stored
 log = logging.getLogger("vidjobs.media")
 
 MIN_ATTEMPT_S = 1.0  # even a late attempt gets this long to fetch
+DECODER_CRASHES = 2  # copies of one render that died while decoding it before it is given up
 # Per-request time caps are set by each download; this only bounds connecting and silent peers.
 SESSION_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=30)
 
@@ -74,10 +75,11 @@ def preview_spec(settings: Settings) -> PreviewSpec:
 async def serve(media: Media) -> None:
     """Run both consumers until the runtime's stop event is set."""
     settings = media.rt.settings
-    # A download that keeps failing is failed by its handler after `download_attempts`; one that keeps
-    # killing its process (a decoder crash, an out-of-memory kill) is dead-lettered one try later.
+    # A download that keeps failing is failed by its handler after `download_attempts`; a render whose
+    # decoding keeps killing the process is given up after DECODER_CRASHES, without blaming the copies that
+    # died beside it (they spend one of their `max_deliveries` tries each time).
     downloads = consumer(media.rt, "media-download", events.DOWNLOAD, partial(on_download, media),
-                         concurrency=settings.download_concurrency, max_deliver=settings.download_attempts + 1)
+                         concurrency=settings.download_concurrency)
     deletes = consumer(media.rt, "media-assets-delete", events.ASSETS_DELETE, partial(on_assets_delete, media),
                        concurrency=4)
     async with asyncio.TaskGroup() as tg:
@@ -92,12 +94,18 @@ async def on_download(media: Media, event: events.Event, delivery: Delivery) -> 
     if job is None or job.finished or job.status is not JobStatus.DOWNLOADING:
         log.info("nothing to download", extra={"job_id": event.job_id, "status": job and job.status.value})
         return
-    held_for = await copies.take(media.rt.pool, job.id)
-    if held_for is not None:
+    lease_s = media.rt.settings.media_copy_lease_s
+    try:
+        crashes = await copies.take(media.rt.pool, job.id, lease_s)
+    except copies.Busy as busy:
         # A recovery re-sent the request while some media process is still copying: let that copy finish
         # first. A deferral, not a failure: it spends none of the download's tries.
-        raise Redeliver("already copying this job", delay=min(held_for, 5.0))
-    async with copies.held(media.rt.pool, job.id):
+        raise Redeliver("already copying this job", delay=min(busy.seconds, 5.0)) from busy
+    async with copies.held(media.rt.pool, job.id, lease_s):
+        if crashes >= DECODER_CRASHES:
+            log.error("decoding this render killed its media process; giving up on it",
+                      extra={"job_id": job.id, "crashes": crashes})
+            raise GiveUp(f"decoding the render killed the media process {crashes} times")
         await _copy(media, job, delivery)
 
 
@@ -106,7 +114,8 @@ async def _copy(media: Media, job: JobRow, delivery: Delivery) -> None:
     headers = adapter_for(media.adapters, job.provider).download_headers()
     log.info("copying render", extra={"job_id": job.id, "attempt": delivery.attempt})
     try:
-        stored = await media.copier.copy(job, headers=headers, timeout_s=_seconds_left(deadline, MIN_ATTEMPT_S))
+        stored = await media.copier.copy(job, headers=headers, timeout_s=_seconds_left(deadline, MIN_ATTEMPT_S),
+                                         decoding=partial(copies.decoding, media.rt.pool, job.id))
     except MediaError as err:
         await _copy_failed(media, job, err, delivery, deadline)
         return

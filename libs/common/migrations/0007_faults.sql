@@ -3,11 +3,15 @@
 -- media ----------------------------------------------------------------------------------------------
 -- Who is copying a job's render right now, across every media replica: a second delivery of the same
 -- download waits for the first instead of fetching the render again. A copier that dies holds its lease
--- only until `expires_at`; a live one renews it while it works.
+-- only until `expires_at`; a live one renews it while it works. A lease that expired while its copier was
+-- decoding says the render may have killed it: `crashes` counts those, and a render that keeps killing its
+-- decoder is given up on, while the other copies that died beside it are not blamed.
 CREATE TABLE media_copies (
     job_id     text PRIMARY KEY REFERENCES jobs (id) ON DELETE CASCADE,
     owner      text NOT NULL,
-    expires_at timestamptz NOT NULL
+    expires_at timestamptz NOT NULL,
+    decoding   boolean NOT NULL DEFAULT false,
+    crashes    integer NOT NULL DEFAULT 0
 );
 
 -- submitter ------------------------------------------------------------------------------------------

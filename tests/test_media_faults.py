@@ -1,0 +1,95 @@
+"""Media under faults: a render whose copy kills the media process every time is dead-lettered after a
+bounded number of tries while healthy copies complete, and leaves no scratch files behind; an object store
+that is down while renders are copied delays them but fails none."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+import asyncpg
+
+from services.media import scratch
+from services.media.worker import DECODER_CRASHES
+from tests.stack import Stack, running_stack, stack_settings
+from tests.support import wait_until
+from tests.test_poison import _dead_letters
+
+
+async def _kill_media_whenever_it_decodes(stack: Stack, job_id: str, kills: list[int]) -> None:
+    """Play the part of a render that crashes its decoder: each time a media process decodes it, that
+    process dies (as a decoder abort or an out-of-memory kill would take it down)."""
+    conn = await asyncpg.connect(stack.settings.database_url)
+    try:
+        while True:
+            owner = await conn.fetchval("SELECT owner FROM media_copies WHERE job_id = $1 AND decoding", job_id)
+            pid = stack.supervisor.pid("media")
+            if owner is not None and pid is not None and pid not in kills and f"-{pid}-" in owner:
+                os.kill(pid, signal.SIGKILL)
+                kills.append(pid)
+            await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+
+
+def _scratch_of(pids: list[int]) -> list[Path]:
+    return [p for p in Path(tempfile.gettempdir()).glob(f"{scratch.PREFIX}*") if scratch._owner(p) in pids]
+
+
+async def test_a_process_killing_download_is_dead_lettered(tmp_path, database_url, nats_url):
+    settings = stack_settings(tmp_path, database_url, nats_url, ack_wait_s=2, media_copy_lease_s=3)
+    async with running_stack(settings) as stack:
+        poison = await stack.create_job(params={"render_s": 0.2})
+        kills: list[int] = []
+        killer = asyncio.create_task(_kill_media_whenever_it_decodes(stack, poison["id"], kills))
+        try:
+            healthy = [await stack.create_job(params={"render_s": 0.2}) for _ in range(3)]
+            failed = await stack.wait_terminal(poison["id"], within=120)
+        finally:
+            killer.cancel()
+        fine = await asyncio.gather(*(stack.wait_terminal(j["id"], within=60) for j in healthy))
+        dead = await wait_until(lambda: _dead_letters(nats_url), within=10, what="a dead letter")
+        # The media process that runs now cleaned up after the ones that were killed.
+        await wait_until(lambda: _none_left(kills), within=30, what="scratch space of killed copies removed")
+
+    assert failed["status"] == "failed" and failed["error"]["code"] == "internal"
+    assert len(kills) == DECODER_CRASHES, kills  # bounded, however often it kills
+    assert [j["status"] for j in fine] == ["completed"] * 3
+    assert [subject for subject, _ in dead] == ["vidjobs.dead.media-download"]
+
+
+async def _none_left(pids: list[int]) -> bool:
+    return not _scratch_of(pids)
+
+
+async def test_an_object_store_outage_fails_no_download(tmp_path, database_url, nats_url):
+    # A small delivery budget: on a failure path that counted outages, jobs would fail within seconds.
+    settings = stack_settings(tmp_path, database_url, nats_url, max_deliveries=2, download_attempts=2)
+    root = tmp_path / "objects"
+    async with running_stack(settings) as stack:
+        await stack.wait_terminal((await stack.create_job(params={"render_s": 0.1}))["id"])  # the store works
+        hidden = tmp_path / "objects-away"
+        root.rename(hidden)
+        root.write_text("the object store is down")  # every write under it now fails (NotADirectoryError)
+        try:
+            jobs = [await stack.create_job(params={"render_s": 0.1}) for _ in range(4)]
+            await wait_until(lambda: _all_downloading(stack, jobs), within=30, what="jobs waiting to be stored")
+            await asyncio.sleep(8)
+            during = [(await stack.job(j["id"]))["status"] for j in jobs]
+        finally:
+            root.unlink()
+            hidden.rename(root)
+        done = await asyncio.gather(*(stack.wait_terminal(j["id"], within=90) for j in jobs))
+
+    assert during == ["downloading"] * 4
+    assert [j["status"] for j in done] == ["completed"] * 4
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def _all_downloading(stack: Stack, jobs: list[dict]) -> bool:
+    statuses = [(await stack.job(j["id"]))["status"] for j in jobs]
+    return statuses == ["downloading"] * len(jobs)

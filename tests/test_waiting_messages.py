@@ -1,0 +1,43 @@
+"""A job waiting for a slot holds at most one message however long it waits: the recovery check, which comes
+round for every live job, adds no second one while the job's own message is still going round."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+
+from libs.common.bus import WORK_STREAM
+from tests.stack import demo_key, running_stack, stack_settings
+
+WAITING = 12
+
+
+async def _submitter_messages(nats_url: str) -> tuple[int, int]:
+    """(messages the submitter holds: pending + unacknowledged, deliveries so far)."""
+    nc = await nats.connect(nats_url)
+    try:
+        info = await nc.jetstream().consumer_info(WORK_STREAM, "submitter")
+        return info.num_pending + info.num_ack_pending, info.delivered.consumer_seq
+    finally:
+        await nc.close()
+
+
+async def test_waiting_jobs_hold_one_message_each(tmp_path, database_url, nats_url):
+    # Recovery checks every 2 s: a check that re-queued a waiting job would multiply its messages fast.
+    settings = stack_settings(tmp_path, database_url, nats_url, recovery_delay_s=1, recovery_interval_s=2)
+    key = await demo_key(database_url, concurrency=1)
+    async with running_stack(settings, key=key) as stack:
+        jobs = [await stack.create_job(params={"render_s": 60}) for _ in range(WAITING + 1)]
+        samples = []
+        for _ in range(5):
+            await asyncio.sleep(4)
+            samples.append(await _submitter_messages(nats_url))
+        waiting = [j for j in [await stack.job(j["id"]) for j in jobs] if j["status"] == "pending"]
+
+    assert len(waiting) == WAITING
+    held = [messages for messages, _ in samples]
+    assert max(held) <= WAITING + 1, samples  # one each (a freed-slot wake-up may be in flight)
+    # Deliveries per waiting job stay flat in time: no more in the last 8 s than in the first.
+    deliveries = [d for _, d in samples]
+    assert deliveries[-1] - deliveries[-3] <= deliveries[1] + WAITING, samples
