@@ -60,8 +60,11 @@ _STREAMS = [
 
 
 async def connect(url: str, name: str) -> tuple[NATS, JetStreamContext]:
+    """`url` may name several servers of one cluster, comma-separated; the client also learns the others
+    from the server it reaches, and moves between them on its own."""
+    servers = [u.strip() for u in url.split(",") if u.strip()]
     nc = await nats.connect(
-        url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
+        servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
     )
     return nc, nc.jetstream(timeout=10)
 

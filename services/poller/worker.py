@@ -10,7 +10,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, jobs, metrics
+from libs.common import bus, events, faults, jobs, metrics
 from libs.common.bus import Delivery
 from libs.common.errors import ProviderError, Redeliver
 from libs.common.events import CancelRequested, InboxReceived, PollRequested
@@ -134,9 +134,19 @@ async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
 
 async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) -> None:
     while not ctx.rt.stop.is_set():
-        async with ctx.rt.pool.acquire() as conn:
-            due = await schedule.take_due(conn, batch)
-        await asyncio.gather(*(_scheduled_poll(ctx, job_id) for job_id in due))
+        try:
+            async with ctx.rt.pool.acquire() as conn:
+                due = await schedule.take_due(conn, batch)
+        except Exception as exc:
+            if not faults.is_infrastructure(exc):
+                raise
+            # The database is restarting or failing over: the schedule is in it, so wait and read it again.
+            log.warning("poll schedule unreadable; trying again", extra={"error": repr(exc)})
+            await pause(ctx.rt, tick_s * 2)
+            continue
+        for failed in await asyncio.gather(*(_scheduled_poll(ctx, job_id) for job_id in due), return_exceptions=True):
+            if failed is not None:  # the row stays and is polled again at its next time
+                log.warning("scheduled poll could not finish", extra={"error": repr(failed)})
         if len(due) == batch:
             continue  # more may be due already
         await pause(ctx.rt, tick_s)
