@@ -100,11 +100,17 @@ async def fill_row(row: Row, database_url: str, fake_provider_url: str, ids: lis
                                   "at FROM job_transitions WHERE job_id = ANY($1) ORDER BY id", ids):
             trails.setdefault(t["job_id"], []).append(t)
         row.max_renders_per_attempt, row.over_rendered = await renders_per_attempt(conn, ids, counters)
+        unpublished = await conn.fetchval("SELECT count(*) FROM outbox")
     finally:
         await conn.close()
+    if unpublished:
+        # Events committed but never published: a sign that some process's outbox relay has stopped.
+        row.notes.append(f"{unpublished} outbox rows still unpublished at the end")
     row.created = len(ids)
     row.completed, row.failed = counts["completed"], counts["failed"]
     row.stuck = len(ids) - sum(counts[s] for s in TERMINAL_NAMES)
+    if row.stuck:
+        row.notes.append(f"not terminal: {dict((s, n) for s, n in counts.items() if s not in TERMINAL_NAMES)}")
     row.repeated_moves = sum(repeated_moves(t) for t in trails.values())
     if fault_end is not None:
         row.recover_s, row.drain_s = recovery_times(trails, fault_end)

@@ -70,7 +70,7 @@ class FaultRun:
     def say(self, message: str) -> None:
         print(f"  [{self.name} t={time.monotonic() - self.started:5.1f}s] {message}", flush=True)
 
-    async def settle(self, created: Created, within_s: float, stall_s: float = 25.0) -> None:
+    async def settle(self, created: Created, within_s: float, stall_s: float) -> None:
         """Wait for the created jobs to end (or the wait to run out, or nothing to move for `stall_s`), then
         fill the row from the database."""
         self.row.refused = len(created.refused)
@@ -78,6 +78,9 @@ class FaultRun:
         counts = await wait_settled(self.database_url, created.ids, within_s, stall_s=stall_s, say=self.say)
         self.say(f"settled: {dict(counts)}")
         await fill_row(self.row, self.database_url, self.stack.settings.fake_provider_url, created.ids, self.fault_end)
+        restarted = {n: k - 1 for n, k in self.supervisor.starts.items() if k > 1}
+        if restarted:
+            self.row.notes.append(f"services the supervisor restarted (times): {restarted}")
 
     def expect_healthy_outcome(self) -> None:
         """What every scenario promises: nothing stuck, failed or rendered twice, no move made twice."""
@@ -94,7 +97,7 @@ class FaultRun:
 
 async def under_fault(run: FaultRun, workload: Workload, *, at_s: float, lasts_s: float,
                       begin: Callable[[], Awaitable[None]], end: Callable[[], Awaitable[None]],
-                      settle_s: float) -> Created:
+                      settle_s: float, stall_s: float) -> Created:
     """Create the workload; `at_s` into it begin the fault, end it `lasts_s` later; then let the jobs settle."""
     creating = asyncio.create_task(create_jobs(run.stack, workload))
     try:
@@ -109,7 +112,7 @@ async def under_fault(run: FaultRun, workload: Workload, *, at_s: float, lasts_s
     finally:
         creating.cancel()
     run.say(f"{len(created.ids)} jobs created ({created.retries} create retries, {len(created.refused)} refused)")
-    await run.settle(created, settle_s)
+    await run.settle(created, settle_s, stall_s)
     return created
 
 

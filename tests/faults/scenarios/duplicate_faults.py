@@ -21,8 +21,8 @@ COPIES = 2  # extra deliveries of every message
 LATEST_COPY_S = 3.0  # a copy goes out up to this long after the original
 COPY_HEADER = "Vidjobs-Faults-Copy"  # marks our own copies, which the tap must not copy again
 
-STORM = (Plan(jobs=40, over_s=15, at_s=0, lasts_s=20, settle_s=60),
-         Plan(jobs=300, over_s=60, at_s=0, lasts_s=70, settle_s=180))
+STORM = (Plan(jobs=30, over_s=10, at_s=0, lasts_s=12, settle_s=45),
+         Plan.long(jobs=300, over_s=60, at_s=0, lasts_s=70, settle_s=240))
 
 
 class Tap:
@@ -70,7 +70,7 @@ async def duplicate_storm(long: bool = False) -> Row:
                 await asyncio.gather(*tap.pending)
 
         await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=tap_on, end=tap_off,
-                          settle_s=plan.settle_s)
+                          settle_s=plan.settle_s, stall_s=plan.stall_s)
         run.row.notes.append(f"copies published: {tap.copied} (failed {tap.failed})")
         run.row.expect(tap.copied > 0, "the tap copied nothing: the storm did not happen")
         run.expect_healthy_outcome()

@@ -11,12 +11,12 @@ from tests.faults.natsd import NatsNode
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
 
-UNAVAILABLE = (Plan(jobs=40, over_s=20, at_s=6, lasts_s=10, settle_s=60),
-               Plan(jobs=300, over_s=60, at_s=20, lasts_s=10, settle_s=180))
-KILL = (Plan(jobs=60, over_s=8, at_s=3, lasts_s=2, settle_s=60),
-        Plan(jobs=300, over_s=20, at_s=8, lasts_s=2, settle_s=180))
-LEADER = (Plan(jobs=60, over_s=15, at_s=5, lasts_s=8, settle_s=60),
-          Plan(jobs=300, over_s=40, at_s=12, lasts_s=8, settle_s=180))
+UNAVAILABLE = (Plan(jobs=30, over_s=14, at_s=3, lasts_s=10, settle_s=45),
+               Plan.long(jobs=300, over_s=60, at_s=20, lasts_s=10, settle_s=240))
+KILL = (Plan(jobs=50, over_s=6, at_s=2, lasts_s=2, settle_s=45),
+        Plan.long(jobs=300, over_s=20, at_s=8, lasts_s=2, settle_s=240))
+LEADER = (Plan(jobs=60, over_s=12, at_s=3, lasts_s=8, settle_s=45),
+          Plan.long(jobs=300, over_s=40, at_s=12, lasts_s=8, settle_s=300))
 
 
 async def jetstream_unavailable(long: bool = False) -> Row:
@@ -34,7 +34,7 @@ async def jetstream_unavailable(long: bool = False) -> Row:
             node.set_jetstream(True)
 
         await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=off, end=on,
-                          settle_s=plan.settle_s)
+                          settle_s=plan.settle_s, stall_s=plan.stall_s)
         run.expect_healthy_outcome()
     return run.row
 
@@ -53,7 +53,7 @@ async def nats_kill(long: bool = False) -> Row:
             await asyncio.to_thread(node.start)
 
         await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=kill, end=restart,
-                          settle_s=plan.settle_s)
+                          settle_s=plan.settle_s, stall_s=plan.stall_s)
         run.expect_healthy_outcome()
     return run.row
 
@@ -87,6 +87,6 @@ async def cluster_leader(long: bool = False) -> Row:
             await asyncio.to_thread(leader.start)
 
         await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=kill, end=restart,
-                          settle_s=plan.settle_s)
+                          settle_s=plan.settle_s, stall_s=plan.stall_s)
         run.expect_healthy_outcome()
     return run.row

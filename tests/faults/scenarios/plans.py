@@ -15,6 +15,12 @@ class Plan:
     lasts_s: float  # and ends this much later
     settle_s: float  # after the last create, how long jobs get to end
     render_s: float = 1.0
+    stall_s: float = 15.0  # settling stops early once no job has moved for this long
+
+    @classmethod
+    def long(cls, **numbers: float) -> Plan:
+        """Long runs give the safety nets more time before calling a quiet queue stuck."""
+        return cls(**{"stall_s": 60.0, **numbers})  # type: ignore[arg-type]
 
     def workload(self) -> Workload:
         return Workload(self.jobs, self.over_s, render_s=self.render_s)

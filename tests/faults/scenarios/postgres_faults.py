@@ -9,8 +9,8 @@ from tests.faults.harness import fault_run, under_fault
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
 
-RESTART = (Plan(jobs=40, over_s=20, at_s=8, lasts_s=3, settle_s=60),
-           Plan(jobs=300, over_s=60, at_s=20, lasts_s=10, settle_s=180))
+RESTART = (Plan(jobs=30, over_s=12, at_s=4, lasts_s=3, settle_s=45),
+           Plan.long(jobs=300, over_s=60, at_s=20, lasts_s=10, settle_s=240))
 
 
 async def postgres_restart(long: bool = False) -> Row:
@@ -25,7 +25,7 @@ async def postgres_restart(long: bool = False) -> Row:
             await asyncio.to_thread(run.postgres.start)
 
         await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=stop, end=start,
-                          settle_s=plan.settle_s)
+                          settle_s=plan.settle_s, stall_s=plan.stall_s)
         run.expect_healthy_outcome()
         run.expect_no_service_restarts()
         changed = {n: (p, run.supervisor.pid(n)) for n, p in pids.items() if run.supervisor.pid(n) != p}

@@ -16,8 +16,8 @@ from tests.s3server import aws_environment
 
 BUCKET = "vidjobs-faults"
 # Renders end a few seconds in, so the outage catches jobs reaching the download stage all through it.
-OUTAGE = (Plan(jobs=20, over_s=15, at_s=4, lasts_s=20, settle_s=90, render_s=2),
-          Plan(jobs=100, over_s=80, at_s=5, lasts_s=90, settle_s=300, render_s=2))
+OUTAGE = (Plan(jobs=16, over_s=10, at_s=3, lasts_s=20, settle_s=60, render_s=1.5),
+          Plan.long(jobs=100, over_s=80, at_s=5, lasts_s=90, settle_s=300, render_s=2))
 
 
 async def object_store_outage_file(long: bool = False) -> Row:
@@ -32,7 +32,7 @@ async def object_store_outage_file(long: bool = False) -> Row:
             mend_root(root)
 
         await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=lose, end=mend,
-                          settle_s=plan.settle_s)
+                          settle_s=plan.settle_s, stall_s=plan.stall_s)
         run.expect_healthy_outcome()
     return run.row
 
@@ -60,7 +60,7 @@ async def _s3_run(moto: RestartableMoto, plan: Plan) -> Row:
 
         try:
             await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=down, end=up,
-                              settle_s=plan.settle_s)
+                              settle_s=plan.settle_s, stall_s=plan.stall_s)
         finally:
             shutil.copy(moto.home / "moto.log", run.log_dir / "moto.log")
         run.expect_healthy_outcome()
