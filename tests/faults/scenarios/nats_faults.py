@@ -11,11 +11,11 @@ from tests.faults.natsd import NatsNode
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
 
-UNAVAILABLE = (Plan(jobs=30, over_s=14, at_s=3, lasts_s=10, settle_s=45),
+UNAVAILABLE = (Plan(jobs=30, over_s=12, at_s=2, lasts_s=10, settle_s=45),
                Plan.long(jobs=300, over_s=60, at_s=20, lasts_s=10, settle_s=240))
 KILL = (Plan(jobs=50, over_s=6, at_s=2, lasts_s=2, settle_s=45),
         Plan.long(jobs=300, over_s=20, at_s=8, lasts_s=2, settle_s=240))
-LEADER = (Plan(jobs=60, over_s=12, at_s=3, lasts_s=8, settle_s=45),
+LEADER = (Plan(jobs=60, over_s=10, at_s=2, lasts_s=8, settle_s=45),
           Plan.long(jobs=300, over_s=40, at_s=12, lasts_s=8, settle_s=300))
 
 

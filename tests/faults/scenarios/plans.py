@@ -15,7 +15,9 @@ class Plan:
     lasts_s: float  # and ends this much later
     settle_s: float  # after the last create, how long jobs get to end
     render_s: float = 1.0
-    stall_s: float = 15.0  # settling stops early once no job has moved for this long
+    # Settling stops early once no job has moved for this long: past an ack wait (10 s), several recovery
+    # intervals (5 s) and a supervisor restart.
+    stall_s: float = 20.0
 
     @classmethod
     def long(cls, **numbers: float) -> Plan:

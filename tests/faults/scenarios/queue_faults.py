@@ -27,8 +27,8 @@ class QueuePlan:
     sample_every_s: float
 
 
-# The short watch is 30 s sampled every 5 s (not 60 s every 10 s), so the default test run stays short.
-PLANS = (QueuePlan(jobs=100, over_s=5, watch_s=30, render_s=3, sample_every_s=5),
+# The short watch is 25 s sampled every 5 s (not 60 s every 10 s), so the default test run stays short.
+PLANS = (QueuePlan(jobs=100, over_s=5, watch_s=25, render_s=3, sample_every_s=5),
          QueuePlan(jobs=1000, over_s=30, watch_s=600, render_s=3, sample_every_s=10))
 
 
