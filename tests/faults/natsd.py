@@ -46,8 +46,8 @@ class NatsNode:
 
     def start(self, *, wait: bool = True) -> NatsNode:
         self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "nats.conf").write_text(self.config())
         self.log_path.touch()
+        (self.home / "nats.conf").write_text(self.config())
         seen = self.log_path.read_text().count(READY_LINE)
         self.proc = subprocess.Popen(
             [nats_binary(), "-c", str(self.home / "nats.conf"), "-l", str(self.log_path)],
@@ -62,6 +62,7 @@ class NatsNode:
         deadline = time.monotonic() + START_TIMEOUT_S
         while self.log_path.read_text().count(READY_LINE) <= seen:
             if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()  # never leave a half-started server behind
                 raise RuntimeError(f"nats-server {self.name} did not start: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.05)
 
@@ -113,10 +114,14 @@ class NatsCluster:
         ]
 
     def start(self) -> NatsCluster:
-        for node in self.nodes:
-            node.start(wait=False)
-        for node in self.nodes:
-            node.wait_ready()
+        try:
+            for node in self.nodes:
+                node.start(wait=False)
+            for node in self.nodes:
+                node.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
