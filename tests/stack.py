@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -149,10 +149,13 @@ async def _healthy(session: aiohttp.ClientSession, base: str) -> bool:
 @asynccontextmanager
 async def running_stack(
     settings: Settings, *, key: str | None = None, services: dict[str, str] | None = None,
+    supervisor_factory: Callable[..., Supervisor] = Supervisor,
 ) -> AsyncIterator[Stack]:
+    """The stack until the block exits. `supervisor_factory` makes the Supervisor (the fault suite's sends each
+    service's output to a file of its own)."""
     await db.migrate(settings.database_url)
     key = key or await demo_key(settings.database_url)
-    supervisor = Supervisor(settings.to_env(), services=services)
+    supervisor = supervisor_factory(settings.to_env(), services=services)
     await supervisor.start_all()
     try:
         async with aiohttp.ClientSession() as session:

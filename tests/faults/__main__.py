@@ -1,0 +1,62 @@
+"""`python -m tests.faults [--long] [SCENARIO ...]`: run fault scenarios against the whole stack and print one
+table row per scenario. A name also selects every scenario it is a prefix of (`object_store_outage` runs
+both backends). Exit status 1 when any row failed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import traceback
+
+from tests.faults.report import Row, table
+from tests.faults.scenarios import SCENARIOS
+
+
+def selected(names: list[str]) -> list[str]:
+    if not names:
+        return list(SCENARIOS)
+    chosen = [s for s in SCENARIOS if any(s == n or s.startswith(n) for n in names)]
+    unknown = [n for n in names if not any(s.startswith(n) for s in SCENARIOS)]
+    if unknown:
+        raise SystemExit(f"unknown scenarios {unknown}; known: {', '.join(SCENARIOS)}")
+    return chosen
+
+
+async def run_one(name: str, long: bool) -> Row | None:
+    scenario = SCENARIOS[name]
+    if scenario is None:
+        print(f"{name}: not written yet", flush=True)
+        return None
+    print(f"{name} ({'long' if long else 'short'}) ...", flush=True)
+    try:
+        return await scenario(long)
+    except Exception as exc:  # one scenario's crash is reported in its row; the others still run
+        traceback.print_exc()
+        row = Row(name)
+        row.broken.append(f"the scenario itself crashed: {exc!r}")
+        return row
+
+
+async def run_all(names: list[str], long: bool) -> list[Row]:
+    rows = []
+    for name in names:
+        row = await run_one(name, long)
+        if row is not None:
+            rows.append(row)
+            print(table([row]), flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
+    parser.add_argument("--long", action="store_true", help="the long versions (minutes each)")
+    parser.add_argument("scenarios", nargs="*", help=f"any of: {', '.join(SCENARIOS)}")
+    args = parser.parse_args()
+    rows = asyncio.run(run_all(selected(args.scenarios), args.long))
+    print("\n" + table(rows), flush=True)
+    return 0 if all(r.passed for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""One scenario run: its own servers (PostgreSQL, nats-server or a cluster of three), the whole stack over
+them with every service's output in a file of its own, the fault's timing, and the row that results.
+
+Logs outlive the run under VIDJOBS_FAULTS_LOGS (default: a `vidjobs-faults-logs` folder in the system temp
+directory); everything else lives in a temporary directory removed at the end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from libs.common import db
+from tests.faults.collector import fill_row, wait_settled
+from tests.faults.jsapi import wait_jetstream
+from tests.faults.natsd import NatsCluster, NatsNode
+from tests.faults.postgres import LocalPostgres
+from tests.faults.report import Row
+from tests.faults.servicelogs import LoggingSupervisor
+from tests.faults.workload import Created, Workload, create_jobs
+from tests.stack import Stack, demo_key, running_stack, stack_settings
+
+DATABASE = "vidjobs"
+# Short recovery timings: the safety nets (recovery checks, redelivery) must act within a short run.
+BASE_SETTINGS: dict[str, Any] = {
+    "recovery_delay_s": 5, "recovery_interval_s": 5, "ack_wait_s": 10, "provider_timeout_s": 5,
+    "render_deadline_s": 180, "log_format": "text",
+}
+
+
+def logs_root() -> Path:
+    return Path(os.environ.get("VIDJOBS_FAULTS_LOGS", Path(tempfile.gettempdir()) / "vidjobs-faults-logs"))
+
+
+@dataclass
+class FaultRun:
+    name: str
+    home: Path
+    log_dir: Path
+    postgres: LocalPostgres
+    nats: NatsNode | None = None  # the single server, when not a cluster
+    cluster: NatsCluster | None = None
+    stack: Stack = field(init=False)
+    row: Row = field(init=False)
+    started: float = field(default_factory=time.monotonic)
+    fault_end: datetime | None = None
+
+    def __post_init__(self) -> None:
+        self.row = Row(self.name)
+
+    @property
+    def database_url(self) -> str:
+        return self.postgres.url(DATABASE)
+
+    @property
+    def supervisor(self) -> LoggingSupervisor:
+        return self.stack.supervisor  # type: ignore[return-value]
+
+    def say(self, message: str) -> None:
+        print(f"  [{self.name} t={time.monotonic() - self.started:5.1f}s] {message}", flush=True)
+
+    async def settle(self, created: Created, within_s: float, stall_s: float) -> None:
+        """Wait for the created jobs to end (or the wait to run out, or nothing to move for `stall_s`), then
+        fill the row from the database."""
+        self.row.refused = len(created.refused)
+        self.row.expect(not created.refused, f"{len(created.refused)} creates never succeeded: {created.refused[:3]}")
+        counts = await wait_settled(self.database_url, created.ids, within_s, stall_s=stall_s, say=self.say)
+        self.say(f"settled: {dict(counts)}")
+        await fill_row(self.row, self.database_url, self.stack.settings.fake_provider_url, created.ids, self.fault_end)
+        restarted = {n: k - 1 for n, k in self.supervisor.starts.items() if k > 1}
+        if restarted:
+            self.row.notes.append(f"services the supervisor restarted (times): {restarted}")
+
+    def expect_healthy_outcome(self) -> None:
+        """What every scenario promises: nothing stuck, failed or rendered twice, no move made twice."""
+        row = self.row
+        row.expect(row.stuck == 0, f"{row.stuck} jobs not terminal after the settle wait")
+        row.expect(row.failed == 0, f"{row.failed} jobs failed (an infrastructure fault is not the job's)")
+        row.expect(row.over_rendered == 0, f"{row.over_rendered} jobs rendered more than once per attempt")
+        row.expect(row.repeated_moves == 0, f"{row.repeated_moves} moves repeated within one attempt")
+
+    def expect_no_service_restarts(self) -> None:
+        restarted = {n: k - 1 for n, k in self.supervisor.starts.items() if k > 1}
+        self.row.expect(not restarted, f"services restarted (times): {restarted}")
+
+
+async def under_fault(run: FaultRun, workload: Workload, *, at_s: float, lasts_s: float,
+                      begin: Callable[[], Awaitable[None]], end: Callable[[], Awaitable[None]],
+                      settle_s: float, stall_s: float) -> Created:
+    """Create the workload; `at_s` into it begin the fault, end it `lasts_s` later; then let the jobs settle."""
+    creating = asyncio.create_task(create_jobs(run.stack, workload))
+    try:
+        await asyncio.sleep(at_s)
+        run.say("fault begins")
+        await begin()
+        await asyncio.sleep(lasts_s)
+        await end()
+        run.fault_end = datetime.now(UTC)
+        run.say("fault ends")
+        created = await creating
+    finally:
+        creating.cancel()
+    run.say(f"{len(created.ids)} jobs created ({created.retries} create retries, {len(created.refused)} refused)")
+    await run.settle(created, settle_s, stall_s)
+    return created
+
+
+async def _create_database(postgres: LocalPostgres) -> None:
+    conn = await asyncpg.connect(postgres.admin_url)
+    try:
+        await conn.execute(f'CREATE DATABASE "{DATABASE}"')
+    finally:
+        await conn.close()
+
+
+def _start_nats(home: Path, cluster: bool) -> tuple[NatsNode | None, NatsCluster | None]:
+    if cluster:
+        return None, NatsCluster(home / "nats").start()
+    return NatsNode(home / "nats").start(), None
+
+
+def _stop_servers(run: FaultRun) -> None:
+    for stop in (run.nats and run.nats.stop, run.cluster and run.cluster.stop, run.postgres.stop):
+        if stop:
+            with contextlib.suppress(Exception):
+                stop()
+
+
+def _keep_server_logs(run: FaultRun) -> None:
+    for log in [*run.home.glob("nats/**/nats.log"), run.home / "pg" / "postgres.log", *run.home.glob("**/moto.log")]:
+        if log.exists():
+            shutil.copy(log, run.log_dir / f"{log.parent.name}-{log.name}")
+
+
+@contextlib.asynccontextmanager
+async def fault_run(name: str, *, cluster: bool = False, limits: dict[str, Any] | None = None,
+                    **overrides: Any) -> AsyncIterator[FaultRun]:
+    """A FaultRun with the stack up. The services get one NATS URL: the single server's, or a cluster's first
+    node (bus.connect takes one URL; the client learns the other nodes from the server). `limits` shape the
+    test account (see tests.stack.demo_key)."""
+    home = Path(tempfile.mkdtemp(prefix=f"vidjobs-faults-{name}-"))
+    log_dir = logs_root() / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run = FaultRun(name, home, log_dir, LocalPostgres(home / "pg"))
+    try:
+        run.postgres.init().start()
+        await _create_database(run.postgres)
+        run.nats, run.cluster = _start_nats(home, cluster)
+        if run.cluster:
+            await wait_jetstream(run.cluster.urls)
+        seed = run.nats.url if run.nats else run.cluster.urls[0]  # type: ignore[union-attr]
+        settings = stack_settings(home, run.database_url, seed, **{**BASE_SETTINGS, **overrides})
+        await db.migrate(run.database_url)
+        key = await demo_key(run.database_url, **(limits or {}))
+        factory = partial(LoggingSupervisor, log_dir=log_dir)
+        body_done = False
+        try:
+            async with running_stack(settings, key=key, supervisor_factory=factory) as stack:
+                run.stack = stack
+                run.say(f"stack up; logs in {log_dir}")
+                yield run
+                body_done = True
+        except AssertionError as exc:
+            if not body_done:
+                raise
+            # The stack's own exit check failed: some job's audit trail holds an illegal move.
+            run.row.expect(False, f"illegal audit trail: {str(exc)[:300]}")
+    finally:
+        run.row.elapsed_s = time.monotonic() - run.started
+        _stop_servers(run)
+        _keep_server_logs(run)
+        shutil.rmtree(home, ignore_errors=True)

@@ -1,0 +1,97 @@
+"""Jobs that wait: one account with a concurrency cap of 1 and many slow renders, so nearly every job waits
+its turn for minutes. A waiting job must hold at most one message, and the work spent on it must stay flat
+however long it waits (DESIGN.md "Faults")."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import asyncpg
+from nats.js import JetStreamContext
+
+from tests.faults.harness import FaultRun, fault_run
+from tests.faults.jsapi import jetstream, submitter_consumer
+from tests.faults.report import Row
+from tests.faults.workload import Workload, create_jobs
+
+GROWTH_ALLOWED = 1.5  # the last sample's delivery rate may be at most this multiple of the first full one
+
+
+@dataclass(frozen=True)
+class QueuePlan:
+    jobs: int
+    over_s: float
+    watch_s: float  # how long the queue is watched
+    render_s: float
+    sample_every_s: float
+
+
+# The short watch is 25 s sampled every 5 s (not 60 s every 10 s), so the default test run stays short.
+PLANS = (QueuePlan(jobs=100, over_s=5, watch_s=25, render_s=3, sample_every_s=5),
+         QueuePlan(jobs=1000, over_s=30, watch_s=600, render_s=3, sample_every_s=10))
+
+
+@dataclass(frozen=True)
+class Sample:
+    at_s: float
+    waiting: int  # jobs not yet submitted (pending or retrying)
+    messages: int  # the submitter's num_ack_pending + num_pending
+    delivered: int  # the submitter's delivered.consumer_seq
+
+    def per_job(self) -> float:
+        return self.messages / max(self.waiting, 1)
+
+
+async def waiting_jobs(database_url: str, ids: list[str]) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchval(
+            "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status IN ('pending', 'retrying')", ids)
+    finally:
+        await conn.close()
+
+
+async def take_sample(run: FaultRun, js: JetStreamContext, ids: list[str], t0: float) -> Sample:
+    info = await submitter_consumer(js)
+    waiting = await waiting_jobs(run.database_url, ids)
+    at = asyncio.get_running_loop().time() - t0
+    return Sample(at, waiting, info.num_ack_pending + info.num_pending, info.delivered.consumer_seq)
+
+
+def delivery_rates(samples: list[Sample]) -> list[float]:
+    """Deliveries per waiting job per minute between consecutive samples."""
+    return [(b.delivered - a.delivered) / max(b.waiting, 1) / ((b.at_s - a.at_s) / 60)
+            for a, b in zip(samples, samples[1:], strict=False)]
+
+
+def judge(row: Row, samples: list[Sample]) -> None:
+    rates = delivery_rates(samples)
+    for s, rate in zip(samples, [None, *rates], strict=True):
+        shown = "-" if rate is None else f"{rate:.2f}"
+        row.notes.append(f"t={s.at_s:5.1f}s waiting={s.waiting} messages={s.messages} "
+                         f"per_waiting_job={s.per_job():.2f} delivered={s.delivered} deliveries/job/min={shown}")
+    worst = max((s.per_job() for s in samples if s.waiting), default=0.0)
+    row.expect(worst <= 1.0, f"a waiting job held up to {worst:.2f} messages (at most 1 allowed)")
+    if len(rates) >= 2:
+        row.expect(rates[-1] <= GROWTH_ALLOWED * max(rates[0], 0.1),
+                   f"deliveries per waiting job grew with wait: {rates[0]:.2f} -> {rates[-1]:.2f} per minute")
+
+
+async def waiting_queue(long: bool = False) -> Row:
+    plan = PLANS[long]
+    async with fault_run("waiting_queue", limits={"concurrency": 1}) as run:
+        created = await create_jobs(run.stack, Workload(plan.jobs, plan.over_s, render_s=plan.render_s))
+        run.say(f"{len(created.ids)} jobs created; watching the queue for {plan.watch_s:.0f}s")
+        samples = []
+        async with jetstream([run.stack.settings.nats_url]) as (_, js):
+            t0 = asyncio.get_running_loop().time()
+            while asyncio.get_running_loop().time() - t0 <= plan.watch_s:
+                samples.append(await take_sample(run, js, created.ids, t0))
+                run.say(f"sample: {samples[-1]}")
+                await asyncio.sleep(plan.sample_every_s)
+        await run.settle(created, within_s=0, stall_s=0)  # the queue is not drained: still-waiting is expected
+        judge(run.row, samples)
+        run.row.expect(run.row.over_rendered == 0, f"{run.row.over_rendered} jobs rendered more than once")
+        run.row.notes.append(f"{run.row.stuck} jobs still waiting when the watch ended (expected: cap 1)")
+    return run.row

@@ -1,0 +1,68 @@
+"""The object store unavailable while renders are being copied into it: the filesystem backend's root made
+unusable, and the S3 server (moto) down. Downloads must wait it out, not fail the jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+from tests.faults.harness import fault_run, under_fault
+from tests.faults.objectstore import RestartableMoto, break_root, mend_root
+from tests.faults.report import Row
+from tests.faults.scenarios.plans import Plan, pick
+from tests.s3server import aws_environment
+
+BUCKET = "vidjobs-faults"
+# Renders end a few seconds in, so the outage catches jobs reaching the download stage all through it.
+OUTAGE = (Plan(jobs=16, over_s=10, at_s=3, lasts_s=20, settle_s=60, render_s=1.5),
+          Plan.long(jobs=100, over_s=80, at_s=5, lasts_s=90, settle_s=300, render_s=2))
+
+
+async def object_store_outage_file(long: bool = False) -> Row:
+    plan = pick(*OUTAGE, long)
+    async with fault_run("object_store_outage_file") as run:
+        root = Path(run.stack.settings.storage_location().removeprefix("file://"))
+
+        async def lose() -> None:
+            break_root(root)
+
+        async def mend() -> None:
+            mend_root(root)
+
+        await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=lose, end=mend,
+                          settle_s=plan.settle_s, stall_s=plan.stall_s)
+        run.expect_healthy_outcome()
+    return run.row
+
+
+async def object_store_outage_s3(long: bool = False) -> Row:
+    plan = pick(*OUTAGE, long)
+    with tempfile.TemporaryDirectory(prefix="vidjobs-faults-moto-") as home:
+        moto = RestartableMoto(Path(home), BUCKET)
+        server = await asyncio.to_thread(moto.start)
+        try:
+            with aws_environment(server):  # inherited by the service processes the run starts
+                return await _s3_run(moto, plan)
+        finally:
+            moto.stop()
+
+
+async def _s3_run(moto: RestartableMoto, plan: Plan) -> Row:
+    async with fault_run("object_store_outage_s3", storage_url=f"s3://{BUCKET}/faults") as run:
+
+        async def down() -> None:
+            moto.stop()
+
+        async def up() -> None:
+            await asyncio.to_thread(moto.start)
+
+        try:
+            await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=down, end=up,
+                              settle_s=plan.settle_s, stall_s=plan.stall_s)
+        finally:
+            shutil.copy(moto.home / "moto.log", run.log_dir / "moto.log")
+        run.expect_healthy_outcome()
+        run.row.notes.append("moto keeps no state across its restart: the bucket is made again, empty")
+    return run.row
