@@ -10,9 +10,11 @@ re-render. A file that is not a video fails the job at once: fetching it again w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -32,6 +34,7 @@ from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage, job_prefix
 from libs.storage.factory import open_storage
 from services.media import assets, copies, netguard, orphans, scratch, telemetry
+from services.media.isolation import DecodeGate
 from services.media.pipeline import Copier, PreviewSpec, Stored
 
 log = logging.getLogger("vidjobs.media")
@@ -48,6 +51,7 @@ class Media:
     storage: Storage
     copier: Copier
     adapters: dict[str, ProviderAdapter]
+    gate: DecodeGate = field(default_factory=DecodeGate)  # suspects decode alone
 
 
 async def main(rt: Runtime) -> None:
@@ -106,20 +110,28 @@ async def on_download(media: Media, event: events.Event, delivery: Delivery) -> 
             log.error("decoding this render killed its media process; giving up on it",
                       extra={"job_id": job.id, "crashes": crashes})
             raise GiveUp(f"decoding the render killed the media process {crashes} times")
-        await _copy(media, job, delivery)
+        await _copy(media, job, delivery, suspect=crashes > 0)
 
 
-async def _copy(media: Media, job: JobRow, delivery: Delivery) -> None:
+async def _copy(media: Media, job: JobRow, delivery: Delivery, *, suspect: bool) -> None:
     deadline = download_deadline(job, media.rt.settings)
     headers = adapter_for(media.adapters, job.provider).download_headers()
     log.info("copying render", extra={"job_id": job.id, "attempt": delivery.attempt})
     try:
         stored = await media.copier.copy(job, headers=headers, timeout_s=_seconds_left(deadline, MIN_ATTEMPT_S),
-                                         decoding=partial(copies.decoding, media.rt.pool, job.id))
+                                         decoding=partial(_decoding, media, job.id, suspect))
     except MediaError as err:
         await _copy_failed(media, job, err, delivery, deadline)
         return
     await _complete(media, job, stored)
+
+
+@contextlib.asynccontextmanager
+async def _decoding(media: Media, job_id: str, suspect: bool) -> AsyncIterator[None]:
+    if suspect:
+        log.warning("a process died while decoding this render before; decoding it alone", extra={"job_id": job_id})
+    async with media.gate.enter(suspect=suspect), copies.decoding(media.rt.pool, job_id):
+        yield
 
 
 def download_deadline(job: JobRow, settings: Settings) -> datetime:
