@@ -5,44 +5,13 @@ that is down while renders are copied delays them but fails none."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
-import signal
-import tempfile
-from pathlib import Path
 
-import asyncpg
-
-from services.media import scratch
 from services.media.worker import DECODER_CRASHES
+from tests.faults.scenarios.media_faults import kill_whenever_it_decodes, scratch_of
 from tests.stack import Stack, running_stack, stack_settings
 from tests.support import wait_until
 from tests.test_poison import _dead_letters
-
-
-async def _kill_media_whenever_it_decodes(stack: Stack, job_id: str, kills: list[int], landed: list[int]) -> None:
-    """Play the part of a render that crashes its decoder: each time a media process decodes it, that
-    process dies (as a decoder abort or an out-of-memory kill would take it down). A kill that comes just
-    after the decode ended is not the render's doing: only those that landed mid-decode are `landed`."""
-    conn = await asyncpg.connect(stack.settings.database_url)
-    query = "SELECT owner FROM media_copies WHERE job_id = $1 AND decoding"
-    try:
-        while True:
-            owner = await conn.fetchval(query, job_id)
-            pid = stack.supervisor.pid("media")
-            if owner is not None and pid is not None and pid not in kills and f"-{pid}-" in owner:
-                os.kill(pid, signal.SIGKILL)
-                kills.append(pid)
-                await asyncio.sleep(0.3)  # the process is gone: what its row says now is what it left
-                if await conn.fetchval(query, job_id) == owner:
-                    landed.append(pid)
-            await asyncio.sleep(0.01)
-    finally:
-        await conn.close()
-
-
-def _scratch_of(pids: list[int]) -> list[Path]:
-    return [p for p in Path(tempfile.gettempdir()).glob(f"{scratch.PREFIX}*") if scratch._owner(p) in pids]
 
 
 async def test_a_process_killing_download_is_dead_lettered(tmp_path, database_url, nats_url):
@@ -51,7 +20,7 @@ async def test_a_process_killing_download_is_dead_lettered(tmp_path, database_ur
         poison = await stack.create_job(params={"render_s": 0.2})
         kills: list[int] = []
         landed: list[int] = []
-        killer = asyncio.create_task(_kill_media_whenever_it_decodes(stack, poison["id"], kills, landed))
+        killer = asyncio.create_task(kill_whenever_it_decodes(stack, poison["id"], kills, landed))
         try:
             healthy = [await stack.create_job(params={"render_s": 0.2}) for _ in range(3)]
             failed = await stack.wait_terminal(poison["id"], within=120)
@@ -70,7 +39,7 @@ async def test_a_process_killing_download_is_dead_lettered(tmp_path, database_ur
 
 
 async def _none_left(pids: list[int]) -> bool:
-    return not _scratch_of(pids)
+    return not scratch_of(pids)
 
 
 async def test_an_object_store_outage_fails_no_download(tmp_path, database_url, nats_url):

@@ -7,8 +7,11 @@ from collections.abc import Awaitable, Callable
 
 from tests.faults.report import Row
 from tests.faults.scenarios.duplicate_faults import duplicate_storm
+from tests.faults.scenarios.lock_faults import advisory_lock_held
+from tests.faults.scenarios.media_faults import poison_download
 from tests.faults.scenarios.nats_faults import cluster_leader, jetstream_unavailable, nats_kill
 from tests.faults.scenarios.postgres_faults import postgres_restart
+from tests.faults.scenarios.provider_faults import unclear_submits_key_only, unclear_submits_lookup
 from tests.faults.scenarios.queue_faults import waiting_queue
 from tests.faults.scenarios.storage_faults import object_store_outage_file, object_store_outage_s3
 
@@ -21,10 +24,10 @@ SCENARIOS: dict[str, Scenario | None] = {
     "postgres_restart": postgres_restart,  # 4
     "object_store_outage_file": object_store_outage_file,  # 5, filesystem backend
     "object_store_outage_s3": object_store_outage_s3,  # 5, S3 backend (moto)
-    # 6-8 are written elsewhere; their functions go here under these names.
-    "advisory_lock_held": None,  # 6: a session holds the provider advisory lock for 7 minutes
-    "unclear_submits": None,  # 7: accept_then_timeout / accept_then_drop on 20% of submits
-    "poison_download": None,  # 8: a download that kills the media process
+    "advisory_lock_held": advisory_lock_held,  # 6
+    "unclear_submits_lookup": unclear_submits_lookup,  # 7, the render looked up before a resubmit
+    "unclear_submits_key_only": unclear_submits_key_only,  # 7, only the idempotency key
+    "poison_download": poison_download,  # 8
     "waiting_queue": waiting_queue,  # 9
     "duplicate_storm": duplicate_storm,  # 10
 }
