@@ -76,6 +76,8 @@ def resolve(settings: Settings, embedded: Embedded) -> Settings:
         say("starting embedded PostgreSQL (first start initialises it; this takes a few seconds) ...")
         embedded.postgres = EmbeddedPostgres(data / "postgres").start()
         changes["database_url"] = embedded.postgres.url
+    if "VIDJOBS_FAKE_PROVIDER" not in os.environ:
+        changes["fake_provider"] = "on"  # the demo's only provider, unless a real one is configured instead
     if "VIDJOBS_FAKE_PROVIDER_URL" not in os.environ:
         changes["fake_provider_url"] = f"http://127.0.0.1:{free_port()}"
     fake_provider_url = str(changes.get("fake_provider_url", settings.fake_provider_url))

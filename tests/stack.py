@@ -113,6 +113,7 @@ def stack_settings(tmp: Path, database_url: str, nats_url: str, **overrides: Any
         storage_url=f"file://{tmp / 'objects'}", http_port=free_port(),
         fake_provider_url=f"http://127.0.0.1:{free_port()}", fake_webhook_secret=new_secret(),
         signing_secret=secrets.token_urlsafe(24), recovery_delay_s=30, recovery_interval_s=30,
+        fake_provider="on",
     ).with_(**overrides)
     return settings.with_(
         download_allow_hosts=allow_downloads_from(settings.download_allow_hosts, settings.fake_provider_url))

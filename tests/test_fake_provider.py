@@ -511,7 +511,8 @@ async def test_provider_answers_map_onto_the_taxonomy(http, secret, status, body
 
 
 async def test_the_registry_builds_the_fake_adapter_from_settings(http, secret):
-    settings = Settings(fake_provider_url="http://127.0.0.1:1/", fake_webhook_secret=secret, webhook_tolerance_s=9)
+    settings = Settings(fake_provider="on", fake_provider_url="http://127.0.0.1:1/", fake_webhook_secret=secret,
+                        webhook_tolerance_s=9)
     adapters = build_adapters(settings, http)
 
     fake = adapter_for(adapters, "fake")

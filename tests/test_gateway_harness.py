@@ -37,7 +37,7 @@ def gateway_settings(tmp: Path, database_url: str, nats_url: str, **overrides: A
         storage_url=f"file://{tmp / 'objects'}", http_port=free_port(),
         # Nothing listens there: these tests never reach a provider.
         fake_provider_url=f"http://127.0.0.1:{free_port()}", fake_webhook_secret=new_secret(),
-        signing_secret=secrets.token_urlsafe(24), recovery_delay_s=3600, log_format="text",
+        signing_secret=secrets.token_urlsafe(24), recovery_delay_s=3600, log_format="text", fake_provider="on",
     ).with_(**overrides)
 
 

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.embedded import free_port
 from services.gateway.app import route_table
 from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
@@ -91,6 +92,28 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
             assert ("429" in op["responses"]) == bool(op["security"]), (method, path)
     assert set(schemas["AccountOut"]["properties"]) == {
         "id", "name", "credits", "limits", "spent_today", "active_jobs", "queued_jobs"}
+
+
+async def test_a_production_deployment_refuses_fake_models_and_keeps_metrics_off_the_api_port(
+        tmp_path, database_url, nats_url):
+    settings = gateway_settings(tmp_path, database_url, nats_url, fake_provider="off", api_metrics="off",
+                                metrics_port=free_port())
+    async with running_gateway(settings) as prod:
+        key = await prod.key()
+        status, body = await prod.post_job(key)
+        assert status == 422
+        assert_error(body, "invalid_input", "unknown provider 'fake'")
+        resp = await prod.client.post("/v1/webhooks/fake", data=b"{}", headers={"Content-Type": "application/json"})
+        assert resp.status == 404
+        assert (await prod.client.get("/metrics")).status == 404
+        doc = (await prod.get(None, "/openapi.json"))[1]
+        assert "/metrics" not in doc["paths"]
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{settings.metrics_port}/metrics") as resp:
+                assert resp.status == 200
+                assert "vidjobs_http_requests_total" in await resp.text()
+            async with http.get(f"http://127.0.0.1:{settings.metrics_port}/readyz") as resp:
+                assert resp.status == 200
 
 
 async def test_the_page_and_its_assets_are_served(h):

@@ -205,7 +205,7 @@ async def world(database_url: str, nats_url: str, tmp_path: Path) -> AsyncIterat
     async with running_fake_provider(webhook_secret=secret, callback_attempts=1) as provider:
         config = Settings().with_(
             data_dir=str(tmp_path), database_url=database_url, nats_url=nats_url,
-            fake_provider_url=provider.url, fake_webhook_secret=secret,
+            fake_provider="on", fake_provider_url=provider.url, fake_webhook_secret=secret,
             public_url="http://127.0.0.1:9",  # callbacks go nowhere: this test delivers them itself
             max_attempts=MAX_ATTEMPTS, retry_base_s=0.05, retry_cap_s=0.2, provider_timeout_s=5,
         )

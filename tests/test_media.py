@@ -244,6 +244,7 @@ def settings(database_url: str, nats_url: str, tmp_path: Path, work_tmp: Path) -
         data_dir=str(tmp_path), database_url=database_url, nats_url=nats_url,
         storage_url=f"file://{tmp_path / 'objects'}", signing_secret="x", retry_base_s=0.1, retry_cap_s=0.5,
         download_allow_hosts="127.0.0.1",  # the origin plays the provider on loopback, on a port of its own
+        fake_provider="on",
     )
 
 

@@ -10,9 +10,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from libs.common import ratecard
+from libs.common import jobs, ratecard
 from libs.common.ratecard import Price, RateCardIn
 from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate
 from services.gateway.accounts import create_account
 from tests.stack import running_stack, stack_settings
 from tests.test_gateway_harness import assert_error, drive, gateway_settings, running_gateway
@@ -199,3 +200,78 @@ async def test_creates_racing_settlements_on_one_account_neither_deadlock_nor_dr
     committed = await h.pool.fetchval("SELECT sum(committed) FROM account_daily_spend WHERE account_id = $1",
                                       account_id)
     assert committed == 40 * ESTIMATE  # the live jobs' estimates; the canceled ones gave theirs back
+
+
+# --- what the provider billed, per attempt, and what an ending after a finished render owes ---------------
+
+async def _report_cost(h, job_id: str, credits_owed: int) -> None:
+    """What the poller stores when a signal carries the provider's bill for the job's current render."""
+    job = await jobs.fetch(h.pool, job_id)
+    async with h.pool.acquire() as conn:
+        await jobs.record_provider_cost(conn, job_id, credits_owed, attempt=job.attempt,
+                                        provider_job_id=job.provider_job_id)
+
+
+async def _charge_entry(h, account_id: str, job_id: str) -> asyncpg.Record:
+    entries = await assert_ledger_explains(h.pool, account_id)
+    return next(e for e in entries if e["job_id"] == job_id and e["kind"] in ("charge", "release"))
+
+
+async def test_a_later_attempt_is_not_charged_an_earlier_attempts_bill(h):
+    account_id, key = await _account(h, credits=1000)
+    _, job = await h.post_job(key)
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED, update=JobUpdate(provider_job_id="render-1"))
+    await _report_cost(h, job["id"], 20)  # attempt 1 billed 20, then failed
+    await drive(h.pool, job["id"], JobStatus.RETRYING)
+    await drive(h.pool, job["id"], JobStatus.PENDING, update=JobUpdate(attempt=2))
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED, update=JobUpdate(provider_job_id="render-2"))
+    await drive(h.pool, job["id"], JobStatus.DOWNLOADING, JobStatus.COMPLETED)  # attempt 2 reported nothing
+
+    entry = await _charge_entry(h, account_id, job["id"])
+    assert (entry["kind"], entry["balance_change"]) == ("charge", -ESTIMATE), dict(entry)
+    assert "the estimate" in entry["note"]
+
+
+async def test_a_reported_cost_of_zero_falls_back_to_the_rate_card(h):
+    account_id, key = await _account(h, credits=1000)
+    _, job = await h.post_job(key)
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED)
+    await _report_cost(h, job["id"], 0)
+    await drive(h.pool, job["id"], JobStatus.DOWNLOADING, JobStatus.COMPLETED)
+
+    entry = await _charge_entry(h, account_id, job["id"])
+    assert entry["balance_change"] == -ESTIMATE, dict(entry)
+    assert "the estimate" in entry["note"]
+
+
+@pytest.mark.parametrize("end", ["cancel", "delete"])
+@pytest.mark.parametrize("reported", [None, 30])
+async def test_ending_a_job_whose_render_finished_charges_the_rendered_cost(h, end, reported):
+    account_id, key = await _account(h, credits=1000)
+    _, job = await h.post_job(key)
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED)
+    if reported is not None:
+        await _report_cost(h, job["id"], reported)
+    await drive(h.pool, job["id"], JobStatus.DOWNLOADING)  # the provider finished: it billed us
+
+    path = f"/v1/jobs/{job['id']}" + ("/cancel" if end == "cancel" else "")
+    resp = await (h.client.post if end == "cancel" else h.client.delete)(
+        path, headers={"Authorization": f"Bearer {key}"})
+    assert resp.status in (200, 204)
+
+    owed = ESTIMATE if reported is None else reported
+    entry = await _charge_entry(h, account_id, job["id"])
+    assert (entry["kind"], entry["balance_change"], entry["reserved_change"]) == ("charge", -owed, -ESTIMATE)
+    assert "rendered" in entry["note"], entry["note"]
+    assert await h.count("SELECT actual_credits FROM jobs WHERE id = $1", job["id"]) == owed
+
+
+async def test_ending_a_job_before_its_render_finished_owes_only_what_the_provider_billed(h):
+    account_id, key = await _account(h, credits=1000)
+    _, job = await h.post_job(key)
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED, JobStatus.PROCESSING)
+    resp = await h.client.post(f"/v1/jobs/{job['id']}/cancel", headers={"Authorization": f"Bearer {key}"})
+    assert resp.status == 200
+
+    entry = await _charge_entry(h, account_id, job["id"])
+    assert (entry["kind"], entry["balance_change"]) == ("release", 0), dict(entry)

@@ -37,7 +37,7 @@ async def test_refused_submit_and_takeover_race(database_url, nats_url, tmp_path
     async with running_fake_provider(webhook_secret=secret, callback_attempts=1) as provider:
         config = Settings().with_(
             data_dir=str(tmp_path), database_url=database_url, nats_url=nats_url,
-            fake_provider_url=provider.url, fake_webhook_secret=secret, public_url="http://127.0.0.1:9",
+            fake_provider="on", fake_provider_url=provider.url, fake_webhook_secret=secret, public_url="http://127.0.0.1:9",
             retry_base_s=0.05, retry_cap_s=0.2, provider_timeout_s=5,
         )
         async with open_runtime("repro", config) as rt, aiohttp.ClientSession() as session:

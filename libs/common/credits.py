@@ -172,12 +172,17 @@ async def entries(
     return [msgspec.convert(dict(r), Entry) for r in rows]
 
 
-def settle_note(ending: str, job_id: str, estimated: int, charged: int, provider_cost: int | None) -> str:
-    """Why a job's credit moved as it did, for the ledger. `ending`: its terminal status, or "deleted"."""
+def settle_note(ending: str, job_id: str, estimated: int, charged: int, provider_cost: int | None, *,
+                rendered: bool = False) -> str:
+    """Why a job's credit moved as it did, for the ledger. `ending`: its terminal status, or "deleted";
+    `rendered`: the provider had finished the render when the job ended."""
+    reported = bool(provider_cost)  # a cost of 0 is no report: the estimate stands in
+    source = "the provider's reported cost" if reported else "the estimate"
+    capped = " (capped at the estimate)" if reported and provider_cost > estimated else ""
     if ending == JobStatus.COMPLETED:
-        source = "the provider's reported cost" if provider_cost is not None else "the estimate"
-        capped = " (capped at the estimate)" if provider_cost is not None and provider_cost > estimated else ""
         return f"{job_id} completed: charged {charged} from {source}{capped}"
+    if rendered:
+        return f"{job_id} {ending} after the provider rendered it: charged {charged} from {source}{capped}"
     if charged:
         return f"{job_id} {ending}: the provider billed {provider_cost}, charged {charged}"
     return f"{job_id} {ending}: nothing billed, estimate of {estimated} released"

@@ -147,23 +147,26 @@ async def create(
     return job
 
 
-def owed_sql(delivered: str) -> str:
-    """SQL for what a job ending now owes, kept as its `actual_credits` beside its estimate. `delivered` is a
-    SQL condition: a delivered render costs the provider's reported cost where it gave one, else the
-    estimate; any other ending costs what the provider billed, if anything. Never more than the estimate:
-    the estimate is the quote the credit was reserved for."""
-    return f"""GREATEST(0, LEAST(estimated_credits, CASE WHEN {delivered}
-        THEN COALESCE(provider_cost_credits, estimated_credits) ELSE COALESCE(provider_cost_credits, 0) END))"""
+def owed_sql(delivered: str, rendered: str = "false") -> str:
+    """SQL for what a job ending now owes, kept as its `actual_credits` beside its estimate. `delivered` and
+    `rendered` are SQL conditions. A delivered render, or one the provider finished before the owner ended
+    the job (`rendered`), costs the provider's reported cost where it gave one, else the estimate: a cost of
+    0 is no report, since nothing renders for free. Any other ending costs what the provider billed for the
+    attempt at hand, if anything. Never more than the estimate: the estimate is the quote the credit was
+    reserved for."""
+    return f"""GREATEST(0, LEAST(estimated_credits, CASE WHEN ({delivered}) OR ({rendered})
+        THEN COALESCE(NULLIF(provider_cost_credits, 0), estimated_credits)
+        ELSE COALESCE(provider_cost_credits, 0) END))"""
 
 
-async def settle_credit(conn: asyncpg.Connection, job: JobRow, ending: str) -> None:
+async def settle_credit(conn: asyncpg.Connection, job: JobRow, ending: str, *, rendered: bool = False) -> None:
     """A job just ended (`ending`: its terminal status, or "deleted"): release its reservation and charge its
-    `actual_credits`, with a ledger entry saying why."""
+    `actual_credits`, with a ledger entry saying why. `rendered`: the provider had finished the render."""
     charged = max(0, min(job.actual_credits or 0, job.estimated_credits))
     await credits.settle(conn, account_id=job.account_id, job_id=job.id, estimated=job.estimated_credits,
                          charged=charged, day=job.created_at.astimezone(UTC).date(),
                          note=credits.settle_note(ending, job.id, job.estimated_credits, charged,
-                                                  job.provider_cost_credits))
+                                                  job.provider_cost_credits, rendered=rendered))
 
 
 def stop_at_provider(job: JobRow, was: JobStatus | None = None) -> list[CancelRequested]:
@@ -182,7 +185,7 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
         f"""
         UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL,
             actual_credits = CASE WHEN status IN ('completed', 'failed', 'canceled', 'expired') THEN actual_credits
-                                  ELSE {owed_sql("false")} END
+                                  ELSE {owed_sql("false", "status = 'downloading'")} END
         WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
         RETURNING *
         """,
@@ -192,7 +195,7 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
         return False
     job = row_to_job(row)
     if job.status not in TERMINAL:
-        await settle_credit(conn, job, "deleted")
+        await settle_credit(conn, job, "deleted", rendered=job.status is JobStatus.DOWNLOADING)
     await outbox.add(conn, [
         *stop_at_provider(job),
         *([SlotFreed(provider=job.provider)] if job.status in RENDERING else []),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -80,6 +80,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     db_idle_in_transaction_timeout_s: float = 60.0
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
     signed_url_ttl_s: int = 900  # links to stored objects are short-lived; reading the job again renews them
+    # The fake provider's adapters (`fake/*`, `fake-polling/*`): `on` for local development and tests (`vidjobs
+    # up` turns it on); off otherwise, so a production deployment refuses fake models at create instead of
+    # reserving credit for jobs no provider will render.
+    fake_provider: Literal["on", "off"] = "off"
     fake_provider_url: str = "http://127.0.0.1:8090"
     fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
     # Real providers: an adapter is offered only when its API key is set. Base URLs are settings so tests
@@ -98,6 +102,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     veo_api_key: str = ""
     webhook_tolerance_s: int = 300
     metrics_port: int = 0  # worker /healthz and /metrics; 0 picks a free port
+    # The gateway's `/metrics` on the public API port (`on`), or (`off`) only on `metrics_port`, beside
+    # /healthz and /readyz, where a network policy can keep it from the internet.
+    api_metrics: Literal["on", "off"] = "on"
     stream_replicas: int = 1  # JetStream replicas per stream: 3 in production clusters
     submit_concurrency: int = 16
     download_concurrency: int = 4

@@ -91,7 +91,9 @@ def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
 
 # The endings that settle a job's credit (expiry comes after completion, which already did).
 BILLED_ENDINGS = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELED})
-_ACTUAL_SQL = "actual_credits = " + owed_sql("$3::job_status = 'completed'")
+# `status` is the row's status before this move: a render the provider finished is owed when the owner cancels.
+_ACTUAL_SQL = "actual_credits = " + owed_sql("$3::job_status = 'completed'",
+                                             "prev.status = 'downloading' AND $3::job_status = 'canceled'")
 
 
 def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> tuple[str, list[Any]]:
@@ -103,6 +105,9 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
         columns = {**columns, "recover_at": None, "retry_at": None, "deadline_at": None}
     if to in BILLED_ENDINGS and "actual_credits" not in columns:
         sets.append(_ACTUAL_SQL)
+    if "attempt" in columns:
+        # What the provider billed belongs to one attempt's render; a new attempt starts with no bill.
+        sets.append("provider_cost_credits = NULL")
     for i, (name, value) in enumerate(columns.items(), start=4):
         sets.append(f"{name} = ${i}")
         values.append(value)
@@ -149,7 +154,8 @@ async def transition(
         )
         job = row_to_job(row)
         if to in BILLED_ENDINGS and from_status not in TERMINAL:
-            await settle_credit(conn, job, to.value)
+            await settle_credit(conn, job, to.value,
+                                rendered=from_status is JobStatus.DOWNLOADING and to is JobStatus.CANCELED)
         freed = [SlotFreed(provider=job.provider)] if from_status in RENDERING and to not in RENDERING else []
         await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *freed, *emit])
     metrics.TRANSITIONS.labels(to.value).inc()

@@ -12,12 +12,14 @@ from libs.providers.fake.adapter import FakeAdapter, PollingFakeAdapter
 
 def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[str, ProviderAdapter]:
     """Every configured adapter by provider name, sharing the caller's HTTP session (the caller closes it)."""
-    adapters: list[ProviderAdapter] = [
-        FakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
-                    tolerance_s=settings.webhook_tolerance_s),
-        PollingFakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
-                           tolerance_s=settings.webhook_tolerance_s),
-    ]
+    adapters: list[ProviderAdapter] = []
+    if settings.fake_provider == "on":
+        adapters += [
+            FakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
+                        tolerance_s=settings.webhook_tolerance_s),
+            PollingFakeAdapter(session, settings.fake_provider_url, settings.fake_webhook_secret,
+                               tolerance_s=settings.webhook_tolerance_s),
+        ]
     # Real providers join only when their API key is configured.
     if settings.replicate_api_token:
         from libs.providers.replicate import ReplicateAdapter

@@ -12,7 +12,7 @@ from functools import partial
 import aiohttp
 from aiohttp import web
 
-from libs.common.runtime import Runtime, every, open_runtime
+from libs.common.runtime import Runtime, every, health_app, open_runtime
 from libs.common.settings import Settings
 from libs.providers.registry import build_adapters
 from libs.storage.factory import open_storage
@@ -42,6 +42,8 @@ def route_table(settings: Settings) -> list[Route]:
         *routes_jobs.ROUTES, *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
         *routes_webhooks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
     ]
+    if settings.api_metrics == "off":
+        routes = [r for r in routes if r.name != "metrics"]  # served on the metrics port instead (_resources)
     # Objects are served here only when they live on our own disk; S3 hands out its own signed URLs.
     if settings.storage_location().startswith("file:"):
         routes += routes_files.ROUTES
@@ -74,6 +76,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         adapters = build_adapters(settings, session)
         for adapter in adapters.values():
             stack.push_async_callback(adapter.close)
+        if settings.api_metrics == "off":
+            ops = await health_app(rt)  # /metrics, /healthz and /readyz on VIDJOBS_METRICS_PORT only
+            stack.push_async_callback(ops.cleanup)
         sweep = rt.watch(_sweep_idempotency_keys(rt), "idempotency-sweep")
         stack.push_async_callback(_stop, sweep)  # stopped before the pool it uses is closed
         app[GATEWAY] = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters)
