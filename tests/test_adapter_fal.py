@@ -357,6 +357,23 @@ async def test_a_signed_webhook_verifies_and_names_its_request(adapter, standin)
     assert adapter.verify_callback(standin.sign(BODY, RID), BODY) == RID
 
 
+async def test_a_validly_signed_webhook_for_another_fal_user_is_refused(standin, session):
+    """fal signs every customer's callbacks with one key set: another fal user can have fal sign a callback
+    and point it at our URL. With our user id configured, only ours are taken."""
+    ours = FalAdapter(session, standin.url, KEY, standin.jwks_url, user_id=standin.user_id)
+    theirs = FalAdapter(session, standin.url, KEY, standin.jwks_url, user_id="another-fal-user")
+    try:
+        await loaded(ours)
+        await loaded(theirs)
+        headers = standin.sign(BODY, RID)
+        assert ours.verify_callback(headers, BODY) == RID
+        with pytest.raises(WebhookRejected, match="not our fal user"):
+            theirs.verify_callback(headers, BODY)
+    finally:
+        await ours.close()
+        await theirs.close()
+
+
 @pytest.mark.parametrize("tamper", ["signature", "body", "foreign_key", "stale", "future", "missing", "user"])
 async def test_an_unverifiable_webhook_is_rejected(adapter, standin, tamper):
     await loaded(adapter)

@@ -40,8 +40,13 @@ async def test_create_answers_201_with_the_job_and_reserves_its_credit(h):
     assert account == {
         "id": account_id, "name": account["name"], "credits": {"balance": 1000, "reserved": 50, "available": 950},
         "limits": {"concurrent_jobs": 2, "daily_spend_cap": None, "max_job_credits": None,
-                   "requests_per_s": h.settings.api_rate_per_s, "request_burst": h.settings.api_rate_burst},
-        "spent_today": 50, "active_jobs": 1, "queued_jobs": 1}
+                   "requests_per_s": h.settings.api_rate_per_s, "request_burst": h.settings.api_rate_burst,
+                   "max_queued_jobs": h.settings.max_queued_jobs,
+                   "max_open_streams": h.settings.max_streams_per_account,
+                   "max_open_streams_per_key": h.settings.max_streams_per_key,
+                   "max_uploads_per_day": h.settings.max_uploads_per_day,
+                   "max_body_bytes": h.settings.max_body_bytes, "max_upload_bytes": h.settings.upload_max_bytes},
+        "spent_today": 50, "active_jobs": 1, "queued_jobs": 1, "uploads_today": 0}
     status, same = await h.get(key, f"/v1/jobs/{job['id']}")
     assert status == 200 and same == job
 

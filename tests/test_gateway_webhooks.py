@@ -1,4 +1,5 @@
-"""Provider webhooks: verified with Standard Webhooks, stored raw once, announced through the outbox."""
+"""Provider webhooks: verified with Standard Webhooks, checked to name a render of ours, stored raw once,
+announced through the outbox."""
 
 from __future__ import annotations
 
@@ -15,13 +16,27 @@ from libs.providers import webhooks
 from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
 
-BODY = json.dumps({"type": "job.succeeded", "id": "prov_1"}).encode()
+
+def callback(job_id: str | None, *, render_id: str = "rnd_1", **extra: object) -> bytes:
+    """What the fake provider posts when a render finishes."""
+    render = {"id": render_id, "status": "succeeded", "metadata": {"job_id": job_id, "attempt": 1}, **extra}
+    return json.dumps({"type": "render.succeeded", "data": render}).encode()
+
+
+BODY = callback(None)  # names no job: verification and shape only
 
 
 @pytest.fixture
 async def h(tmp_path, database_url, nats_url):
     async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
         yield harness
+
+
+@pytest.fixture
+async def ours(h) -> bytes:
+    """A callback about a job of ours."""
+    _, job = await h.post_job(await h.key())
+    return callback(job["id"])
 
 
 async def _post(h, body: bytes, headers: dict[str, str], provider: str = "fake"):
@@ -67,23 +82,59 @@ async def test_unknown_provider_is_404(h):
     assert await _nothing_stored(h)
 
 
-async def test_a_verified_delivery_is_stored_once_however_often_it_arrives(h):
+async def test_a_verified_delivery_is_stored_once_however_often_it_arrives(h, ours):
     secret = h.settings.fake_webhook_secret
     msg_id = webhooks.new_message_id()
     # A provider's retries keep the webhook-id and re-sign with a fresh timestamp; some arrive together.
-    deliveries = [webhooks.signed_headers(secret, BODY, msg_id=msg_id, timestamp=int(time.time()) - i)
+    deliveries = [webhooks.signed_headers(secret, ours, msg_id=msg_id, timestamp=int(time.time()) - i)
                   for i in range(4)]
 
-    first = await _post(h, BODY, deliveries[0])
-    rest = await asyncio.gather(*(_post(h, BODY, d) for d in deliveries[1:]))
+    first = await _post(h, ours, deliveries[0])
+    rest = await asyncio.gather(*(_post(h, ours, d) for d in deliveries[1:]))
 
-    assert first == (200, {"received": True, "duplicate": False})
-    assert all(r == (200, {"received": True, "duplicate": True}) for r in rest), rest
+    assert first == (200, {"received": True, "duplicate": False, "stored": True})
+    assert all(r == (200, {"received": True, "duplicate": True, "stored": True}) for r in rest), rest
     rows = await h.pool.fetch("SELECT provider, webhook_id, payload FROM webhook_inbox")
-    assert [(r["provider"], r["webhook_id"], bytes(r["payload"])) for r in rows] == [("fake", msg_id, BODY)]
+    assert [(r["provider"], r["webhook_id"], bytes(r["payload"])) for r in rows] == [("fake", msg_id, ours)]
 
 
-async def test_a_stored_delivery_is_announced_on_the_inbox_subject(h, nats_url):
+@pytest.mark.parametrize("names", ["no job", "a job id of no job", "another provider's job"])
+async def test_a_verified_delivery_naming_no_render_of_ours_is_acknowledged_and_not_stored(h, names):
+    _, job = await h.post_job(await h.key(), model="fake-poll/default")
+    job_id = {"no job": None, "a job id of no job": "job_0123456789", "another provider's job": job["id"]}[names]
+    body = callback(job_id)
+    jobs_outbox = await h.count("SELECT count(*) FROM outbox")
+
+    status, answer = await _post(h, body, webhooks.signed_headers(h.settings.fake_webhook_secret, body))
+
+    assert (status, answer) == (200, {"received": True, "duplicate": False, "stored": False})
+    assert await h.count("SELECT count(*) FROM webhook_inbox") == 0
+    assert await h.count("SELECT count(*) FROM outbox") <= jobs_outbox  # nothing added (the relay may drain)
+
+
+@pytest.mark.parametrize("body", [b"{}", b"[1, 2]", json.dumps({"type": "x", "data": {"id": 7}}).encode()])
+async def test_a_verified_delivery_that_is_no_callback_is_400_and_stores_nothing(h, body):
+    status, answer = await _post(h, body, webhooks.signed_headers(h.settings.fake_webhook_secret, body))
+    assert status == 400
+    assert_error(answer, "invalid_input", "fake callback")
+    assert await _nothing_stored(h)
+
+
+async def test_a_callback_body_may_be_far_larger_than_an_api_body(h):
+    _, job = await h.post_job(await h.key())
+    body = callback(job["id"], logs="x" * (1024 * 1024))  # a genuine provider's callback may carry its logs
+    assert len(body) > 16 * h.settings.max_body_bytes
+    status, answer = await _post(h, body, webhooks.signed_headers(h.settings.fake_webhook_secret, body))
+    assert (status, answer["stored"]) == (200, True)
+
+    too_big = callback(job["id"], logs="x" * h.settings.webhook_max_body_bytes)
+    status, answer = await _post(h, too_big, webhooks.signed_headers(h.settings.fake_webhook_secret, too_big))
+    assert status == 413
+    assert_error(answer, "payload_too_large", "callback")
+
+
+async def test_a_stored_delivery_is_announced_on_the_inbox_subject(h, nats_url, ours):
+    BODY = ours  # noqa: N806 - the callback this test sends
     status, _ = await _post(h, BODY, webhooks.signed_headers(h.settings.fake_webhook_secret, BODY))
     assert status == 200
     inbox_id = await h.pool.fetchval("SELECT id FROM webhook_inbox")

@@ -32,6 +32,8 @@ from libs.storage.filesystem import FileStorage
 from libs.storage.s3 import S3Storage
 from services.gateway import routes_files
 from services.gateway.errors import error_middleware
+from services.gateway.limits import StreamSlots
+from services.gateway.ratelimit import Refusals
 from services.gateway.routing import register
 from services.gateway.state import GATEWAY, Gateway
 from tests.s3server import TEST_BUCKET, MotoS3
@@ -56,7 +58,8 @@ async def files_route(root: Path) -> AsyncIterator[FileStorage]:
     app = web.Application(middlewares=[error_middleware])
     # The files route reads only the settings and the storage; it needs no database or NATS.
     app[GATEWAY] = Gateway(settings=Settings(signing_secret=secret), rt=cast(Runtime, None), storage=storage,
-                           adapters={})
+                           adapters={}, streams=StreamSlots(per_account=1, per_key=1), refusals=Refusals(),
+                           webhook_rates={})
     register(app, routes_files.ROUTES)
     runner = web.AppRunner(app)
     await runner.setup()

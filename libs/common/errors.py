@@ -79,6 +79,15 @@ class QuotaExhausted(VidjobsError):
     """The account has too little free credit for what was asked."""
 
 
+class QueueFull(VidjobsError):
+    """The account already has as many jobs waiting for a slot as it may."""
+
+    def __init__(self, limit: int):
+        super().__init__(f"this account already has {limit} jobs waiting for a slot, its limit; wait for some "
+                         "to start or cancel ones you no longer need")
+        self.limit = limit
+
+
 class ProviderError(VidjobsError):
     """A provider call failed; `code` classifies it, `retry_after` honours the provider's pacing.
 

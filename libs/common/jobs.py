@@ -9,7 +9,7 @@ import asyncpg
 import msgspec
 
 from libs.common import credits, ids, outbox
-from libs.common.errors import JobError
+from libs.common.errors import JobError, QueueFull
 from libs.common.events import (
     AssetsDeleteRequested,
     CancelRequested,
@@ -114,16 +114,20 @@ async def fetch(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRow 
 async def create(
     conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
     recovery_delay_s: float, route: str | None = None, rate_card_version: int | None = None,
+    max_waiting: int | None = None,
 ) -> JobRow:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
     first recovery check. Raises QuotaExhausted (and creates nothing) when the account's credit or
-    guardrails do not allow it.
+    guardrails do not allow it, and QueueFull when `max_waiting` of its jobs already wait for a slot.
 
     Creation is the one status write outside `transitions.transition`: it has no previous status to guard.
     Must run inside the caller's transaction.
     """
     job_id = ids.new("job")
     await credits.reserve(conn, account_id=account_id, job_id=job_id, amount=estimated_credits)
+    # Counted under the account row's lock, which `reserve` took: racing creates are decided one at a time.
+    if max_waiting is not None and await waiting(conn, account_id) >= max_waiting:
+        raise QueueFull(max_waiting)
     row = await conn.fetchrow(
         """
         INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
@@ -145,6 +149,12 @@ async def create(
         JobChanged(job_id=job_id, status=job.status.value, at=job.updated_at),
     ])
     return job
+
+
+async def waiting(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
+    """How many of the account's jobs wait for a slot (the partial index jobs_account_waiting)."""
+    return await conn.fetchval(
+        "SELECT count(*) FROM jobs WHERE account_id = $1 AND status = 'pending' AND deleted_at IS NULL", account_id)
 
 
 def owed_sql(delivered: str, rendered: str = "false") -> str:

@@ -30,3 +30,6 @@ ROUTE_SECONDS = Histogram(
     buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 3600),
 )
 JOB_ERRORS = Counter("vidjobs_job_errors_total", "Jobs that took an error, by code", ["code"])
+UNMATCHED_CALLBACKS = Counter("vidjobs_callbacks_unmatched_total",
+                              "Stored callbacks whose render no job claimed in time; acknowledged and dropped",
+                              ["provider"])

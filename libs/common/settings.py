@@ -80,7 +80,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     db_idle_in_transaction_timeout_s: float = 60.0
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
     signed_url_ttl_s: int = 900  # links to stored objects are short-lived; reading the job again renews them
-    # The fake provider's adapters (`fake/*`, `fake-polling/*`): `on` for local development and tests (`vidjobs
+    # The fake provider's adapters (`fake/*`, `fake-poll/*`): `on` for local development and tests (`vidjobs
     # up` turns it on); off otherwise, so a production deployment refuses fake models at create instead of
     # reserving credit for jobs no provider will render.
     fake_provider: Literal["on", "off"] = "off"
@@ -94,6 +94,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fal_url: str = "https://queue.fal.run"
     fal_api_key: str = ""
     fal_jwks_url: str = "https://rest.alpha.fal.ai/.well-known/jwks.json"
+    # Our fal user id: fal signs every customer's callbacks with the same keys, so a callback for another
+    # fal user (sent to our URL) verifies; it is refused when its X-Fal-Webhook-User-Id is not this one.
+    fal_user_id: str = ""
     runway_url: str = "https://api.dev.runwayml.com"
     runway_api_key: str = ""
     luma_url: str = "https://api.lumalabs.ai"
@@ -120,6 +123,18 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # `Idempotency-Key`s are remembered this long; the gateway deletes older ones every sweep interval.
     idempotency_ttl_s: float = 86400.0
     idempotency_sweep_interval_s: float = 600.0
+    # Caps on what one client may hold; each is shown in GET /v1/account `limits`. Streams are counted per
+    # gateway process (what a stream costs is that process's pool and memory).
+    max_streams_per_account: int = 100  # open event streams
+    max_streams_per_key: int = 50
+    max_queued_jobs: int = 1000  # jobs of one account waiting for a slot
+    max_uploads_per_day: int = 1000  # image uploads per account per UTC day
+    # Provider callbacks: bodies up to this size (a real provider's callback can carry its logs and input);
+    # stored callbacks per provider per gateway process, as a token bucket; stored rows kept this long.
+    webhook_max_body_bytes: int = 4 * 1024 * 1024
+    webhook_rate_per_s: float = 200.0
+    webhook_rate_burst: int = 400
+    webhook_retention_days: float = 7.0
     # How often an event stream rereads a queued job, whose place moves when other jobs leave the queue.
     stream_queue_refresh_s: float = 2.0
     max_download_bytes: int = 512 * 1024 * 1024

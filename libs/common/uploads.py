@@ -44,6 +44,28 @@ async def insert(conn: asyncpg.Connection | asyncpg.Pool, upload: UploadRow) -> 
     )
 
 
+# Today's uploads of an account (UTC), deleted ones included: deleting an upload frees no place in the cap.
+_TODAY = """
+SELECT count(*) FROM uploads
+WHERE account_id = $1 AND created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'
+"""
+
+
+async def count_today(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
+    return await conn.fetchval(_TODAY, account_id)
+
+
+async def insert_capped(conn: asyncpg.Connection, upload: UploadRow, daily_cap: int) -> bool:
+    """Record a stored upload unless the account already made `daily_cap` today; False then. Uploads of one
+    account are decided one at a time (a transaction-scoped lock), so racing uploads never pass the cap."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('uploads:' || $1))", upload.account_id)
+        if await count_today(conn, upload.account_id) >= daily_cap:
+            return False
+        await insert(conn, upload)
+        return True
+
+
 async def expire_unused(conn: asyncpg.Connection | asyncpg.Pool, older_than_s: float, *, limit: int = 500) -> int:
     """Mark uploads older than `older_than_s` deleted, unless a live job still needs its image; returns how
     many. Their objects become orphans, which the media service's sweep removes."""

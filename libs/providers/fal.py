@@ -29,10 +29,10 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
+from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.fal_signature import Jwks, Verifier
+from libs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
 from libs.providers.http import retry_after, sent_maybe
 
 NAME = "fal"
@@ -164,8 +164,10 @@ class FalAdapter:
     supports_callbacks = True
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str, jwks_url: str, *,
-                 tolerance_s: float = 300, jwks: Jwks | None = None, prefetch_keys: bool = True):
+                 tolerance_s: float = 300, jwks: Jwks | None = None, prefetch_keys: bool = True,
+                 user_id: str = ""):
         self.session = session
+        self.user_id = user_id  # ours; empty: not checked (every fal user's callbacks verify)
         self.base_url = base_url.rstrip("/")
         self._auth = {"Authorization": f"Key {api_key}"}  # never logged, never part of a message
         self.jwks = jwks or Jwks(session, jwks_url)
@@ -227,6 +229,11 @@ class FalAdapter:
             raise http_error(answer)
 
     def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
+        # fal signs every customer's callbacks with one key set: a delivery for another fal user verifies
+        # as well as ours, so the user id (part of the signed message) is compared first.
+        claimed = headers.get(USER_ID_HEADER, "")
+        if self.user_id and claimed != self.user_id:
+            raise WebhookRejected(f"{USER_ID_HEADER} {claimed[:64]!r} is not our fal user")
         # With an async protocol this becomes `return await self.verifier.verify_fresh(headers, body)`.
         return self.verifier.verify(headers, body)
 

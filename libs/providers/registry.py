@@ -30,7 +30,7 @@ def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[s
         from libs.providers.fal import FalAdapter
 
         adapters.append(FalAdapter(session, settings.fal_url, settings.fal_api_key, settings.fal_jwks_url,
-                                   tolerance_s=settings.webhook_tolerance_s))
+                                   tolerance_s=settings.webhook_tolerance_s, user_id=settings.fal_user_id))
     if settings.runway_api_key:
         from libs.providers.runway import RunwayAdapter
 

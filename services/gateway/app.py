@@ -18,6 +18,7 @@ from libs.providers.registry import build_adapters
 from libs.storage.factory import open_storage
 from services.gateway import (
     idempotency,
+    inbox,
     routes_account,
     routes_files,
     routes_jobs,
@@ -29,8 +30,10 @@ from services.gateway import (
 )
 from services.gateway.auth import auth_middleware
 from services.gateway.errors import ErrorOut, error_middleware
+from services.gateway.limits import Bucket, StreamSlots
 from services.gateway.observe import metrics_middleware
 from services.gateway.openapi import openapi_route
+from services.gateway.ratelimit import Refusals
 from services.gateway.routing import Route, register
 from services.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
 
@@ -58,6 +61,12 @@ async def _sweep_idempotency_keys(rt: Runtime) -> None:
                 partial(idempotency.sweep, rt.pool, settings.idempotency_ttl_s), "idempotency key sweep")
 
 
+async def _prune_webhook_inbox(rt: Runtime) -> None:
+    settings = rt.settings
+    await every(rt, settings.idempotency_sweep_interval_s,
+                partial(inbox.prune, rt.pool, settings.webhook_retention_days), "webhook inbox prune")
+
+
 async def _stop(task: asyncio.Task) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -81,7 +90,13 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             stack.push_async_callback(ops.cleanup)
         sweep = rt.watch(_sweep_idempotency_keys(rt), "idempotency-sweep")
         stack.push_async_callback(_stop, sweep)  # stopped before the pool it uses is closed
-        app[GATEWAY] = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters)
+        prune = rt.watch(_prune_webhook_inbox(rt), "webhook-inbox-prune")
+        stack.push_async_callback(_stop, prune)
+        stack.callback(rt.stop.set)  # runs first at cleanup: the sweeps stopped next are not failures
+        streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
+        rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
+        app[GATEWAY] = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
+                               refusals=Refusals(), webhook_rates=rates)
         yield
 
 

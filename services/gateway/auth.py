@@ -3,13 +3,15 @@ key's request rate: a request over it is answered 429 with `Retry-After` (see `r
 
 from __future__ import annotations
 
+import asyncio
+import math
+
 from aiohttp import web
 
 from libs.common.errors import ErrorCode
 from services.gateway import ratelimit
-from services.gateway.accounts import Account
 from services.gateway.errors import ApiError, GatewayCode
-from services.gateway.state import ACCOUNT, PUBLIC_ROUTES, gateway
+from services.gateway.state import ACCOUNT, API_KEY_ID, PUBLIC_ROUTES, gateway
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="vidjobs"'}
 
@@ -20,29 +22,32 @@ def bearer_token(request: web.Request) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
-def rate_limited(admission: ratelimit.Admission) -> ApiError:
-    wait = admission.retry_after_s
+def rate_limited(rate_per_s: float, burst: int, wait: int) -> ApiError:
     return ApiError(
         429, ErrorCode.RATE_LIMITED,
-        f"too many requests: this API key may make {admission.rate_per_s:g} requests per second "
-        f"(bursts of {admission.burst}); retry in {wait} s",
+        f"too many requests: this API key may make {rate_per_s:g} requests per second "
+        f"(bursts of {burst}); retry in {wait} s",
         retryable=True, headers={"Retry-After": str(wait)},
     )
 
 
-async def authenticate(request: web.Request) -> Account:
-    """The key's account, once one of the key's request tokens is spent (one statement for both)."""
+async def authenticate(request: web.Request) -> ratelimit.Admission:
+    """The key and its account, once one of the key's request tokens is spent (one statement for both)."""
     token = bearer_token(request)
     if token is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "send your API key as `Authorization: Bearer <key>`",
                        headers=_CHALLENGE)
     gw = gateway(request)
+    now = asyncio.get_running_loop().time()
+    if (refused := gw.refusals.current(token, now)) is not None:
+        raise rate_limited(refused.rate_per_s, refused.burst, max(1, math.ceil(refused.until - now)))
     admission = await ratelimit.admit(gw.rt.pool, token, gw.settings)
     if admission is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "unknown or revoked API key", headers=_CHALLENGE)
     if not admission.admitted:
-        raise rate_limited(admission)
-    return admission.account
+        gw.refusals.remember(token, admission, now)
+        raise rate_limited(admission.rate_per_s, admission.burst, admission.retry_after_s)
+    return admission
 
 
 def needs_key(request: web.Request) -> bool:
@@ -53,5 +58,7 @@ def needs_key(request: web.Request) -> bool:
 @web.middleware
 async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
     if needs_key(request):
-        request[ACCOUNT] = await authenticate(request)
+        admission = await authenticate(request)
+        request[ACCOUNT] = admission.account
+        request[API_KEY_ID] = admission.key_id
     return await handler(request)

@@ -125,6 +125,12 @@ class Limits(msgspec.Struct, kw_only=True):
     max_job_credits: int | None  # the most one job may be estimated at; null: no maximum
     requests_per_s: float  # API requests per second, per API key
     request_burst: int  # requests one key may make at once after a quiet spell
+    max_queued_jobs: int  # jobs that may wait for a slot at once; creating more answers 429
+    max_open_streams: int  # event streams open at once (per gateway replica)
+    max_open_streams_per_key: int
+    max_uploads_per_day: int  # image uploads per UTC day, deleted ones included
+    max_body_bytes: int  # a JSON request body
+    max_upload_bytes: int  # an uploaded image
 
 
 class AccountOut(msgspec.Struct, kw_only=True):
@@ -137,6 +143,7 @@ class AccountOut(msgspec.Struct, kw_only=True):
     spent_today: int  # credits committed today (UTC), as the daily cap counts them
     active_jobs: int  # jobs not finished yet, waiting ones included
     queued_jobs: int  # of those, waiting for a slot
+    uploads_today: int  # image uploads made today (UTC), as the daily cap counts them
 
 
 class LedgerQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -167,7 +174,9 @@ class LedgerPage(msgspec.Struct, kw_only=True):
 
 class WebhookAck(msgspec.Struct, kw_only=True):
     received: bool
-    duplicate: bool
+    duplicate: bool  # this delivery was stored before
+    # False for a callback that names no render of ours: acknowledged, so the sender stops, and dropped.
+    stored: bool = True
 
 
 class Health(msgspec.Struct, kw_only=True):

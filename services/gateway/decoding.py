@@ -40,15 +40,24 @@ def is_json(content_type: str) -> bool:
     return content_type == "application/json" or content_type.endswith("+json")
 
 
-async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The raw body, refused early when its declared length is already over the limit."""
+CHUNK_BYTES = 64 * 1024
+
+
+def too_large(max_bytes: int, what: str = "request body") -> ApiError:
+    return ApiError(413, GatewayCode.PAYLOAD_TOO_LARGE, f"the {what} is larger than {max_bytes} bytes, the limit")
+
+
+async def read_body(request: web.Request, max_bytes: int, what: str = "request body") -> bytes:
+    """The whole body, or 413 once it proves longer than `max_bytes` (by its header or by what arrived). Each
+    route names its own limit; no more than that is ever held."""
     if request.content_length is not None and request.content_length > max_bytes:
-        raise ApiError(413, GatewayCode.PAYLOAD_TOO_LARGE, f"request body is larger than {max_bytes} bytes")
-    try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise ApiError(413, GatewayCode.PAYLOAD_TOO_LARGE,
-                       f"request body is larger than {max_bytes} bytes") from exc
+        raise too_large(max_bytes, what)
+    body = bytearray()
+    while chunk := await request.content.read(min(CHUNK_BYTES, max_bytes + 1 - len(body))):
+        body += chunk
+        if len(body) > max_bytes:
+            raise too_large(max_bytes, what)
+    return bytes(body)
 
 
 async def read_json(request: web.Request, kind: type[T], max_bytes: int) -> T:

@@ -26,6 +26,7 @@ class GatewayCode(enum.StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     NOT_READY = "not_ready"  # a dependency (database, NATS) is unreachable
+    LIMIT_REACHED = "limit_reached"  # a cap on what one account may hold (streams, queued jobs, uploads)
 
 
 Code = ErrorCode | GatewayCode

@@ -39,16 +39,47 @@ SET rate_tokens = CASE WHEN b.tokens >= 1 THEN b.tokens - 1 ELSE b.tokens END,
     rate_updated_at = b.at, last_used_at = b.at
 FROM bucket b
 WHERE k.id = b.key_id
-RETURNING {accounts.columns("b")}, b.rate, b.burst, b.tokens
+RETURNING {accounts.columns("b")}, b.key_id::text AS key_id, b.rate, b.burst, b.tokens
 """
 
 
 class Admission(msgspec.Struct, frozen=True, kw_only=True):
     account: Account
+    key_id: str
     admitted: bool
     rate_per_s: float  # in force for this key
     burst: int
     retry_after_s: int  # whole seconds until a token is there (0 when admitted)
+    wait_s: float = 0.0  # exactly how long until a token is there
+
+
+class Refusal(msgspec.Struct, frozen=True):
+    until: float  # loop time before which the key's bucket holds no whole token
+    rate_per_s: float
+    burst: int
+
+
+class Refusals:
+    """Keys this process has just refused, until their bucket can hold a token again: a key hammering the API
+    past its rate is answered 429 from memory, so its refusals cost no database write (and every other
+    tenant's requests do not queue behind them). The database bucket stays the one authority: a refusal
+    remembered here is one the database itself would give."""
+
+    MAX_KEYS = 10_000
+
+    def __init__(self) -> None:
+        self._by_key: dict[bytes, Refusal] = {}
+
+    def remember(self, key: str, admission: Admission, now: float) -> None:
+        if len(self._by_key) >= self.MAX_KEYS:
+            self._by_key = {k: r for k, r in self._by_key.items() if r.until > now}
+        self._by_key[hash_key(key)] = Refusal(now + admission.wait_s, admission.rate_per_s, admission.burst)
+
+    def current(self, key: str, now: float) -> Refusal | None:
+        found = self._by_key.get(hash_key(key))
+        if found is None or found.until <= now:
+            return None
+        return found
 
 
 def limits_of(account: Account, settings: Settings) -> tuple[float, int]:
@@ -70,5 +101,7 @@ async def admit(conn: asyncpg.Connection | asyncpg.Pool, key: str, settings: Set
     if row is None:
         return None
     admitted = row["tokens"] >= 1
-    return Admission(account=accounts.account_of(row), admitted=admitted, rate_per_s=row["rate"],
-                     burst=int(row["burst"]), retry_after_s=0 if admitted else wait_s(row["tokens"], row["rate"]))
+    exact = 0.0 if admitted else (1.0 - row["tokens"]) / row["rate"]
+    return Admission(account=accounts.account_of(row), key_id=row["key_id"], admitted=admitted, rate_per_s=row["rate"],
+                     burst=int(row["burst"]), retry_after_s=0 if admitted else wait_s(row["tokens"], row["rate"]),
+                     wait_s=exact)

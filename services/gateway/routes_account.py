@@ -21,17 +21,23 @@ async def get_account(request: web.Request) -> web.Response:
     if state is None:
         raise not_found("account")
     found = state.account
-    rate, burst = ratelimit.limits_of(found, gateway(request).settings)
+    settings = gateway(request).settings
+    rate, burst = ratelimit.limits_of(found, settings)
     return json_response(AccountOut(
         id=found.id,
         name=found.name,
         credits=Credits(balance=found.credits_balance, reserved=found.credits_reserved,
                         available=found.credits_balance - found.credits_reserved),
         limits=Limits(concurrent_jobs=found.concurrent_jobs, daily_spend_cap=found.daily_spend_cap,
-                      max_job_credits=found.max_job_credits, requests_per_s=rate, request_burst=burst),
+                      max_job_credits=found.max_job_credits, requests_per_s=rate, request_burst=burst,
+                      max_queued_jobs=settings.max_queued_jobs, max_open_streams=settings.max_streams_per_account,
+                      max_open_streams_per_key=settings.max_streams_per_key,
+                      max_uploads_per_day=settings.max_uploads_per_day, max_body_bytes=settings.max_body_bytes,
+                      max_upload_bytes=settings.upload_max_bytes),
         spent_today=state.spent_today,
         active_jobs=state.active_jobs,
         queued_jobs=state.queued_jobs,
+        uploads_today=state.uploads_today,
     ))
 
 

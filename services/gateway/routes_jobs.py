@@ -12,7 +12,7 @@ import msgspec
 from aiohttp import web
 
 from libs.common import jobs, ratecard
-from libs.common.errors import ErrorCode, ProviderError, QuotaExhausted
+from libs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
 from libs.common.jobs import JobRequest
 from libs.common.settings import Settings
 from libs.providers import routing as rollout
@@ -29,6 +29,7 @@ from services.gateway.views import job_view
 
 # What `libs.common.ids` makes. Anything else cannot name a job, and must never reach a NATS subject.
 JOB_ID = re.compile(r"^job_[0-9a-z]{1,64}$")
+QUEUE_RETRY_AFTER_S = 10  # a full queue: about when a place may have freed
 
 
 def check_provider(adapters: dict[str, ProviderAdapter], request: JobRequest) -> None:
@@ -82,9 +83,13 @@ async def _create_once(
         try:
             job = await jobs.create(conn, account_id=owner.account_id, request=request, estimated_credits=estimate,
                                     recovery_delay_s=gw.settings.recovery_delay_s, route=route,
-                                    rate_card_version=card.version)
+                                    rate_card_version=card.version, max_waiting=gw.settings.max_queued_jobs)
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
+        except QueueFull as err:
+            # Waiting helps: every job that starts frees a place.
+            raise ApiError(429, GatewayCode.LIMIT_REACHED, str(err), retryable=True,
+                           headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)}) from err
         if key is not None:
             await idempotency.remember(conn, owner.account_id, key, body_hash, job.id, ttl_s)
         # Read back with the queue position, in this transaction: the job is not visible outside it yet.
@@ -177,7 +182,7 @@ ROUTES = [
     Route("POST", "/v1/jobs", create_job, "create_job", "Create a render job", body=CreateJob,
           headers={idempotency.HEADER: "repeat a request safely: same key and body answer the same job"},
           responses={201: JobOut, 200: JobOut, 400: ErrorOut, 401: ErrorOut, 402: ErrorOut, 409: ErrorOut,
-                     413: ErrorOut, 415: ErrorOut, 422: ErrorOut}),
+                     413: ErrorOut, 415: ErrorOut, 422: ErrorOut, 429: ErrorOut}),
     Route("GET", "/v1/jobs", list_jobs, "list_jobs", "The account's jobs, newest first", query=ListQuery,
           responses={200: JobList, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
     Route("GET", _JOB, get_job, "get_job", "One job", responses={200: JobOut, **_ERRORS}),

@@ -9,7 +9,8 @@ its Content-Length says so), and no more than the limit is ever held.
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+import math
+from datetime import UTC, datetime, time, timedelta
 
 from aiohttp import web
 
@@ -19,6 +20,7 @@ from libs.common.uploads import UploadRow
 from libs.storage.base import upload_prefix
 from services.gateway import images
 from services.gateway.bodies import UploadOut
+from services.gateway.decoding import read_body
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode
 from services.gateway.routing import Route, json_response
 from services.gateway.state import gateway
@@ -26,7 +28,6 @@ from services.gateway.tenant import tenant
 
 log = logging.getLogger("vidjobs.gateway")
 
-CHUNK_BYTES = 64 * 1024
 CLEANER = web.AppKey("image_cleaner", images.Cleaner)
 
 
@@ -36,25 +37,21 @@ def install(app: web.Application, settings: Settings) -> None:
                                                 max_pixels=settings.upload_max_pixels))
 
 
-def too_large(max_bytes: int) -> ApiError:
-    return ApiError(413, GatewayCode.PAYLOAD_TOO_LARGE, f"the image is larger than {max_bytes} bytes, the limit")
-
-
-async def read_capped(request: web.Request, max_bytes: int) -> bytes:
-    """The whole body, or 413 once it proves longer than `max_bytes` (by its header or by what arrived)."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise too_large(max_bytes)
-    body = bytearray()
-    while chunk := await request.content.read(min(CHUNK_BYTES, max_bytes + 1 - len(body))):
-        body += chunk
-        if len(body) > max_bytes:
-            raise too_large(max_bytes)
-    return bytes(body)
+def uploads_capped(cap: int) -> ApiError:
+    now = datetime.now(UTC)
+    midnight = datetime.combine(now.date() + timedelta(days=1), time(), UTC)
+    wait = max(1, math.ceil((midnight - now).total_seconds()))
+    return ApiError(429, GatewayCode.LIMIT_REACHED,
+                    f"this account has made its {cap} image uploads for today; the count resets at 00:00 UTC, "
+                    "or reuse an upload id you already have", retryable=True, headers={"Retry-After": str(wait)})
 
 
 async def create_upload(request: web.Request) -> web.Response:
     gw, owner = gateway(request), tenant(request)
-    raw = await read_capped(request, gw.settings.upload_max_bytes)
+    cap = gw.settings.max_uploads_per_day
+    if await owner.uploads_today() >= cap:  # before the body is read: a refused upload costs nothing
+        raise uploads_capped(cap)
+    raw = await read_body(request, gw.settings.upload_max_bytes, "image")
     image = await request.app[CLEANER](raw)
     upload_id = ids.new("upl")
     key = f"{upload_prefix(owner.account_id, upload_id)}image.{image.kind.extension}"
@@ -64,7 +61,9 @@ async def create_upload(request: web.Request) -> web.Response:
     row = UploadRow(id=upload_id, account_id=owner.account_id, key=key, content_type=image.kind.content_type,
                     bytes=stored.bytes, sha256=image.sha256, width=image.width, height=image.height,
                     created_at=datetime.now(UTC))
-    await owner.add_upload(row)
+    if not await owner.add_upload(row, daily_cap=cap):
+        await gw.storage.delete_prefix(upload_prefix(owner.account_id, upload_id))  # lost the race for the cap
+        raise uploads_capped(cap)
     log.info("image uploaded", extra={"upload_id": upload_id, "account_id": owner.account_id, "bytes": row.bytes,
                                       "received_bytes": len(raw), "width": row.width, "height": row.height})
     return json_response(UploadOut(id=upload_id, width=row.width, height=row.height,

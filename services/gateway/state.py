@@ -12,6 +12,8 @@ from libs.common.settings import Settings
 from libs.providers.base import ProviderAdapter
 from libs.storage.base import Storage
 from services.gateway.accounts import Account
+from services.gateway.limits import Bucket, StreamSlots
+from services.gateway.ratelimit import Refusals
 
 
 @dataclass
@@ -22,6 +24,9 @@ class Gateway:
     rt: Runtime
     storage: Storage
     adapters: dict[str, ProviderAdapter]
+    streams: StreamSlots
+    refusals: Refusals  # keys just refused for their rate, answered from memory until a token is due
+    webhook_rates: dict[str, Bucket]  # stored callbacks, by provider
     # Set when the server begins shutting down, so long-lived streams end instead of holding it open.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -31,6 +36,7 @@ GATEWAY = web.AppKey("gateway", Gateway)
 # The authenticated account; the auth middleware sets it on every protected route. Handlers reach it only
 # through `tenant.tenant(request)`, which scopes everything they read or change to it.
 ACCOUNT = web.RequestKey("account", Account)
+API_KEY_ID = web.RequestKey("api_key_id", str)  # which of the account's keys made the request
 
 
 def gateway(request: web.Request) -> Gateway:

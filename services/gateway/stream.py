@@ -22,15 +22,17 @@ from nats.aio.msg import Msg
 
 from libs.common import events
 from libs.common.states import TERMINAL, JobStatus
-from services.gateway.errors import ErrorOut
+from services.gateway.errors import ApiError, ErrorOut, GatewayCode
+from services.gateway.limits import StreamsFull
 from services.gateway.routes_jobs import job_id_of, owned_or_404, view
 from services.gateway.routing import Route
-from services.gateway.state import Gateway, gateway
+from services.gateway.state import API_KEY_ID, Gateway, gateway
 from services.gateway.tenant import OwnedJob, tenant
 
 log = logging.getLogger("vidjobs.gateway.stream")
 
 KEEPALIVE_S = 15.0
+STREAMS_RETRY_AFTER_S = 5
 _TIMER_SLACK_S = 0.005  # asyncio may wake a timer this early; still the keepalive's turn
 
 _HEADERS = {
@@ -99,7 +101,27 @@ async def _follow(request: web.Request, resp: web.StreamResponse, job: OwnedJob,
         job = latest
 
 
+def _streams_full(full: StreamsFull) -> ApiError:
+    return ApiError(429, GatewayCode.LIMIT_REACHED,
+                    f"{full.limit} event streams are already open for this {full.scope}, the limit; close one (a "
+                    "stream ends by itself when its job finishes) or follow several jobs by polling GET /v1/jobs",
+                    retryable=True, headers={"Retry-After": str(STREAMS_RETRY_AFTER_S)})
+
+
 async def stream_job(request: web.Request) -> web.StreamResponse:
+    """Holds one of the account's and the key's stream places (limits.StreamSlots) while it is open."""
+    slots, account_id, key_id = gateway(request).streams, tenant(request).account_id, request[API_KEY_ID]
+    try:
+        slots.take(account_id, key_id)
+    except StreamsFull as full:
+        raise _streams_full(full) from full
+    try:
+        return await _stream(request)
+    finally:
+        slots.give_back(account_id, key_id)
+
+
+async def _stream(request: web.Request) -> web.StreamResponse:
     gw = gateway(request)
     changed = asyncio.Event()
 
@@ -129,5 +151,5 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
 ROUTES = [
     Route("GET", "/v1/jobs/{job_id}/stream", stream_job, "stream_job",
           "Server-Sent Events: `event: job` with the job on connect and on every change; closes when terminal",
-          responses={200: "text/event-stream", 401: ErrorOut, 404: ErrorOut}),
+          responses={200: "text/event-stream", 401: ErrorOut, 404: ErrorOut, 429: ErrorOut}),
 ]

@@ -44,6 +44,7 @@ class AccountState(msgspec.Struct, frozen=True, kw_only=True):
     active_jobs: int  # not finished (waiting, submitted, rendering, retrying, downloading)
     queued_jobs: int  # of those, waiting for a slot
     spent_today: int  # credit committed today (UTC), as the daily cap counts it
+    uploads_today: int  # image uploads today (UTC), as the daily cap counts them
 
 
 # A waiting job is pending and not deleted (the partial index jobs_account_waiting); its place is 1 + the
@@ -158,10 +159,15 @@ class Tenant:
     async def upload(self, upload_id: str) -> UploadRow | None:
         return await uploads.owned(self._rt.pool, self.account_id, upload_id)
 
-    async def add_upload(self, upload: UploadRow) -> None:
+    async def uploads_today(self) -> int:
+        return await uploads.count_today(self._rt.pool, self.account_id)
+
+    async def add_upload(self, upload: UploadRow, *, daily_cap: int) -> bool:
+        """Record the upload; False (recording nothing) when the account made `daily_cap` today already."""
         if upload.account_id != self.account_id:
             raise ValueError(f"upload {upload.id} is for another account")
-        await uploads.insert(self._rt.pool, upload)
+        async with self._rt.pool.acquire() as conn:
+            return await uploads.insert_capped(conn, upload, daily_cap)
 
     # --- the account ------------------------------------------------------------------------------------
     async def account(self) -> AccountState | None:
@@ -171,7 +177,7 @@ class Tenant:
         account = accounts.account_of(row)
         spent = await credits.committed_on(self._rt.pool, self.account_id)  # today, UTC
         return AccountState(account=account, active_jobs=row["active_jobs"], queued_jobs=row["queued_jobs"],
-                            spent_today=spent)
+                            spent_today=spent, uploads_today=await self.uploads_today())
 
     async def ledger(self, *, before_id: int | None, limit: int) -> list[Entry]:
         """The account's credit ledger, newest first, strictly before entry `before_id`."""

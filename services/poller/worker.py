@@ -66,7 +66,9 @@ async def on_inbox(ctx: Context, event: events.Event, delivery: Delivery) -> Non
     job = await _job_for(ctx, row["provider"], sig)
     if job is None:
         if row["age_s"] < _LOOKUP_S:
-            raise Redeliver("no job for this provider id yet", delay=0.5)
+            # The submitter may not have recorded the render id yet: look again a few times, further apart.
+            raise Redeliver("no job for this provider id yet", delay=min(4.0, 0.25 * 2 ** delivery.attempt))
+        metrics.UNMATCHED_CALLBACKS.labels(row["provider"]).inc()
         log.warning("callback for an unknown job", extra={"inbox_id": event.inbox_id,
                                                           "provider_job_id": sig.provider_job_id})
         return
