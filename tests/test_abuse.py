@@ -319,3 +319,167 @@ async def test_a_tenant_queueing_past_its_cap_is_refused_and_another_tenant_stil
         assert refused["error"]["code"] == "limit_reached" and str(cap) in refused["error"]["message"]
         assert retry_after is not None and retry_after.isdigit()
         assert ahead <= 1  # the next free slot (or the one after, if it freed as the job was created)
+
+
+# --- object-level authorisation: every route of the published document, with another account's ids --------
+
+async def test_every_documented_route_called_with_another_accounts_ids_leaks_nothing(tmp_path, database_url,
+                                                                                        nats_url):
+    settings = stack_settings(tmp_path, database_url, nats_url)
+    async with running_stack(settings) as stack:
+        a_id, a = await tenant(stack)
+        b_id, b = await tenant(stack)
+        a_jobs = await _jobs_in_every_state(a)
+        a_upload = await _upload(a)
+        b_job = await b.create_job(prompt="b's own")
+        async with stack.session.get(f"{stack.url}/openapi.json") as resp:
+            documented = {(m.upper(), path) for path, ops in (await resp.json())["paths"].items() for m in ops}
+        secrets_of_a = {a_id, a_upload, *(j["id"] for j in a_jobs.values()), "a's secret prompt"}
+        before = await _state_of(settings.database_url, a_id, a_jobs)
+
+        covered: dict[tuple[str, str], str] = {}
+        for (method, path), probe in _probes(a_jobs, a_upload).items():
+            answers = await probe(b)
+            for status, text in answers:
+                leaked = [s for s in secrets_of_a if s in text]
+                assert not leaked, (method, path, status, leaked)
+            covered[(method, path)] = ",".join(sorted({str(s) for s, _ in answers}))
+
+        # Cursors are positions, not permissions: one made from A's rows pages through B's only.
+        listed = await _get(b, "/v1/jobs?cursor=" + _cursor_after(a_jobs["pending"]))
+        assert [j["id"] for j in listed["data"]] in ([], [b_job["id"]])
+        ledger = await _get(b, "/v1/account/ledger")
+        assert all(e["job_id"] in (None, b_job["id"]) for e in ledger["data"])
+        # A signed link of B's own does not open A's objects.
+        stored = await b.wait_terminal(b_job["id"])
+        b_link = stored["outputs"]["video_url"]
+        a_video = b_link.replace(b_id, a_id).replace(b_job["id"], a_jobs["completed"]["id"])
+        async with stack.session.get(a_video) as resp:
+            assert resp.status == 403
+        covered[("GET", "/files/{key}")] += ",403 (B's signature on A's key)"
+
+        assert await _state_of(settings.database_url, a_id, a_jobs) == before  # nothing of A's moved
+        assert set(covered) == documented, set(documented) ^ set(covered)
+        figure("bola", routes=len(covered), leaks=0,
+               covered="; ".join(f"{m} {p} -> {s}" for (m, p), s in sorted(covered.items())))
+
+
+async def _jobs_in_every_state(a: Stack) -> dict[str, dict]:
+    completed = await a.create_job(prompt="a's secret prompt")
+    canceled = await a.create_job(prompt="a's secret prompt", params={"render_s": 600})
+    pending = await a.create_job(prompt="a's secret prompt", params={"render_s": 600})
+    await a.wait_terminal(completed["id"])
+    async with a.session.post(f"{a.url}/v1/jobs/{canceled['id']}/cancel", headers=a.auth) as resp:
+        assert resp.status == 200
+    return {"completed": completed, "canceled": canceled, "pending": pending}
+
+
+async def _upload(a: Stack) -> str:
+    from tests.imagefiles import png_with_text
+
+    async with a.session.post(f"{a.url}/v1/uploads", data=png_with_text(),
+                              headers={**a.auth, "Content-Type": "image/png"}) as resp:
+        assert resp.status == 201
+        return (await resp.json())["id"]
+
+
+async def _get(s: Stack, path: str) -> dict:
+    async with s.session.get(f"{s.url}{path}", headers=s.auth) as resp:
+        assert resp.status == 200
+        return await resp.json()
+
+
+def _cursor_after(job: dict) -> str:
+    from datetime import datetime
+
+    from services.gateway import cursor
+
+    created = datetime.fromisoformat(job["created_at"].replace("Z", "+00:00"))
+    return cursor.encode(cursor.JobPosition(created, job["id"]))
+
+
+async def _state_of(database_url: str, account_id: str, jobs: dict[str, dict]) -> list:
+    """A's finished jobs as stored, its credit and its ledger (the rendering job moves on by itself)."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        finished = await conn.fetch("SELECT id, status, deleted_at, updated_at FROM jobs WHERE id = ANY($1::text[]) "
+                                    "ORDER BY id", [jobs["completed"]["id"], jobs["canceled"]["id"]])
+        account = await conn.fetchrow("SELECT credits_balance, credits_reserved FROM accounts WHERE id = $1",
+                                      account_id)
+        ledger = await conn.fetchval("SELECT count(*) FROM credit_ledger WHERE account_id = $1", account_id)
+        live = await conn.fetchval("SELECT deleted_at IS NULL AND status NOT IN ('canceled', 'failed') FROM jobs "
+                                   "WHERE id = $1", jobs["pending"]["id"])
+        return [[tuple(j) for j in finished], tuple(account), ledger, live]
+    finally:
+        await conn.close()
+
+
+Probe = Callable[[Stack], Awaitable[list[tuple[int, str]]]]
+
+
+def _probes(a_jobs: dict[str, dict], a_upload: str) -> dict[tuple[str, str], Probe]:
+    """How B calls each documented route with A's ids; each answers every (status, body) it saw."""
+
+    def each_job(method: str, suffix: str = "") -> Probe:
+        async def probe(b: Stack) -> list[tuple[int, str]]:
+            answers = []
+            for job in a_jobs.values():
+                async with b.session.request(method, f"{b.url}/v1/jobs/{job['id']}{suffix}", headers=b.auth) as r:
+                    answers.append((r.status, await r.text()))
+                    assert r.status == 404, (method, suffix, r.status)
+            return answers
+        return probe
+
+    def plain(method: str, path: str, *, auth: bool = True, expect: int = 200, **kwargs: Any) -> Probe:
+        async def probe(b: Stack) -> list[tuple[int, str]]:
+            headers = {**(b.auth if auth else {}), **kwargs.pop("headers", {})}
+            async with b.session.request(method, f"{b.url}{path}", headers=headers, **kwargs) as r:
+                assert r.status == expect, (method, path, r.status)
+                return [(r.status, await r.text())]
+        return probe
+
+    async def create_with_their_upload(b: Stack) -> list[tuple[int, str]]:
+        body = {"model": "fake/default", "prompt": "mine", "duration_s": 1, "input_image": a_upload}
+        async with b.session.post(f"{b.url}/v1/jobs", json=body, headers=b.auth) as r:
+            assert r.status == 422
+            return [(r.status, (await r.text()).replace(a_upload, "<the named id>"))]
+
+    async def their_files(b: Stack) -> list[tuple[int, str]]:
+        async with b.session.get(f"{b.url}/files/accounts/x/jobs/{a_jobs['completed']['id']}/video.mp4") as r:
+            assert r.status == 403
+            return [(r.status, await r.text())]
+
+    async def unknown_webhook(b: Stack) -> list[tuple[int, str]]:
+        # Not an account's route: a signed callback naming A's job would be the provider's; unsigned, it is 401.
+        async with b.session.post(f"{b.url}/v1/webhooks/fake", json={"type": "x", "data": {
+                "id": "r", "status": "succeeded", "metadata": {"job_id": a_jobs["pending"]["id"]}}}) as r:
+            assert r.status == 401
+            return [(r.status, await r.text())]
+
+    async def own_upload(b: Stack) -> list[tuple[int, str]]:
+        from tests.imagefiles import png_with_text
+
+        async with b.session.post(f"{b.url}/v1/uploads", data=png_with_text(),
+                                  headers={**b.auth, "Content-Type": "image/png"}) as r:
+            assert r.status == 201
+            return [(r.status, await r.text())]
+
+    return {
+        ("POST", "/v1/jobs"): create_with_their_upload,
+        ("GET", "/v1/jobs"): plain("GET", "/v1/jobs?limit=100"),
+        ("GET", "/v1/jobs/{job_id}"): each_job("GET"),
+        ("POST", "/v1/jobs/{job_id}/cancel"): each_job("POST", "/cancel"),
+        ("DELETE", "/v1/jobs/{job_id}"): each_job("DELETE"),
+        ("GET", "/v1/jobs/{job_id}/events"): each_job("GET", "/events"),
+        ("GET", "/v1/jobs/{job_id}/stream"): each_job("GET", "/stream"),
+        ("POST", "/v1/uploads"): own_upload,
+        ("GET", "/v1/account"): plain("GET", "/v1/account"),
+        ("GET", "/v1/account/ledger"): plain("GET", "/v1/account/ledger?limit=100"),
+        ("POST", "/v1/webhooks/{provider}"): unknown_webhook,
+        ("GET", "/healthz"): plain("GET", "/healthz", auth=False),
+        ("GET", "/readyz"): plain("GET", "/readyz", auth=False),
+        ("GET", "/metrics"): plain("GET", "/metrics", auth=False),
+        ("GET", "/"): plain("GET", "/", auth=False),
+        ("GET", "/files/{key}"): their_files,
+        ("GET", "/openapi.json"): plain("GET", "/openapi.json", auth=False),
+    }

@@ -312,3 +312,27 @@ async def test_unknown_job_is_404(h):
         status, body = await h.get(key, f"/v1/jobs/{job_id}")
         assert status == 404
         assert_error(body, "not_found")
+
+
+async def test_racing_creates_never_queue_past_the_accounts_cap(tmp_path, database_url, nats_url):
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url, max_queued_jobs=3)) as h:
+        account_id, key = await h.account()
+        _, other = await h.account()
+
+        answers = await asyncio.gather(*(h.post_job(key, prompt=f"race {i}") for i in range(12)))
+
+        statuses = sorted(status for status, _ in answers)
+        assert statuses == [201] * 3 + [429] * 9, statuses
+        refused = next(body for status, body in answers if status == 429)
+        assert_error(refused, "limit_reached", "3 jobs waiting", "cancel")
+        assert refused["error"]["retryable"] is True
+        assert await h.count("SELECT count(*) FROM jobs WHERE account_id = $1", account_id) == 3
+        # A refused create reserved nothing; another account's queue is its own.
+        assert await h.count("SELECT credits_reserved FROM accounts WHERE id = $1", account_id) == 3 * 50
+        assert (await h.post_job(other))[0] == 201
+        # A job that starts frees its place.
+        first = next(body for status, body in answers if status == 201)
+        await drive(h.pool, first["id"], JobStatus.SUBMITTED)
+        assert (await h.post_job(key))[0] == 201
+        _, account = await h.get(key, "/v1/account")
+        assert account["limits"]["max_queued_jobs"] == 3 and account["queued_jobs"] == 3

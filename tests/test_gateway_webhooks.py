@@ -12,9 +12,12 @@ import pytest
 
 from libs.common import bus, events
 from libs.common.events import InboxReceived
+from libs.common.states import JobStatus
+from libs.common.transitions import JobUpdate
 from libs.providers import webhooks
+from services.gateway import inbox
 from tests.support import wait_until
-from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
+from tests.test_gateway_harness import assert_error, drive, gateway_settings, running_gateway
 
 
 def callback(job_id: str | None, *, render_id: str = "rnd_1", **extra: object) -> bytes:
@@ -155,3 +158,53 @@ async def test_a_stored_delivery_is_announced_on_the_inbox_subject(h, nats_url, 
 
     await wait_until(relayed, within=10, what="the outbox to be emptied")
 
+
+
+async def test_callbacks_past_the_providers_rate_are_429_and_not_stored(tmp_path, database_url, nats_url):
+    settings = gateway_settings(tmp_path, database_url, nats_url, webhook_rate_per_s=0.5, webhook_rate_burst=2)
+    async with running_gateway(settings) as h:
+        _, job = await h.post_job(await h.key())
+        bodies = [callback(job["id"], render_id=f"rnd_{i}") for i in range(3)]
+        answers = [await _post(h, b, webhooks.signed_headers(settings.fake_webhook_secret, b)) for b in bodies]
+
+        assert [status for status, _ in answers] == [200, 200, 429]
+        assert_error(answers[2][1], "rate_limited", "fake callbacks")
+        assert await h.count("SELECT count(*) FROM webhook_inbox") == 2
+        # A forged delivery is refused before it can use up the rate genuine callbacks need.
+        forged = [await _post(h, bodies[0], webhooks.signed_headers(webhooks.new_secret(), bodies[0]))
+                  for _ in range(5)]
+        assert {status for status, _ in forged} == {401}
+
+
+async def test_unsigned_callbacks_are_stored_only_for_a_live_render_of_ours(tmp_path, database_url, nats_url):
+    settings = gateway_settings(tmp_path, database_url, nats_url, luma_api_key="luma-test-key",
+                                luma_url="http://127.0.0.1:9")
+    async with running_gateway(settings) as h:
+        _, job = await h.post_job(await h.key(), model="luma/ray-2", seed=None)
+        generation = "0b3c8a9e-1f2d-4c5b-9a7e-6d5f4e3c2b1a"
+        await drive(h.pool, job["id"], JobStatus.SUBMITTED, update=JobUpdate(provider_job_id=generation))
+
+        def luma(gen_id: str) -> bytes:
+            return json.dumps({"id": gen_id, "state": "completed"}).encode()
+
+        stranger = await _post(h, luma("9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a"), {}, "luma")
+        ours = await _post(h, luma(generation), {}, "luma")
+
+        assert stranger == (200, {"received": True, "duplicate": False, "stored": False})
+        assert ours == (200, {"received": True, "duplicate": False, "stored": True})
+        assert await h.count("SELECT count(*) FROM webhook_inbox") == 1
+        await drive(h.pool, job["id"], JobStatus.CANCELED)
+        late = await _post(h, luma(generation).replace(b"completed", b"failed"), {}, "luma")
+        assert late[1]["stored"] is False  # a finished job's render needs nothing more
+
+
+async def test_stored_callbacks_are_pruned_after_the_retention(h, ours):
+    for age_days in (30, 8, 1):
+        await h.pool.execute("INSERT INTO webhook_inbox (provider, webhook_id, payload, received_at) "
+                             "VALUES ('fake', $1, $2, now() - make_interval(days => $3))",
+                             f"old-{age_days}", ours, age_days)
+
+    removed = await inbox.prune(h.pool, retention_days=7)
+
+    assert removed == 2
+    assert [r["webhook_id"] for r in await h.pool.fetch("SELECT webhook_id FROM webhook_inbox")] == ["old-1"]

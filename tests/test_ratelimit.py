@@ -55,6 +55,23 @@ async def test_a_refused_request_spends_no_token(h):
     assert (await h.get(key, "/v1/jobs"))[0] == 200
 
 
+async def test_a_key_hammering_past_its_rate_is_refused_without_a_database_write(h):
+    _, key = await h.account(requests_per_s=0.5, request_burst=1)
+    assert (await h.get(key, "/v1/account"))[0] == 200
+    assert (await h.get(key, "/v1/account"))[0] == 429  # decided by the database bucket, and remembered
+    touched = await h.pool.fetchval("SELECT rate_updated_at FROM api_keys WHERE key_hash = $1", hash_key(key))
+
+    hammered = [(await h.get(key, "/v1/jobs"))[0] for _ in range(50)]
+
+    assert hammered == [429] * 50
+    # Answered from memory: the key's row was not written again.
+    assert await h.pool.fetchval("SELECT rate_updated_at FROM api_keys WHERE key_hash = $1", hash_key(key)) == touched
+    # Another key of no account is still looked up, and refused as unknown, not as rate limited.
+    assert (await h.get("vj_unknown", "/v1/jobs"))[0] == 401
+    await asyncio.sleep(2.1)  # a token at 0.5/s
+    assert (await h.get(key, "/v1/jobs"))[0] == 200
+
+
 async def test_each_key_of_an_account_has_its_own_bucket(h):
     account_id, key = await h.account(requests_per_s=2.0, request_burst=3)
     async with h.pool.acquire() as conn:

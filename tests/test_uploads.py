@@ -3,6 +3,7 @@ submitter hands the provider a signed URL, and the fake provider fetches it over
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 from pathlib import Path
@@ -165,3 +166,29 @@ async def test_an_image_gone_before_submission_fails_the_job_as_invalid_input(se
     # The provider cannot fetch the image (the signed URL answers 404): it fails the render, not retried.
     assert unfetchable["status"] == "failed" and unfetchable["error"]["code"] == "invalid_input", unfetchable
     assert "input_image_url" in unfetchable["error"]["message"] and unfetchable["attempt"] == 1
+
+
+async def test_uploads_past_the_daily_cap_are_429_and_store_nothing(tmp_path, database_url, nats_url):
+    from tests.test_gateway_harness import assert_error, auth, gateway_settings, running_gateway
+
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url, max_uploads_per_day=2)) as h:
+        account_id, key = await h.account()
+        _, other = await h.account()
+
+        async def send(with_key: str) -> tuple[int, Any, dict]:
+            resp = await h.client.post("/v1/uploads", data=imagefiles.png_with_text(),
+                                       headers={**auth(with_key), "Content-Type": "image/png"})
+            return resp.status, await resp.json(), dict(resp.headers)
+
+        racing = await asyncio.gather(*(send(key) for _ in range(6)))
+
+        assert sorted(status for status, _, _ in racing) == [201, 201, 429, 429, 429, 429]
+        _, refused, headers = next(r for r in racing if r[0] == 429)
+        assert_error(refused, "limit_reached", "2 image uploads", "00:00 UTC")
+        assert 1 <= int(headers["Retry-After"]) <= 86400
+        assert await h.count("SELECT count(*) FROM uploads WHERE account_id = $1", account_id) == 2
+        root = Path(h.settings.storage_url.removeprefix("file://")) / "accounts" / account_id / "uploads"
+        assert len(list(root.iterdir())) == 2  # a refused upload leaves no object behind
+        assert (await send(other))[0] == 201  # another account's day is its own
+        _, account = await h.get(key, "/v1/account")
+        assert (account["uploads_today"], account["limits"]["max_uploads_per_day"]) == (2, 2)
