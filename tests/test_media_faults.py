@@ -6,8 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from types import SimpleNamespace
 
-from services.media.worker import DECODER_CRASHES
+import pytest
+
+from libs.common import events, jobs
+from libs.common.bus import Delivery
+from libs.common.errors import GiveUp
+from libs.common.events import DownloadRequested
+from libs.common.jobs import JobRequest
+from libs.common.settings import Settings
+from libs.common.states import JobStatus
+from libs.common.transitions import transition
+from services.gateway.accounts import create_account
+from services.media import copies
+from services.media.worker import DECODER_CRASHES, on_download
 from tests.faults.scenarios.media_faults import kill_whenever_it_decodes, scratch_of
 from tests.stack import Stack, running_stack, stack_settings
 from tests.support import wait_until
@@ -69,3 +82,28 @@ async def test_an_object_store_outage_fails_no_download(tmp_path, database_url, 
 async def _all_downloading(stack: Stack, jobs: list[dict]) -> bool:
     statuses = [(await stack.job(j["id"]))["status"] for j in jobs]
     return statuses == ["downloading"] * len(jobs)
+
+
+async def test_giving_up_on_a_poison_keeps_its_lease_so_no_copy_starts_before_its_job_fails(pool):
+    """The copy that gives up on a render (its decoder died DECODER_CRASHES times) must not free the render for
+    another copy before the job is failed: a duplicate delivery taking it then would see no crashes at all and
+    decode it again, killing one more process."""
+    async with pool.acquire() as conn:
+        account_id, _ = await create_account(conn, "poison", credits=1000, concurrency=2)
+        async with conn.transaction():
+            job = await jobs.create(conn, account_id=account_id, request=JobRequest(model="fake/default", prompt="p"),
+                                    estimated_credits=10, recovery_delay_s=3600)
+        for to in (JobStatus.SUBMITTED, JobStatus.DOWNLOADING):
+            assert await transition(conn, job.id, to, reason="test") is not None
+        # A copier died mid-decode once more than the limit allows, and its lease has run out.
+        await conn.execute(
+            "INSERT INTO media_copies (job_id, owner, expires_at, decoding, crashes) "
+            "VALUES ($1, 'media-host-1-dead', clock_timestamp() - interval '1 second', true, $2)",
+            job.id, DECODER_CRASHES - 1)
+    media = SimpleNamespace(rt=SimpleNamespace(pool=pool, settings=Settings(media_copy_lease_s=30)))
+
+    with pytest.raises(GiveUp):
+        await on_download(media, DownloadRequested(job_id=job.id), Delivery(attempt=1, subject=events.DOWNLOAD))
+
+    with pytest.raises(copies.Busy):  # a duplicate delivery defers until the dead letter has failed the job
+        await copies.take(pool, job.id, 30, owner="media-host-2-other")

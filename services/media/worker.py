@@ -105,11 +105,13 @@ async def on_download(media: Media, event: events.Event, delivery: Delivery) -> 
         # A recovery re-sent the request while some media process is still copying: let that copy finish
         # first. A deferral, not a failure: it spends none of the download's tries.
         raise Redeliver("already copying this job", delay=min(busy.seconds, 5.0)) from busy
+    if crashes >= DECODER_CRASHES:
+        # The lease is kept until it runs out: by then the dead letter has failed the job. Released now, it
+        # would let a duplicate delivery start a copy with the crash count gone, and die decoding once more.
+        log.error("decoding this render killed its media process; giving up on it",
+                  extra={"job_id": job.id, "crashes": crashes})
+        raise GiveUp(f"decoding the render killed the media process {crashes} times")
     async with copies.held(media.rt.pool, job.id, lease_s):
-        if crashes >= DECODER_CRASHES:
-            log.error("decoding this render killed its media process; giving up on it",
-                      extra={"job_id": job.id, "crashes": crashes})
-            raise GiveUp(f"decoding the render killed the media process {crashes} times")
         await _copy(media, job, delivery, suspect=crashes > 0)
 
 
