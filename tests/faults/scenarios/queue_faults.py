@@ -20,6 +20,9 @@ GROWTH_ALLOWED = 1.5  # the last sample's delivery rate may be at most this mult
 # from the phase of those rounds: a short watch checks that no window goes past this rate instead.
 GROWTH_WATCH_S = 120.0
 MAX_RATE = 30.0  # deliveries per waiting job per minute (a job that re-queued itself went past 60)
+# Messages beside the waiting jobs' own: the message of a job being handed to its provider as the sample is
+# taken (it no longer counts as waiting), and a `SlotFreed` wake-up on the same subject.
+IN_FLIGHT_ALLOWED = 2
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,9 @@ def judge(row: Row, samples: list[Sample], watch_s: float) -> None:
         shown = "-" if rate is None else f"{rate:.2f}"
         row.notes.append(f"t={s.at_s:5.1f}s waiting={s.waiting} messages={s.messages} "
                          f"per_waiting_job={s.per_job():.2f} delivered={s.delivered} deliveries/job/min={shown}")
-    worst = max((s.per_job() for s in samples if s.waiting), default=0.0)
-    row.expect(worst <= 1.0, f"a waiting job held up to {worst:.2f} messages (at most 1 allowed)")
+    extra = max((s.messages - s.waiting for s in samples if s.waiting), default=0)
+    row.expect(extra <= IN_FLIGHT_ALLOWED,
+               f"{extra} messages beyond one per waiting job (at most {IN_FLIGHT_ALLOWED} in flight allowed)")
     if len(rates) >= 4 and watch_s >= GROWTH_WATCH_S:
         # Past the first minute (every job's first look), the later half against the earlier half.
         settled = [r for s, r in zip(samples[1:], rates, strict=True) if s.at_s > 60] or rates
