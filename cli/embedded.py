@@ -87,14 +87,20 @@ class EmbeddedNats:
         return self
 
     def stop(self, *, kill: bool = False) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill() if kill else self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_process(self.proc, kill=kill)
         self.proc = None
+
+
+def end_process(proc: subprocess.Popen | None, *, kill: bool = False, grace_s: float = 10.0) -> None:
+    """Stop a server we started: SIGTERM and `grace_s` to exit before SIGKILL, or SIGKILL at once (`kill`)."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.kill() if kill else proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class EmbeddedPostgres:

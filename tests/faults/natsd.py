@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from cli.embedded import free_port, nats_binary
+from cli.embedded import end_process, free_port, nats_binary
 
 READY_LINE = "Server is ready"
 START_TIMEOUT_S = 20.0
@@ -68,19 +68,11 @@ class NatsNode:
 
     def kill(self) -> None:
         """SIGKILL: no goodbye to clients or cluster peers, nothing flushed beyond what was synced."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        end_process(self.proc, kill=True)
         self.proc = None
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_process(self.proc)
         self.proc = None
 
     def set_jetstream(self, enabled: bool) -> None:
