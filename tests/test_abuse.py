@@ -109,8 +109,11 @@ async def test_one_key_opening_thousands_of_streams_is_refused_past_its_cap(tmp_
         open_streams: list[aiohttp.ClientResponse] = []
         refusals: list[tuple[str, str | None]] = []
 
+        # The attacker's own client, with no cap on its connections.
+        attacker = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
         async def open_one(i: int) -> int:
-            resp = await greedy.session.get(f"{greedy.url}/v1/jobs/{held[i % 3]['id']}/stream", headers=greedy.auth)
+            resp = await attacker.get(f"{greedy.url}/v1/jobs/{held[i % 3]['id']}/stream", headers=greedy.auth)
             if resp.status == 200:
                 open_streams.append(resp)  # held open until the end of the test
                 return 200
@@ -155,6 +158,7 @@ async def test_one_key_opening_thousands_of_streams_is_refused_past_its_cap(tmp_
         finally:
             for resp in open_streams:
                 resp.close()
+            await attacker.close()
         # Closed streams give their places back (the server notices a gone client at the stream's next look).
         async def reopened() -> bool:
             async with greedy.session.get(f"{greedy.url}/v1/jobs/{held[0]['id']}/stream",

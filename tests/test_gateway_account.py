@@ -34,8 +34,10 @@ async def test_the_account_shows_credit_limits_spend_and_jobs(h):
         "id": account_id, "name": "acme",
         "credits": {"balance": 1000, "reserved": 100, "available": 900},
         "limits": {"concurrent_jobs": 3, "daily_spend_cap": 500, "max_job_credits": 200, "requests_per_s": 5.0,
-                   "request_burst": 10},
-        "spent_today": 100, "active_jobs": 2, "queued_jobs": 1,
+                   "request_burst": 10, "max_queued_jobs": 1000, "max_open_streams": 100,
+                   "max_open_streams_per_key": 50, "max_uploads_per_day": 1000, "max_body_bytes": 65536,
+                   "max_upload_bytes": 10 * 1024 * 1024},
+        "spent_today": 100, "active_jobs": 2, "queued_jobs": 1, "uploads_today": 0,
     }
 
 
