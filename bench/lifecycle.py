@@ -88,13 +88,24 @@ def report(jobs: dict[str, dict], wall_s: float) -> None:
     print(f"client wall time: {wall_s:.1f} s")
 
 
-async def run(url: str, key: str, n: int, parallel: int) -> None:
+def report_cpu(rows: list[tuple[str, float]]) -> None:
+    print("CPU per job (user + system, every process of the stack):")
+    for part, ms in rows:
+        print(f"  {part:<14} {ms:7.1f} ms")
+
+
+async def run(url: str, key: str, n: int, parallel: int, data_dir: Path | None = None) -> None:
+    from bench import cpu
+
     async with aiohttp.ClientSession() as session:
         started = time.monotonic()
+        before = cpu.snapshot(data_dir) if data_dir else None
         print(f"creating {n} jobs ({parallel} in flight) ...", file=sys.stderr, flush=True)
         ids = await create_all(session, url, key, n, parallel)
         jobs = await wait_all(session, url, key, ids)
         report(jobs, time.monotonic() - started)
+        if before is not None and data_dir is not None:
+            report_cpu(cpu.per_job(before, cpu.snapshot(data_dir), len(jobs)))
 
 
 @contextlib.asynccontextmanager
@@ -111,7 +122,7 @@ async def own_stack(data_dir: Path):
         # The fake provider gets no caps, so the figures measure vidjobs rather than its politeness limits.
         unlimited = {"fake": ProviderLimits(concurrency=100_000, rate_per_s=100_000, burst=100_000)}
         settings = resolve(load().with_(data_dir=str(data_dir), http_port=free_port(), log_level="WARNING",
-                                        provider_limits=unlimited), embedded)
+                                        provider_limits=unlimited, max_queued_jobs=10**9), embedded)
         await db.migrate(settings.database_url)
         key = await bench_account(settings.database_url)
         supervisor = Supervisor(settings.to_env())
@@ -155,7 +166,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vidjobs-bench-") as tmp:
         print("starting an embedded stack ...", file=sys.stderr, flush=True)
         async with own_stack(Path(tmp)) as (url, key):
-            await run(url, key, args.n, args.parallel)
+            await run(url, key, args.n, args.parallel, data_dir=Path(tmp))
 
 
 if __name__ == "__main__":

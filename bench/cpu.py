@@ -1,0 +1,86 @@
+"""CPU seconds spent by each part of a running stack, read from the kernel's accounting (psutil), so a
+benchmark can print CPU per job for every process beside its throughput.
+
+The parts are found by what they are, not by who started them: the service processes by their module, the
+PostgreSQL server by its data directory (with every backend it forked), nats-server by its config path.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+SERVICES = ("gateway", "submitter", "poller", "media", "reaper")
+
+
+def _part(proc: psutil.Process, root: str) -> str | None:
+    """Which part of the stack under `root` (a data directory) this process is, or None."""
+    try:
+        cmdline = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    joined = " ".join(cmdline)
+    for name in SERVICES:
+        if f"services.{name}" in cmdline:
+            return name
+    if "libs.providers.fake" in cmdline:
+        return "fake provider"
+    if root in joined and "nats-server" in joined:
+        return "nats-server"
+    if root in joined and Path(cmdline[0]).name == "postgres":
+        return "postgres"
+    return None
+
+
+@dataclass
+class Snapshot:
+    seconds: dict[str, float]  # part -> user + system CPU seconds so far
+
+
+def snapshot(root: str | Path, *, services_of: int | None = None) -> Snapshot:
+    """CPU so far of every part: the services among `services_of`'s descendants (default: this process's),
+    and the servers whose command line names `root`, with their children (PostgreSQL's backends)."""
+    root = str(root)
+    totals: dict[str, float] = defaultdict(float)
+    seen: set[int] = set()
+    me = psutil.Process(services_of) if services_of else psutil.Process()
+    candidates = [*me.children(recursive=True), *psutil.process_iter()]
+    for proc in candidates:
+        if proc.pid in seen:
+            continue
+        part = _part(proc, root)
+        if part is None:
+            continue
+        family = [proc, *_children(proc)] if part in ("postgres", "nats-server") else [proc]
+        for member in family:
+            if member.pid in seen:
+                continue
+            seen.add(member.pid)
+            totals[part] += _cpu(member)
+    return Snapshot(dict(totals))
+
+
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _cpu(proc: psutil.Process) -> float:
+    try:
+        times = proc.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return 0.0
+    return times.user + times.system
+
+
+def per_job(before: Snapshot, after: Snapshot, jobs: int) -> list[tuple[str, float]]:
+    """(part, CPU milliseconds per job) between two snapshots, largest first, with the total last."""
+    rows = [(part, (after.seconds.get(part, 0.0) - before.seconds.get(part, 0.0)) * 1000 / max(jobs, 1))
+            for part in sorted(set(before.seconds) | set(after.seconds))]
+    rows.sort(key=lambda row: -row[1])
+    return [*rows, ("total", sum(ms for _, ms in rows))]
