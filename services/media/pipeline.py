@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import av
+import av.error
 import msgspec
 
 from libs.common.errors import MediaError
@@ -25,9 +27,9 @@ from libs.storage.base import Storage, StorageError, job_prefix
 from services.media import scratch, telemetry
 from services.media.assets import StoredAsset
 from services.media.download import Fetched, check_url, fetch_to_file
-from services.media.preview import Preview, write_preview
+from services.media.preview import Preview, PreviewWriter
 from services.media.thumbnail import Thumbnail, write_thumbnail
-from services.media.verify import VideoInfo, inspect_video
+from services.media.verify import OPEN_OPTIONS, PosterPicker, VideoInfo, checked_stream, not_video
 
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
@@ -52,10 +54,24 @@ class PreviewSpec:
 
 
 def derive(video: Path, work: Path, spec: PreviewSpec) -> Derived:
-    """Verify the video, make its thumbnail from the same decode pass, then its preview clip. Blocking."""
-    inspection = inspect_video(video)
+    """Verify the video and make its thumbnail and preview, all from one decode pass of its first seconds.
+    Blocking."""
+    try:
+        with av.open(str(video), container_options=OPEN_OPTIONS, metadata_errors="replace") as container, \
+                PreviewWriter(work / PREVIEW_NAME, seconds=spec.seconds, max_side=spec.max_side) as clip:
+            stream, duration = checked_stream(container)
+            poster = PosterPicker(duration)
+            for frame in container.decode(stream):
+                clip.offer(frame)
+                if poster.offer(frame) and not clip.wants(frame.time or 0.0):
+                    break
+            inspection = poster.inspection(stream, duration)
+            preview = clip.finish()
+    except av.error.FFmpegError as exc:
+        raise not_video("it cannot be read as an MP4 video") from exc
+    if preview is None:
+        raise not_video("no frame of it could be decoded for the preview")
     thumb = write_thumbnail(inspection.poster, work / THUMBNAIL_NAME)
-    preview = write_preview(video, work / PREVIEW_NAME, seconds=spec.seconds, max_side=spec.max_side)
     return Derived(info=inspection.info, thumbnail=thumb, preview=preview)
 
 

@@ -1,9 +1,13 @@
 """The preview: the first seconds of a render, small and light, for hover-to-play in a job list.
 
 H.264 in MP4 (every browser plays it), no audio, its longer side at most `max_side` pixels, both sides even
-(yuv420p needs that), `+faststart` so a browser starts playing before the whole file arrived. Only a verified
-video reaches this code, and it is opened with the same demuxer whitelist as verification. Blocking: run it on
-the media service's transcode executor.
+(yuv420p needs that), `+faststart` so a browser starts playing before the whole file arrived. Frames are fed
+from the one decode pass that also verifies the render and picks its poster (`pipeline.derive`). Blocking:
+run it on the media service's transcode executor.
+
+x264 runs on one thread with its fastest preset: a preview is a few dozen frames of at most 320 pixels,
+where the encoder's thread start-up and look-ahead cost more than they save, and the media service already
+runs one transcode per core.
 """
 
 from __future__ import annotations
@@ -11,15 +15,15 @@ from __future__ import annotations
 import hashlib
 from fractions import Fraction
 from pathlib import Path
+from types import TracebackType
 
 import av
-import av.error
+import av.container
 import msgspec
-
-from services.media.verify import OPEN_OPTIONS, not_video
 
 PREVIEW_FPS = 12
 CRF = "30"  # small files; a preview is for recognising the clip, not for watching it
+X264_OPTIONS = {"preset": "ultrafast", "crf": CRF, "threads": "1"}
 
 
 class Preview(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,38 +41,62 @@ def preview_size(width: int, height: int, max_side: int) -> tuple[int, int]:
     return max(2, int(width * scale) // 2 * 2), max(2, int(height * scale) // 2 * 2)
 
 
-def write_preview(video: Path, dest: Path, *, seconds: float, max_side: int) -> Preview:
-    try:
-        with av.open(str(video), container_options=OPEN_OPTIONS) as source:
-            stream = source.streams.video[0]
-            width, height = preview_size(stream.codec_context.width, stream.codec_context.height, max_side)
-            last_s = _encode(source, stream, dest, width=width, height=height, seconds=seconds)
-    except av.error.FFmpegError as exc:
-        raise not_video("its frames could not be re-encoded") from exc
-    data = dest.read_bytes()
-    return Preview(path=dest, width=width, height=height, duration_s=round(last_s, 3), bytes=len(data),
-                   sha256=hashlib.sha256(data).hexdigest())
+class PreviewWriter:
+    """Encodes the frames it is offered until `seconds` of picture, at PREVIEW_FPS. The output is opened at
+    the first frame, whose size decides the preview's."""
 
+    def __init__(self, dest: Path, *, seconds: float, max_side: int):
+        self.dest = dest
+        self.seconds = seconds
+        self.max_side = max_side
+        self.size = (0, 0)
+        self._out: av.container.OutputContainer | None = None
+        self._encoder: av.video.stream.VideoStream | None = None
+        self._next_at = 0.0
+        self._written = 0
 
-def _encode(source: av.container.InputContainer, stream: av.video.stream.VideoStream, dest: Path, *,
-            width: int, height: int, seconds: float) -> float:
-    """Re-encode frames until `seconds` of picture; returns the length written, in seconds."""
-    with av.open(str(dest), "w", format="mp4", options={"movflags": "+faststart"}) as out:
-        encoder = out.add_stream("libx264", rate=PREVIEW_FPS)
-        encoder.width, encoder.height, encoder.pix_fmt = width, height, "yuv420p"
-        encoder.options = {"preset": "veryfast", "crf": CRF}
-        step, next_at, written = 1.0 / PREVIEW_FPS, 0.0, 0
-        for frame in source.decode(stream):
-            at = frame.time or 0.0
-            if at >= seconds:
-                break
-            if at + 1e-6 < next_at:
-                continue  # drop frames above the preview's frame rate
-            small = frame.reformat(width=width, height=height, format="yuv420p")
-            small.pts, small.time_base = written, Fraction(1, PREVIEW_FPS)
-            out.mux(encoder.encode(small))
-            written, next_at = written + 1, next_at + step
-        if written == 0:
-            raise not_video("no frame of it could be decoded for the preview")
-        out.mux(encoder.encode(None))
-    return written / PREVIEW_FPS
+    def __enter__(self) -> PreviewWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if self._out is not None:
+            self._out.close()
+
+    def wants(self, at: float) -> bool:
+        """Whether a frame at `at` seconds is still within the preview."""
+        return at < self.seconds
+
+    def offer(self, frame: av.VideoFrame) -> None:
+        at = frame.time or 0.0
+        if not self.wants(at) or at + 1e-6 < self._next_at:
+            return  # past the preview, or above its frame rate
+        encoder = self._encoder or self._open(frame)
+        small = frame.reformat(width=self.size[0], height=self.size[1], format="yuv420p")
+        small.pts, small.time_base = self._written, Fraction(1, PREVIEW_FPS)
+        self._mux(encoder.encode(small))
+        self._written, self._next_at = self._written + 1, self._next_at + 1.0 / PREVIEW_FPS
+
+    def finish(self) -> Preview | None:
+        """The written preview, or None when no frame reached it."""
+        if self._encoder is None or self._out is None:
+            return None
+        self._mux(self._encoder.encode(None))
+        self._out.close()
+        self._out = None
+        data = self.dest.read_bytes()
+        return Preview(path=self.dest, width=self.size[0], height=self.size[1],
+                       duration_s=round(self._written / PREVIEW_FPS, 3), bytes=len(data),
+                       sha256=hashlib.sha256(data).hexdigest())
+
+    def _open(self, first: av.VideoFrame) -> av.video.stream.VideoStream:
+        self.size = preview_size(first.width, first.height, self.max_side)
+        self._out = av.open(str(self.dest), "w", format="mp4", options={"movflags": "+faststart"})
+        encoder = self._out.add_stream("libx264", rate=PREVIEW_FPS)
+        encoder.width, encoder.height, encoder.pix_fmt = self.size[0], self.size[1], "yuv420p"
+        encoder.options = dict(X264_OPTIONS)
+        self._encoder = encoder
+        return encoder
+
+    def _mux(self, packets: list[av.Packet]) -> None:
+        assert self._out is not None
+        self._out.mux(packets)

@@ -59,6 +59,17 @@ def inspect_video(path: Path) -> Inspection:
 
 
 def _inspect(container: av.container.InputContainer) -> Inspection:
+    stream, duration = checked_stream(container)
+    poster = PosterPicker(duration)
+    for frame in container.decode(stream):
+        if poster.offer(frame):
+            break
+    return poster.inspection(stream, duration)
+
+
+def checked_stream(container: av.container.InputContainer) -> tuple[av.video.stream.VideoStream, float]:
+    """The video track and its duration, once its header passes; decoded on this thread alone (a render is
+    decoded once, from its start: a decoder's frame threads would cost more to start than they save)."""
     if not container.streams.video:
         raise not_video("it has no video track")
     stream = container.streams.video[0]
@@ -66,10 +77,36 @@ def _inspect(container: av.container.InputContainer) -> Inspection:
     duration = duration_of(container, stream)
     if duration <= 0:
         raise not_video("it has no duration")
-    frame = _poster_frame(container, stream, at_s=min(POSTER_AT_S, duration / 4))
-    _check_size(frame.width, frame.height, known_only=False)
-    info = VideoInfo(width=frame.width, height=frame.height, duration_s=duration, codec=stream.codec_context.name)
-    return Inspection(info=info, poster=frame.to_image())
+    stream.codec_context.thread_count = 1
+    return stream, duration
+
+
+class PosterPicker:
+    """Chooses the thumbnail frame among the decoded ones: the first at POSTER_AT_S (or a quarter of a
+    shorter clip), or the last of MAX_FRAMES."""
+
+    def __init__(self, duration_s: float):
+        self.at_s = min(POSTER_AT_S, duration_s / 4)
+        self.chosen: av.VideoFrame | None = None
+        self.done = False
+        self._count = 0
+
+    def offer(self, frame: av.VideoFrame) -> bool:
+        """Take a decoded frame; True once the poster is chosen."""
+        if not self.done:
+            self._count += 1
+            self.chosen = frame
+            self.done = frame.time is None or frame.time >= self.at_s or self._count >= MAX_FRAMES
+        return self.done
+
+    def inspection(self, stream: av.video.stream.VideoStream, duration_s: float) -> Inspection:
+        frame = self.chosen
+        if frame is None:
+            raise not_video("no frame of it could be decoded")
+        _check_size(frame.width, frame.height, known_only=False)
+        info = VideoInfo(width=frame.width, height=frame.height, duration_s=duration_s,
+                         codec=stream.codec_context.name)
+        return Inspection(info=info, poster=frame.to_image())
 
 
 def _check_size(width: int, height: int, *, known_only: bool) -> None:
@@ -87,16 +124,3 @@ def duration_of(container: av.container.InputContainer, stream: av.video.stream.
     if container.duration is not None:
         return container.duration / av.time_base
     return 0.0
-
-
-def _poster_frame(
-    container: av.container.InputContainer, stream: av.video.stream.VideoStream, *, at_s: float,
-) -> av.VideoFrame:
-    chosen = None
-    for count, frame in enumerate(container.decode(stream), start=1):
-        chosen = frame
-        if frame.time is None or frame.time >= at_s or count >= MAX_FRAMES:
-            break
-    if chosen is None:
-        raise not_video("no frame of it could be decoded")
-    return chosen
