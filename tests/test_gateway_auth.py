@@ -7,7 +7,9 @@ import hashlib
 import pytest
 
 from libs.common.errors import StoreError
+from services.gateway import ratelimit
 from services.gateway.accounts import add_api_key, create_account
+from tests.support import wait_until
 from tests.test_gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
 
 PROTECTED = [
@@ -38,6 +40,12 @@ async def test_a_revoked_key_is_refused(h):
     account_id, key = await h.account()
     assert (await h.get(key, "/v1/account"))[0] == 200
     await h.pool.execute("UPDATE api_keys SET revoked_at = now() WHERE account_id = $1", account_id)
+
+    # A key in use is dropped from every gateway's memory at its next sync of the key's spending.
+    async def refused() -> bool:
+        return (await h.get(key, "/v1/account"))[0] == 401
+
+    await wait_until(refused, within=ratelimit.SYNC_S * 4, interval=0.05, what="the revoked key to be refused")
     status, body = await h.get(key, "/v1/account")
     assert status == 401
     assert_error(body, "unauthorized", "revoked")

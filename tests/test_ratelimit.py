@@ -7,7 +7,10 @@ import asyncio
 
 import pytest
 
+from cli.embedded import free_port
+from services.gateway import ratelimit
 from services.gateway.accounts import add_api_key, hash_key
+from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
 
 
@@ -44,27 +47,29 @@ async def test_a_refused_request_spends_no_token(h):
     for _ in range(3):
         await h.get(key, "/v1/account")
     assert (await h.get(key, "/v1/account"))[0] == 429
-    before = await tokens(h, key)
 
     refused = [(await h.get(key, "/v1/jobs"))[0] for _ in range(5)]
 
     assert refused == [429] * 5
-    # The bucket only refilled meanwhile; it did not go down, let alone below zero.
-    assert 0 <= before <= await tokens(h, key) < 1
     await asyncio.sleep(0.5 + 0.1)  # one token at 2/s, whatever the refused requests did
     assert (await h.get(key, "/v1/jobs"))[0] == 200
+    # The row, once synced, holds what was spent: three and one admitted, none below zero.
+    await asyncio.sleep(ratelimit.SYNC_S * 2)
+    assert 0 <= await tokens(h, key) < 1
 
 
-async def test_a_key_hammering_past_its_rate_is_refused_without_a_database_write(h):
+async def test_requests_write_nothing_but_their_keys_spending_once_a_sync(h):
     _, key = await h.account(requests_per_s=0.5, request_burst=1)
     assert (await h.get(key, "/v1/account"))[0] == 200
-    assert (await h.get(key, "/v1/account"))[0] == 429  # decided by the database bucket, and remembered
+    await asyncio.sleep(ratelimit.SYNC_S * 2)  # the one admitted request's spending reaches the row
     touched = await h.pool.fetchval("SELECT rate_updated_at FROM api_keys WHERE key_hash = $1", hash_key(key))
+    assert touched is not None
 
     hammered = [(await h.get(key, "/v1/jobs"))[0] for _ in range(50)]
+    await asyncio.sleep(ratelimit.SYNC_S * 2)
 
     assert hammered == [429] * 50
-    # Answered from memory: the key's row was not written again.
+    # Refused from memory, and nothing spent: the key's row was not written again.
     assert await h.pool.fetchval("SELECT rate_updated_at FROM api_keys WHERE key_hash = $1", hash_key(key)) == touched
     # Another key of no account is still looked up, and refused as unknown, not as rate limited.
     assert (await h.get("vj_unknown", "/v1/jobs"))[0] == 401
@@ -118,7 +123,12 @@ async def test_a_request_records_when_the_key_was_last_used(h):
     _, key = await h.account()
     assert await h.pool.fetchval("SELECT last_used_at FROM api_keys WHERE key_hash = $1", hash_key(key)) is None
     await h.get(key, "/v1/jobs")
-    assert await h.pool.fetchval("SELECT last_used_at FROM api_keys WHERE key_hash = $1", hash_key(key)) is not None
+
+    async def recorded() -> bool:  # at the next sync of the key's spending
+        return await h.pool.fetchval("SELECT last_used_at FROM api_keys WHERE key_hash = $1",
+                                     hash_key(key)) is not None
+
+    await wait_until(recorded, within=ratelimit.SYNC_S * 4, interval=0.05, what="last_used_at")
 
 
 async def test_the_account_shows_the_limits_in_force(h):
@@ -129,3 +139,27 @@ async def test_the_account_shows_the_limits_in_force(h):
     assert (a["limits"]["requests_per_s"], a["limits"]["request_burst"]) == (2.5, 7)
     assert (b["limits"]["requests_per_s"], b["limits"]["request_burst"]) == (
         h.settings.api_rate_per_s, h.settings.api_rate_burst)
+
+
+async def test_two_gateways_share_a_keys_rate_within_one_sync(tmp_path, database_url, nats_url):
+    settings = gateway_settings(tmp_path, database_url, nats_url)
+    async with running_gateway(settings) as a, running_gateway(settings.with_(http_port=free_port())) as b:
+        _, key = await a.account(requests_per_s=0.01, request_burst=10)
+
+        on_a = [(await a.get(key, "/v1/jobs"))[0] for _ in range(10)]
+        await asyncio.sleep(ratelimit.SYNC_S * 2)  # a's spending reaches the row
+        on_b = [(await b.get(key, "/v1/jobs"))[0] for _ in range(5)]
+
+        assert on_a == [200] * 10
+        assert on_b == [429] * 5  # b read the row a had written: nothing left
+
+        # Between two syncs, each gateway spends from the level it last saw: at most the burst each. The debt
+        # then shows on both, which refuse the key until it has refilled.
+        _, other = await a.account(requests_per_s=0.01, request_burst=10)
+        together = await asyncio.gather(*(gw.get(other, "/v1/jobs") for gw in (a, b) for _ in range(10)))
+        admitted = sum(status == 200 for status, _ in together)
+        await asyncio.sleep(ratelimit.SYNC_S * 2)
+        after = [(await gw.get(other, "/v1/jobs"))[0] for gw in (a, b)]
+
+        assert 10 <= admitted <= 20
+        assert after == [429, 429]

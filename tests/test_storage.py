@@ -33,7 +33,7 @@ from libs.storage.s3 import S3Storage
 from services.gateway import routes_files
 from services.gateway.errors import error_middleware
 from services.gateway.limits import StreamSlots
-from services.gateway.ratelimit import Refusals
+from services.gateway.ratelimit import Buckets
 from services.gateway.routing import register
 from services.gateway.state import GATEWAY, Gateway
 from tests.s3server import TEST_BUCKET, MotoS3
@@ -58,7 +58,7 @@ async def files_route(root: Path) -> AsyncIterator[FileStorage]:
     app = web.Application(middlewares=[error_middleware])
     # The files route reads only the settings and the storage; it needs no database or NATS.
     app[GATEWAY] = Gateway(settings=Settings(signing_secret=secret), rt=cast(Runtime, None), storage=storage,
-                           adapters={}, streams=StreamSlots(per_account=1, per_key=1), refusals=Refusals(),
+                           adapters={}, streams=StreamSlots(per_account=1, per_key=1), buckets=cast(Buckets, None),
                            webhook_rates={})
     register(app, routes_files.ROUTES)
     runner = web.AppRunner(app)

@@ -19,6 +19,7 @@ from libs.storage.factory import open_storage
 from services.gateway import (
     idempotency,
     inbox,
+    ratelimit,
     routes_account,
     routes_files,
     routes_jobs,
@@ -33,7 +34,6 @@ from services.gateway.errors import ErrorOut, error_middleware
 from services.gateway.limits import Bucket, StreamSlots
 from services.gateway.observe import metrics_middleware
 from services.gateway.openapi import openapi_route
-from services.gateway.ratelimit import Refusals
 from services.gateway.routing import Route, register
 from services.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
 
@@ -88,15 +88,18 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         if settings.api_metrics == "off":
             ops = await health_app(rt)  # /metrics, /healthz and /readyz on VIDJOBS_METRICS_PORT only
             stack.push_async_callback(ops.cleanup)
-        sweep = rt.watch(_sweep_idempotency_keys(rt), "idempotency-sweep")
-        stack.push_async_callback(_stop, sweep)  # stopped before the pool it uses is closed
-        prune = rt.watch(_prune_webhook_inbox(rt), "webhook-inbox-prune")
-        stack.push_async_callback(_stop, prune)
-        stack.callback(rt.stop.set)  # runs first at cleanup: the sweeps stopped next are not failures
+        buckets = ratelimit.Buckets(rt.pool, settings)
+        stack.push_async_callback(buckets.sync)  # the last spending, once the sync loop has stopped
+        # Stopped before the pool they use is closed.
+        for work, name in ((_sweep_idempotency_keys(rt), "idempotency-sweep"),
+                           (_prune_webhook_inbox(rt), "webhook-inbox-prune"),
+                           (every(rt, ratelimit.SYNC_S, buckets.sync, "rate limit sync"), "rate-limit-sync")):
+            stack.push_async_callback(_stop, rt.watch(work, name))
+        stack.callback(rt.stop.set)  # runs first at cleanup: the tasks stopped next are not failures
         streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
         rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
         app[GATEWAY] = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
-                               refusals=Refusals(), webhook_rates=rates)
+                               buckets=buckets, webhook_rates=rates)
         yield
 
 

@@ -3,9 +3,6 @@ key's request rate: a request over it is answered 429 with `Retry-After` (see `r
 
 from __future__ import annotations
 
-import asyncio
-import math
-
 from aiohttp import web
 
 from libs.common.errors import ErrorCode
@@ -32,20 +29,16 @@ def rate_limited(rate_per_s: float, burst: int, wait: int) -> ApiError:
 
 
 async def authenticate(request: web.Request) -> ratelimit.Admission:
-    """The key and its account, once one of the key's request tokens is spent (one statement for both)."""
+    """The key and its account, once one of the key's request tokens is spent (from memory, see
+    `ratelimit`)."""
     token = bearer_token(request)
     if token is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "send your API key as `Authorization: Bearer <key>`",
                        headers=_CHALLENGE)
-    gw = gateway(request)
-    now = asyncio.get_running_loop().time()
-    if (refused := gw.refusals.current(token, now)) is not None:
-        raise rate_limited(refused.rate_per_s, refused.burst, max(1, math.ceil(refused.until - now)))
-    admission = await ratelimit.admit(gw.rt.pool, token, gw.settings)
+    admission = await gateway(request).buckets.admit(token)
     if admission is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "unknown or revoked API key", headers=_CHALLENGE)
     if not admission.admitted:
-        gw.refusals.remember(token, admission, now)
         raise rate_limited(admission.rate_per_s, admission.burst, admission.retry_after_s)
     return admission
 

@@ -13,7 +13,7 @@ from libs.providers.base import ProviderAdapter
 from libs.storage.base import Storage
 from services.gateway.accounts import Account
 from services.gateway.limits import Bucket, StreamSlots
-from services.gateway.ratelimit import Refusals
+from services.gateway.ratelimit import Buckets
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Gateway:
     storage: Storage
     adapters: dict[str, ProviderAdapter]
     streams: StreamSlots
-    refusals: Refusals  # keys just refused for their rate, answered from memory until a token is due
+    buckets: Buckets  # API keys and their request buckets
     webhook_rates: dict[str, Bucket]  # stored callbacks, by provider
     # Set when the server begins shutting down, so long-lived streams end instead of holding it open.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
