@@ -129,7 +129,7 @@ async def own_stack(data_dir: Path):
         await supervisor.start_all()
         try:
             await wait_ready(settings.gateway_url, supervisor)
-            yield settings.gateway_url, key
+            yield settings.gateway_url, key, settings
         finally:
             await supervisor.close()
     finally:
@@ -165,7 +165,7 @@ async def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="vidjobs-bench-") as tmp:
         print("starting an embedded stack ...", file=sys.stderr, flush=True)
-        async with own_stack(Path(tmp)) as (url, key):
+        async with own_stack(Path(tmp)) as (url, key, _):
             await run(url, key, args.n, args.parallel, data_dir=Path(tmp))
 
 
