@@ -1,8 +1,8 @@
 """`GET /v1/jobs/{id}` beside the cheapest thing that could answer it: a bare aiohttp handler doing one asyncpg
 primary-key SELECT of the same row, on the same database, loaded by the same client in the same sitting.
 
-    python bench/http.py                     # embedded stack, 64 connections, 3 rounds of 10 s each side
-    python bench/http.py -c 32 --seconds 5 --rounds 5
+    python bench/reads.py                     # embedded stack, 64 connections, 3 rounds of 10 s each side
+    python bench/reads.py -c 32 --seconds 5 --rounds 5
 
 Rounds alternate (ours, bare, ours, bare, ...) and every round is printed, with requests per second, p50 and
 p99; the ratio of the medians closes the report. The client runs in this process, so it takes CPU from both
@@ -11,24 +11,20 @@ sides alike.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-# Run as a script, this file's folder comes first on the path, where this module would hide the standard
-# library's `http`: the repository's root takes its place.
-_ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(_ROOT), *(p for p in sys.path if Path(p or ".").resolve() != _ROOT / "bench")]
+import aiohttp
 
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import contextlib  # noqa: E402
-import os  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-
-import aiohttp  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BARE = r'''
 import asyncio, json, os, sys
