@@ -84,3 +84,43 @@ def per_job(before: Snapshot, after: Snapshot, jobs: int) -> list[tuple[str, flo
             for part in sorted(set(before.seconds) | set(after.seconds))]
     rows.sort(key=lambda row: -row[1])
     return [*rows, ("total", sum(ms for _, ms in rows))]
+
+
+# --- database and message counts ---------------------------------------------------------------------------
+
+_DB_COUNTS = """
+SELECT xact_commit, tup_inserted, tup_updated, tup_deleted, tup_returned + tup_fetched AS tup_read
+FROM pg_stat_database WHERE datname = current_database()
+"""
+
+
+async def database_counts(database_url: str) -> dict[str, int]:
+    """PostgreSQL's own counters for the stack's database: transactions committed and rows written and read.
+    (Its statistics are sent by each backend at the end of a transaction, at most once a second.)"""
+    import asyncpg
+
+    conn = await asyncpg.connect(database_url)
+    try:
+        row = await conn.fetchrow(_DB_COUNTS)
+        return dict(row)
+    finally:
+        await conn.close()
+
+
+async def message_counts(nats_url: str) -> dict[str, int]:
+    """Messages ever stored in each JetStream stream (its last sequence number)."""
+    import nats
+
+    from libs.common import bus
+
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        return {name: (await js.stream_info(name)).state.last_seq
+                for name in (bus.WORK_STREAM, bus.CHANGES_STREAM, bus.DEAD_STREAM)}
+    finally:
+        await nc.close()
+
+
+def per_job_counts(before: dict[str, int], after: dict[str, int], jobs: int) -> list[tuple[str, float]]:
+    return [(name, (after[name] - before.get(name, 0)) / max(jobs, 1)) for name in after]

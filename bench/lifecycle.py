@@ -19,6 +19,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -94,18 +95,26 @@ def report_cpu(rows: list[tuple[str, float]]) -> None:
         print(f"  {part:<14} {ms:7.1f} ms")
 
 
-async def run(url: str, key: str, n: int, parallel: int, data_dir: Path | None = None) -> None:
+async def run(url: str, key: str, n: int, parallel: int, data_dir: Path | None = None,
+              settings: Any = None) -> None:
     from bench import cpu
 
     async with aiohttp.ClientSession() as session:
         started = time.monotonic()
         before = cpu.snapshot(data_dir) if data_dir else None
+        counts = (await cpu.database_counts(settings.database_url), await cpu.message_counts(settings.nats_url)) \
+            if settings else None
         print(f"creating {n} jobs ({parallel} in flight) ...", file=sys.stderr, flush=True)
         ids = await create_all(session, url, key, n, parallel)
         jobs = await wait_all(session, url, key, ids)
         report(jobs, time.monotonic() - started)
         if before is not None and data_dir is not None:
             report_cpu(cpu.per_job(before, cpu.snapshot(data_dir), len(jobs)))
+        if counts is not None:
+            await asyncio.sleep(1.5)  # PostgreSQL sends its statistics at most once a second
+            db = cpu.per_job_counts(counts[0], await cpu.database_counts(settings.database_url), len(jobs))
+            messages = cpu.per_job_counts(counts[1], await cpu.message_counts(settings.nats_url), len(jobs))
+            print("per job: " + ", ".join(f"{name} {value:.1f}" for name, value in db + messages))
 
 
 @contextlib.asynccontextmanager
@@ -165,8 +174,8 @@ async def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="vidjobs-bench-") as tmp:
         print("starting an embedded stack ...", file=sys.stderr, flush=True)
-        async with own_stack(Path(tmp)) as (url, key, _):
-            await run(url, key, args.n, args.parallel, data_dir=Path(tmp))
+        async with own_stack(Path(tmp)) as (url, key, settings):
+            await run(url, key, args.n, args.parallel, data_dir=Path(tmp), settings=settings)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,13 @@ import asyncio
 
 import nats
 
+from libs.common import events, jobs
 from libs.common.bus import WORK_STREAM
+from libs.common.events import SlotFreed
+from libs.common.jobs import JobRequest
+from libs.common.states import JobStatus
+from libs.common.transitions import transition
+from services.gateway.accounts import create_account
 from tests.stack import demo_key, running_stack, stack_settings
 
 WAITING = 12
@@ -41,3 +47,32 @@ async def test_waiting_jobs_hold_one_message_each(tmp_path, database_url, nats_u
     # Deliveries per waiting job stay flat in time: no more in the last 8 s than in the first.
     deliveries = [d for _, d in samples]
     assert deliveries[-1] - deliveries[-3] <= deliveries[1] + WAITING, samples
+
+
+async def _slot_wakeups(pool) -> int:
+    rows = await pool.fetch("SELECT payload FROM outbox")
+    return sum(isinstance(events.decode(bytes(r["payload"])), SlotFreed) for r in rows)
+
+
+async def test_a_freed_slot_wakes_the_queue_only_when_a_job_waits_for_it(pool):
+    async with pool.acquire() as conn:
+        account_id, _ = await create_account(conn, "slots", credits=10_000, concurrency=8)
+        made = []
+        for prompt in ("alone", "waits"):
+            async with conn.transaction():
+                made.append(await jobs.create(conn, account_id=account_id, estimated_credits=10,
+                                              request=JobRequest(model="fake/default", prompt=prompt),
+                                              recovery_delay_s=3600))
+        rendering, waiting = made
+        await transition(conn, rendering.id, JobStatus.SUBMITTED, reason="test")
+        await conn.execute("DELETE FROM outbox")
+
+        # Nobody waits for a fake slot but `waiting` itself: its render finishing wakes the queue.
+        await transition(conn, rendering.id, JobStatus.DOWNLOADING, reason="test")
+        assert await _slot_wakeups(pool) == 1
+        await conn.execute("DELETE FROM outbox")
+
+        # Once nothing waits, a slot that frees sends nothing.
+        await transition(conn, waiting.id, JobStatus.SUBMITTED, reason="test")
+        await transition(conn, waiting.id, JobStatus.DOWNLOADING, reason="test")
+        assert await _slot_wakeups(pool) == 0

@@ -151,6 +151,16 @@ async def create(
     return job
 
 
+async def slot_wakeup(conn: asyncpg.Connection, provider: str) -> list[SlotFreed]:
+    """The message that hands a render slot just freed at `provider` to the next waiting job, if a job waits
+    for one (the partial index jobs_provider_waiting). A job queued after this look sends its own message,
+    and one that lost the race to this commit looks again within `WAIT_LOOK_S`."""
+    waits = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND status = 'pending' AND deleted_at IS NULL)",
+        provider)
+    return [SlotFreed(provider=provider)] if waits else []
+
+
 async def waiting(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
     """How many of the account's jobs wait for a slot (the partial index jobs_account_waiting)."""
     return await conn.fetchval(
@@ -208,7 +218,7 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
         await settle_credit(conn, job, "deleted", rendered=job.status is JobStatus.DOWNLOADING)
     await outbox.add(conn, [
         *stop_at_provider(job),
-        *([SlotFreed(provider=job.provider)] if job.status in RENDERING else []),
+        *(await slot_wakeup(conn, job.provider) if job.status in RENDERING else []),
         AssetsDeleteRequested(job_id=job_id),
         JobChanged(job_id=job_id, status="deleted", at=row["updated_at"]),
     ])

@@ -18,8 +18,8 @@ import msgspec
 
 from libs.common import metrics, outbox
 from libs.common.errors import JobError
-from libs.common.events import Event, JobChanged, SlotFreed
-from libs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credit
+from libs.common.events import Event, JobChanged
+from libs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credit, slot_wakeup
 from libs.common.states import RENDERING, TERMINAL, JobStatus, sources_of
 
 log = logging.getLogger("vidjobs.transitions")
@@ -156,7 +156,7 @@ async def transition(
         if to in BILLED_ENDINGS and from_status not in TERMINAL:
             await settle_credit(conn, job, to.value,
                                 rendered=from_status is JobStatus.DOWNLOADING and to is JobStatus.CANCELED)
-        freed = [SlotFreed(provider=job.provider)] if from_status in RENDERING and to not in RENDERING else []
+        freed = (await slot_wakeup(conn, job.provider)) if from_status in RENDERING and to not in RENDERING else []
         await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *freed, *emit])
     metrics.TRANSITIONS.labels(to.value).inc()
     if job.route is not None and to in TERMINAL and from_status not in TERMINAL:

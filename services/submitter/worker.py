@@ -226,7 +226,7 @@ async def _submit(
             await limits.lock_provider(conn, job.provider)
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, _claim_request(job), err.to_job_error())
-            await outbox.add(conn, [SlotFreed(provider=job.provider)])
+            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider))
         return
     try:
         accepted = await _call_provider(ctx, adapter, req, claimed)
@@ -239,7 +239,7 @@ async def _submit(
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, req, err.to_job_error())
             await limits.record_answer(conn, job.provider, err.code, ctx.rt.settings)
-            await outbox.add(conn, [SlotFreed(provider=job.provider)])  # the claim held one
+            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider))  # the claim held one
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
     await _record_patiently(ctx, job, adapter, req, accepted)
