@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import asyncpg
 import msgspec
@@ -111,11 +111,21 @@ async def fetch(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRow 
     return None if row is None else row_to_job(row)
 
 
-async def create(
+class Created(NamedTuple):
+    job: JobRow
+    waiting_ahead: int  # the account's jobs already waiting when it was queued: its place is this + 1
+
+
+async def create(conn: asyncpg.Connection, **options: Any) -> JobRow:
+    """`enqueue`, for callers that need only the job."""
+    return (await enqueue(conn, **options)).job
+
+
+async def enqueue(
     conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
     recovery_delay_s: float, route: str | None = None, rate_card_version: int | None = None,
     max_waiting: int | None = None,
-) -> JobRow:
+) -> Created:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
     first recovery check. Raises QuotaExhausted (and creates nothing) when the account's credit or
     guardrails do not allow it, and QueueFull when `max_waiting` of its jobs already wait for a slot.
@@ -125,8 +135,10 @@ async def create(
     """
     job_id = ids.new("job")
     await credits.reserve(conn, account_id=account_id, job_id=job_id, amount=estimated_credits)
-    # Counted under the account row's lock, which `reserve` took: racing creates are decided one at a time.
-    if max_waiting is not None and await waiting(conn, account_id) >= max_waiting:
+    # Counted under the account row's lock, which `reserve` took: racing creates are decided one at a time,
+    # and the count is also the new job's place in the queue.
+    ahead = await waiting(conn, account_id)
+    if max_waiting is not None and ahead >= max_waiting:
         raise QueueFull(max_waiting)
     row = await conn.fetchrow(
         """
@@ -148,7 +160,7 @@ async def create(
         RecoveryDue(job_id=job_id, due_at=job.recover_at),
         JobChanged(job_id=job_id, status=job.status.value, at=job.updated_at),
     ])
-    return job
+    return Created(job, ahead)
 
 
 async def slot_wakeup(conn: asyncpg.Connection, provider: str) -> list[SlotFreed]:

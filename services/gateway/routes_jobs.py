@@ -81,9 +81,10 @@ async def _create_once(
         except ratecard.Unpriced as err:
             raise invalid(f"model: {err}; choose another model or resolution") from err
         try:
-            job = await jobs.create(conn, account_id=owner.account_id, request=request, estimated_credits=estimate,
-                                    recovery_delay_s=gw.settings.recovery_delay_s, route=route,
-                                    rate_card_version=card.version, max_waiting=gw.settings.max_queued_jobs)
+            created = await jobs.enqueue(conn, account_id=owner.account_id, request=request,
+                                         estimated_credits=estimate, recovery_delay_s=gw.settings.recovery_delay_s,
+                                         route=route, rate_card_version=card.version,
+                                         max_waiting=gw.settings.max_queued_jobs)
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         except QueueFull as err:
@@ -91,11 +92,9 @@ async def _create_once(
             raise ApiError(429, GatewayCode.LIMIT_REACHED, str(err), retryable=True,
                            headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)}) from err
         if key is not None:
-            await idempotency.remember(conn, owner.account_id, key, body_hash, job.id, ttl_s)
-        # Read back with the queue position, in this transaction: the job is not visible outside it yet.
-        created = await owner.job(job.id, conn=conn)
-        assert created is not None  # made just now, in this transaction
-        return created, True
+            await idempotency.remember(conn, owner.account_id, key, body_hash, created.job.id, ttl_s)
+        # Its place was counted as it was queued, under the account's lock: no second count.
+        return OwnedJob(created.job, created.waiting_ahead + 1), True
 
 
 async def _replayed(conn: asyncpg.Connection, owner: Tenant, job_id: str) -> OwnedJob:
