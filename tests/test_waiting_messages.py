@@ -76,3 +76,21 @@ async def test_a_freed_slot_wakes_the_queue_only_when_a_job_waits_for_it(pool):
         await transition(conn, waiting.id, JobStatus.SUBMITTED, reason="test")
         await transition(conn, waiting.id, JobStatus.DOWNLOADING, reason="test")
         assert await _slot_wakeups(pool) == 0
+
+
+async def test_a_waiting_jobs_patience_grows_with_its_place_and_is_counted_only_that_far(pool):
+    from services.submitter import dispatch
+
+    async with pool.acquire() as conn:
+        account_id, _ = await create_account(conn, "patience", credits=100_000, concurrency=1)
+        queued = []
+        for i in range(80):
+            async with conn.transaction():
+                queued.append(await jobs.create(conn, account_id=account_id, estimated_credits=10,
+                                                request=JobRequest(model="fake/default", prompt=f"q{i}"),
+                                                recovery_delay_s=3600))
+        waits = [await dispatch.patience(conn, queued[i]) for i in (0, 2, 58, 79)]
+        places = [await dispatch.queue_place(conn, queued[79], up_to=n) for n in (10, 100)]
+
+    assert waits == [1.0, 2.0, 30.0, 30.0]
+    assert places == [10, 80]
