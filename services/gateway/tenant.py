@@ -61,9 +61,10 @@ WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 """
 
 # Newest first, strictly after the keyset position (the last row of the previous page). The account's
-# waiting jobs are numbered once for the whole page.
+# waiting jobs are numbered once for the whole page: MATERIALIZED, or the planner may number them again for
+# every row of the page.
 _JOB_PAGE = """
-WITH waiting AS (
+WITH waiting AS MATERIALIZED (
     SELECT id, row_number() OVER (ORDER BY created_at, id) AS position
     FROM jobs WHERE account_id = $1 AND status = 'pending' AND deleted_at IS NULL
 )
