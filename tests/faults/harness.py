@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -28,8 +28,11 @@ from tests.faults.natsd import NatsCluster, NatsNode
 from tests.faults.postgres import LocalPostgres
 from tests.faults.report import Row
 from tests.faults.servicelogs import LoggingSupervisor
-from tests.faults.workload import Created, Workload, create_jobs
+from tests.faults.workload import Created, create_jobs
 from tests.stack import Stack, demo_key, running_stack, stack_settings
+
+if TYPE_CHECKING:
+    from tests.faults.scenarios.plans import Plan
 
 DATABASE = "vidjobs"
 # Short recovery timings: the safety nets (recovery checks, redelivery) must act within a short run.
@@ -95,16 +98,24 @@ class FaultRun:
         self.row.expect(not restarted, f"services restarted (times): {restarted}")
 
 
-async def under_fault(run: FaultRun, workload: Workload, *, at_s: float, lasts_s: float,
-                      begin: Callable[[], Awaitable[None]], end: Callable[[], Awaitable[None]],
-                      settle_s: float, stall_s: float) -> Created:
-    """Create the workload; `at_s` into it begin the fault, end it `lasts_s` later; then let the jobs settle."""
-    creating = asyncio.create_task(create_jobs(run.stack, workload))
+def blocking(call: Callable[[], object]) -> Callable[[], Awaitable[None]]:
+    """A fault's beginning or end that blocks (a process killed or started, a directory made unusable), run
+    on a thread so the workload goes on meanwhile."""
+    async def on_a_thread() -> None:
+        await asyncio.to_thread(call)
+    return on_a_thread
+
+
+async def under_fault(run: FaultRun, plan: Plan, *, begin: Callable[[], Awaitable[None]],
+                      end: Callable[[], Awaitable[None]]) -> Created:
+    """Create the plan's workload; `plan.at_s` into it begin the fault, end it `plan.lasts_s` later; then let
+    the jobs settle."""
+    creating = asyncio.create_task(create_jobs(run.stack, plan.workload()))
     try:
-        await asyncio.sleep(at_s)
+        await asyncio.sleep(plan.at_s)
         run.say("fault begins")
         await begin()
-        await asyncio.sleep(lasts_s)
+        await asyncio.sleep(plan.lasts_s)
         await end()
         run.fault_end = datetime.now(UTC)
         run.say("fault ends")
@@ -112,7 +123,7 @@ async def under_fault(run: FaultRun, workload: Workload, *, at_s: float, lasts_s
     finally:
         creating.cancel()
     run.say(f"{len(created.ids)} jobs created ({created.retries} create retries, {len(created.refused)} refused)")
-    await run.settle(created, settle_s, stall_s)
+    await run.settle(created, plan.settle_s, plan.stall_s)
     return created
 
 

@@ -69,8 +69,7 @@ async def duplicate_storm(long: bool = False) -> Row:
             with contextlib.suppress(Exception):
                 await asyncio.gather(*tap.pending)
 
-        await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=tap_on, end=tap_off,
-                          settle_s=plan.settle_s, stall_s=plan.stall_s)
+        await under_fault(run, plan, begin=tap_on, end=tap_off)
         run.row.notes.append(f"copies published: {tap.copied} (failed {tap.failed})")
         run.row.expect(tap.copied > 0, "the tap copied nothing: the storm did not happen")
         run.expect_healthy_outcome()

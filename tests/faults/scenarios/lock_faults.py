@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from functools import partial
 
 import asyncpg
 
@@ -28,9 +29,7 @@ async def advisory_lock_held(long: bool = False) -> Row:
         pool = await db.create_pool(run.database_url, max_size=1, timeouts=db.Timeouts.of(settings))
         held = _Held()
         try:
-            await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s,
-                              begin=lambda: held.take(pool), end=held.let_go, settle_s=plan.settle_s,
-                              stall_s=plan.stall_s)
+            await under_fault(run, plan, begin=partial(held.take, pool), end=held.let_go)
         finally:
             await pool.close()
         run.expect_healthy_outcome()

@@ -4,8 +4,9 @@ stream's leader killed in a three-node cluster."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
-from tests.faults.harness import FaultRun, fault_run, under_fault
+from tests.faults.harness import FaultRun, blocking, fault_run, under_fault
 from tests.faults.jsapi import jetstream, step_down_work_leader, work_stream_leader
 from tests.faults.natsd import NatsNode
 from tests.faults.report import Row
@@ -26,15 +27,8 @@ async def jetstream_unavailable(long: bool = False) -> Row:
     async with fault_run("jetstream_unavailable") as run:
         node = run.nats
         assert node is not None
-
-        async def off() -> None:
-            node.set_jetstream(False)
-
-        async def on() -> None:
-            node.set_jetstream(True)
-
-        await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=off, end=on,
-                          settle_s=plan.settle_s, stall_s=plan.stall_s)
+        await under_fault(run, plan, begin=blocking(partial(node.set_jetstream, False)),
+                          end=blocking(partial(node.set_jetstream, True)))
         run.expect_healthy_outcome()
     return run.row
 
@@ -45,15 +39,7 @@ async def nats_kill(long: bool = False) -> Row:
     async with fault_run("nats_kill") as run:
         node = run.nats
         assert node is not None
-
-        async def kill() -> None:
-            node.kill()
-
-        async def restart() -> None:
-            await asyncio.to_thread(node.start)
-
-        await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=kill, end=restart,
-                          settle_s=plan.settle_s, stall_s=plan.stall_s)
+        await under_fault(run, plan, begin=blocking(node.kill), end=blocking(node.start))
         run.expect_healthy_outcome()
     return run.row
 
@@ -79,14 +65,6 @@ async def cluster_leader(long: bool = False) -> Row:
     async with fault_run("cluster_leader", cluster=True, stream_replicas=3) as run:
         leader = await _leader_off_the_seed(run)
         run.say(f"work stream leader: {leader.name}")
-
-        async def kill() -> None:
-            leader.kill()
-
-        async def restart() -> None:
-            await asyncio.to_thread(leader.start)
-
-        await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=kill, end=restart,
-                          settle_s=plan.settle_s, stall_s=plan.stall_s)
+        await under_fault(run, plan, begin=blocking(leader.kill), end=blocking(leader.start))
         run.expect_healthy_outcome()
     return run.row

@@ -3,9 +3,9 @@ must reconnect by themselves, without a process restart."""
 
 from __future__ import annotations
 
-import asyncio
+from functools import partial
 
-from tests.faults.harness import fault_run, under_fault
+from tests.faults.harness import blocking, fault_run, under_fault
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
 
@@ -19,15 +19,8 @@ async def postgres_restart(long: bool = False) -> Row:
     plan = pick(*RESTART, long)
     async with fault_run("postgres_restart") as run:
         pids = {name: run.supervisor.pid(name) for name in run.supervisor.children}
-
-        async def stop() -> None:
-            await asyncio.to_thread(run.postgres.stop, "fast")
-
-        async def start() -> None:
-            await asyncio.to_thread(run.postgres.start)
-
-        await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=stop, end=start,
-                          settle_s=plan.settle_s, stall_s=plan.stall_s)
+        await under_fault(run, plan, begin=blocking(partial(run.postgres.stop, "fast")),
+                          end=blocking(run.postgres.start))
         run.expect_healthy_outcome()
         run.expect_no_service_restarts()
         changed = {n: (p, run.supervisor.pid(n)) for n, p in pids.items() if run.supervisor.pid(n) != p}

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 
-from tests.faults.harness import fault_run, under_fault
+from tests.faults.harness import blocking, fault_run, under_fault
 from tests.faults.objectstore import RestartableMoto, break_root, mend_root
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
@@ -24,15 +25,7 @@ async def object_store_outage_file(long: bool = False) -> Row:
     plan = pick(*OUTAGE, long)
     async with fault_run("object_store_outage_file") as run:
         root = Path(run.stack.settings.storage_location().removeprefix("file://"))
-
-        async def lose() -> None:
-            break_root(root)
-
-        async def mend() -> None:
-            mend_root(root)
-
-        await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=lose, end=mend,
-                          settle_s=plan.settle_s, stall_s=plan.stall_s)
+        await under_fault(run, plan, begin=blocking(partial(break_root, root)), end=blocking(partial(mend_root, root)))
         run.expect_healthy_outcome()
     return run.row
 
@@ -51,16 +44,8 @@ async def object_store_outage_s3(long: bool = False) -> Row:
 
 async def _s3_run(moto: RestartableMoto, plan: Plan) -> Row:
     async with fault_run("object_store_outage_s3", storage_url=f"s3://{BUCKET}/faults") as run:
-
-        async def down() -> None:
-            moto.stop()
-
-        async def up() -> None:
-            await asyncio.to_thread(moto.start)
-
         try:
-            await under_fault(run, plan.workload(), at_s=plan.at_s, lasts_s=plan.lasts_s, begin=down, end=up,
-                              settle_s=plan.settle_s, stall_s=plan.stall_s)
+            await under_fault(run, plan, begin=blocking(moto.stop), end=blocking(moto.start))
         finally:
             shutil.copy(moto.home / "moto.log", run.log_dir / "moto.log")
         run.expect_healthy_outcome()
