@@ -30,7 +30,7 @@ from tests.test_poison import _dead_letters
 async def test_a_process_killing_download_is_dead_lettered(tmp_path, database_url, nats_url):
     settings = stack_settings(tmp_path, database_url, nats_url, ack_wait_s=2, media_copy_lease_s=3)
     async with running_stack(settings) as stack:
-        poison = await stack.create_job(params={"render_s": 0.2})
+        poison = await stack.create_job(duration_s=5, params={"render_s": 0.2})  # a decode long enough to catch
         kills: list[int] = []
         landed: list[int] = []
         killer = asyncio.create_task(kill_whenever_it_decodes(stack, poison["id"], kills, landed))

@@ -53,9 +53,9 @@ async def test_a_refused_request_spends_no_token(h):
     assert refused == [429] * 5
     await asyncio.sleep(0.5 + 0.1)  # one token at 2/s, whatever the refused requests did
     assert (await h.get(key, "/v1/jobs"))[0] == 200
-    # The row, once synced, holds what was spent: three and one admitted, none below zero.
+    # The row, once synced, holds what was spent: the refused requests took it no lower than empty.
     await asyncio.sleep(ratelimit.SYNC_S * 2)
-    assert 0 <= await tokens(h, key) < 1
+    assert await tokens(h, key) >= 0
 
 
 async def test_requests_write_nothing_but_their_keys_spending_once_a_sync(h):

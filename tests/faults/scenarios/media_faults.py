@@ -42,7 +42,7 @@ async def kill_whenever_it_decodes(stack: Stack, job_id: str, kills: list[int], 
                 await asyncio.sleep(0.3)  # the process is gone: what its row says now is what it left
                 if await conn.fetchval(query, job_id) == owner:
                     landed.append(pid)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.001)  # a decode takes a few milliseconds: look often enough to catch one
     finally:
         await conn.close()
 
@@ -54,7 +54,9 @@ def scratch_of(pids: list[int]) -> list[Path]:
 async def poison_download(long: bool = False) -> Row:
     plan = pick(*POISON, long)
     async with fault_run("poison_download", **TIMING[long]) as run:
-        poison = await run.stack.create_job(prompt="a render that kills its decoder", params={"render_s": 0.2})
+        # Five seconds of clip: its decode (the preview's three seconds) lasts long enough to be caught.
+        poison = await run.stack.create_job(prompt="a render that kills its decoder", duration_s=5,
+                                            params={"render_s": 0.2})
         kills: list[int] = []
         landed: list[int] = []
         killer = asyncio.create_task(kill_whenever_it_decodes(run.stack, poison["id"], kills, landed))
