@@ -7,6 +7,7 @@ PostgreSQL server by its data directory (with every backend it forked), nats-ser
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,14 +111,19 @@ async def database_counts(database_url: str) -> dict[str, int]:
 async def message_counts(nats_url: str) -> dict[str, int]:
     """Messages ever stored in each JetStream stream (its last sequence number)."""
     import nats
+    import nats.js.errors
 
     from libs.common import bus
 
     nc = await nats.connect(nats_url)
     try:
         js = nc.jetstream()
-        return {name: (await js.stream_info(name)).state.last_seq
-                for name in (bus.WORK_STREAM, bus.CHANGES_STREAM, bus.DEAD_STREAM)}
+        # Older commits also kept a stream of change hints; count it where it exists.
+        counts = {}
+        for name in (bus.WORK_STREAM, "VIDJOBS_CHANGES", bus.DEAD_STREAM):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                counts[name] = (await js.stream_info(name)).state.last_seq
+        return counts
     finally:
         await nc.close()
 

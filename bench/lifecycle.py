@@ -2,6 +2,9 @@
 
     python bench/lifecycle.py -n 500                      # starts its own embedded stack in a temp dir
     python bench/lifecycle.py -n 500 --url URL --api-key KEY   # against a stack that is already running
+    python bench/lifecycle.py -n 200 --serial             # one job at a time: create -> ready latency
+    python bench/lifecycle.py -n 1000 --rate 20           # 20 creates a second, open loop: latency under load
+    python bench/lifecycle.py -n 300 --statements         # PostgreSQL statements per job (not a timed run)
 
 Jobs use the fake provider with an instant render, so the figures measure vidjobs itself: API, queues,
 workers, database, storage. Latency is taken from the server's own timestamps (created_at to the
@@ -32,22 +35,56 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+# A fixed seed lets the fake provider encode the clip once, so its CPU does not crowd out what is measured.
+BODY = {"model": "fake/default", "prompt": "benchmark clip", "duration_s": 1, "seed": 7, "params": {"render_s": 0}}
+TERMINAL_STAGES = ("ready", "failed", "canceled", "expired")
+
+
+async def create_one(session: aiohttp.ClientSession, url: str, key: str) -> str:
+    async with session.post(f"{url}/v1/jobs", json=BODY, headers={"Authorization": f"Bearer {key}"}) as resp:
+        data = await resp.json()
+        if resp.status != 201:
+            raise RuntimeError(f"create failed with {resp.status}: {data}")
+        return data["id"]
+
+
 async def create_all(session: aiohttp.ClientSession, url: str, key: str, n: int, parallel: int) -> list[str]:
-    headers = {"Authorization": f"Bearer {key}"}
-    # A fixed seed lets the fake provider encode the clip once, so its CPU does not crowd out what is measured.
-    body = {"model": "fake/default", "prompt": "benchmark clip", "duration_s": 1, "seed": 7, "params": {"render_s": 0}}
     slots = asyncio.Semaphore(parallel)
-    ids: list[str] = []
 
-    async def one() -> None:
-        async with slots, session.post(f"{url}/v1/jobs", json=body, headers=headers) as resp:
-            data = await resp.json()
-            if resp.status != 201:
-                raise RuntimeError(f"create failed with {resp.status}: {data}")
-            ids.append(data["id"])
+    async def one() -> str:
+        async with slots:
+            return await create_one(session, url, key)
 
-    await asyncio.gather(*(one() for _ in range(n)))
-    return ids
+    return list(await asyncio.gather(*(one() for _ in range(n))))
+
+
+async def create_at_rate(session: aiohttp.ClientSession, url: str, key: str, n: int, rate: float) -> list[str]:
+    """Open loop: one create every 1/rate s whatever the stack's answers, so a slow stack meets its queue."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    tasks = []
+    for i in range(n):
+        await asyncio.sleep(max(0.0, start + i / rate - loop.time()))
+        tasks.append(asyncio.ensure_future(create_one(session, url, key)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def run_serial(session: aiohttp.ClientSession, url: str, key: str, n: int) -> dict[str, dict]:
+    """One job at a time: create it, read it every 2 ms until it is terminal, then the next."""
+    headers = {"Authorization": f"Bearer {key}"}
+    done: dict[str, dict] = {}
+    for i in range(n):
+        job_id = await create_one(session, url, key)
+        while True:
+            async with session.get(f"{url}/v1/jobs/{job_id}", headers=headers) as resp:
+                job = await resp.json()
+            if job["stage"] in TERMINAL_STAGES:
+                done[job_id] = job
+                break
+            await asyncio.sleep(0.002)
+        if i % 50 == 49:
+            print(f"  {i + 1}/{n} jobs finished", file=sys.stderr, flush=True)
+    return done
 
 
 async def wait_all(session: aiohttp.ClientSession, url: str, key: str, ids: list[str]) -> dict[str, dict]:
@@ -62,7 +99,7 @@ async def wait_all(session: aiohttp.ClientSession, url: str, key: str, ids: list
             async with session.get(f"{url}/v1/jobs", params=params, headers=headers) as resp:
                 page = await resp.json()
             for job in page["data"]:
-                if job["id"] in wanted and job["stage"] in ("ready", "failed", "canceled", "expired"):
+                if job["id"] in wanted and job["stage"] in TERMINAL_STAGES:
                     done[job["id"]] = job
             cursor = page["next_cursor"]
             if not cursor:
@@ -95,19 +132,38 @@ def report_cpu(rows: list[tuple[str, float]]) -> None:
         print(f"  {part:<14} {ms:7.1f} ms")
 
 
-async def run(url: str, key: str, n: int, parallel: int, data_dir: Path | None = None,
-              settings: Any = None) -> None:
-    from bench import cpu
+async def push(session: aiohttp.ClientSession, url: str, key: str, args: argparse.Namespace) -> dict[str, dict]:
+    if args.serial:
+        print(f"running {args.n} jobs one at a time ...", file=sys.stderr, flush=True)
+        return await run_serial(session, url, key, args.n)
+    if args.rate:
+        print(f"creating {args.n} jobs at {args.rate}/s ...", file=sys.stderr, flush=True)
+        ids = await create_at_rate(session, url, key, args.n, args.rate)
+    else:
+        print(f"creating {args.n} jobs ({args.parallel} in flight) ...", file=sys.stderr, flush=True)
+        ids = await create_all(session, url, key, args.n, args.parallel)
+    return await wait_all(session, url, key, ids)
 
+
+async def run(url: str, key: str, args: argparse.Namespace, data_dir: Path | None = None,
+              settings: Any = None) -> None:
+    from bench import cpu, statements
+
+    pg_log = data_dir / "postgres" / "log" if data_dir else None
     async with aiohttp.ClientSession() as session:
         started = time.monotonic()
         before = cpu.snapshot(data_dir) if data_dir else None
         counts = (await cpu.database_counts(settings.database_url), await cpu.message_counts(settings.nats_url)) \
             if settings else None
-        print(f"creating {n} jobs ({parallel} in flight) ...", file=sys.stderr, flush=True)
-        ids = await create_all(session, url, key, n, parallel)
-        jobs = await wait_all(session, url, key, ids)
+        if args.statements and settings and pg_log:
+            await statements.start_logging(settings.database_url)
+            log_offset = pg_log.stat().st_size
+        jobs = await push(session, url, key, args)
         report(jobs, time.monotonic() - started)
+        if args.statements and settings and pg_log:
+            await asyncio.sleep(1.0)  # let the relays and sweeps that follow the last job show up too
+            await statements.stop_logging(settings.database_url)
+            statements.report(statements.count(pg_log, log_offset), len(jobs))
         if before is not None and data_dir is not None:
             report_cpu(cpu.per_job(before, cpu.snapshot(data_dir), len(jobs)))
         if counts is not None:
@@ -166,16 +222,20 @@ async def main() -> None:
     parser.add_argument("--parallel", type=int, default=32, help="creates in flight at once")
     parser.add_argument("--url", help="gateway of a running stack")
     parser.add_argument("--api-key", help="API key for --url")
+    parser.add_argument("--serial", action="store_true", help="one job at a time (create -> ready latency)")
+    parser.add_argument("--rate", type=float, help="creates per second, open loop, instead of --parallel")
+    parser.add_argument("--statements", action="store_true",
+                        help="count PostgreSQL statements per job from its log (own stack only; not a timed run)")
     args = parser.parse_args()
     if args.url:
         if not args.api_key:
             parser.error("--url needs --api-key")
-        await run(args.url, args.api_key, args.n, args.parallel)
+        await run(args.url, args.api_key, args)
         return
     with tempfile.TemporaryDirectory(prefix="vidjobs-bench-") as tmp:
         print("starting an embedded stack ...", file=sys.stderr, flush=True)
         async with own_stack(Path(tmp)) as (url, key, settings):
-            await run(url, key, args.n, args.parallel, data_dir=Path(tmp), settings=settings)
+            await run(url, key, args, data_dir=Path(tmp), settings=settings)
 
 
 if __name__ == "__main__":

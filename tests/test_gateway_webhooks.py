@@ -147,7 +147,7 @@ async def test_a_stored_delivery_is_announced_on_the_inbox_subject(h, nats_url, 
     try:
         psub = await nc.jetstream().pull_subscribe(events.INBOX, durable="test-inbox", stream=bus.WORK_STREAM)
         [msg] = await psub.fetch(1, timeout=10)
-        assert events.decode(msg.data) == InboxReceived(inbox_id=inbox_id, provider="fake")
+        assert events.decode(msg.subject, msg.data) == InboxReceived(inbox_id=inbox_id, provider="fake")
         assert msg.headers["Nats-Msg-Id"].startswith("outbox-")
         await msg.ack()
     finally:

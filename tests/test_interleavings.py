@@ -622,7 +622,7 @@ async def stop_requests(world: World, job_id: str) -> list[CancelRequested]:
         await sub.unsubscribe()  # a live pull subscription would hold up the connection's drain at teardown
     found = []
     for msg in msgs:
-        event = events.decode(msg.data)
+        event = events.decode(msg.subject, msg.data)
         await msg.ack()
         if isinstance(event, CancelRequested) and event.job_id == job_id:
             found.append(event)

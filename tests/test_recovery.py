@@ -179,7 +179,7 @@ async def test_a_retrying_job_goes_back_to_the_queue_when_its_backoff_ends(ctx, 
     assert after.status is JobStatus.PENDING and after.attempt == 2
     # On the submit subject: the job wants a slot again. Nothing waited when its render's slot came free,
     # so that sent no wake-up.
-    sent = [events.decode(bytes(r["payload"])) for r in await pool.fetch(
+    sent = [events.decode(events.SUBMIT, bytes(r["payload"])) for r in await pool.fetch(
         "SELECT payload FROM outbox WHERE subject = 'vidjobs.work.submit' ORDER BY id")]
     assert sent == [JobQueued(job_id=job.id)]
 

@@ -32,7 +32,9 @@ async def test_create_writes_audit_and_outbox(pool):
     audit = await pool.fetch("SELECT from_status, to_status FROM job_transitions WHERE job_id = $1", job.id)
     assert [(r["from_status"], r["to_status"]) for r in audit] == [(None, "pending")]
     subjects = sorted(r["subject"] for r in await pool.fetch("SELECT subject FROM outbox"))
-    assert subjects == sorted(["vidjobs.work.submit", "vidjobs.work.recovery", f"vidjobs.changed.{job.id}"])
+    # No change hint: nothing can listen for a job whose id has not been answered yet (and hints are core NATS
+    # messages sent after commit, never outbox rows).
+    assert subjects == sorted(["vidjobs.work.submit", "vidjobs.work.recovery"])
 
 
 async def test_legal_move_is_applied_once(pool):
@@ -113,3 +115,18 @@ async def test_cancel_and_delete_give_the_reservation_back(pool):
         assert await jobs.mark_deleted(conn, deleted.id, deleted.account_id)
         assert not await jobs.mark_deleted(conn, deleted.id, deleted.account_id)
     assert await _credits(pool) == (100, 0)
+
+
+def test_every_legal_move_declares_its_follow_ups():
+    from libs.common.states import FOLLOW_UPS, LEGAL, FollowUp
+
+    F = FollowUp
+    assert set(FOLLOW_UPS) == {(src, to) for src, targets in LEGAL.items() for to in targets}
+    # A render slot comes free when the job leaves the provider, however it leaves.
+    assert FOLLOW_UPS[JobStatus.PROCESSING, JobStatus.DOWNLOADING] == {F.FREE_SLOT}
+    assert FOLLOW_UPS[JobStatus.SUBMITTED, JobStatus.CANCELED] == {F.FREE_SLOT, F.SETTLE_CREDIT, F.ROUTE_OUTCOME}
+    assert FOLLOW_UPS[JobStatus.SUBMITTED, JobStatus.PROCESSING] == frozenset()
+    # Ending settles the bill once; expiry comes after completion, which already did.
+    assert FOLLOW_UPS[JobStatus.DOWNLOADING, JobStatus.COMPLETED] == {F.SETTLE_CREDIT, F.ROUTE_OUTCOME}
+    assert FOLLOW_UPS[JobStatus.COMPLETED, JobStatus.EXPIRED] == frozenset()
+    assert FOLLOW_UPS[JobStatus.PENDING, JobStatus.RETRYING] == frozenset()

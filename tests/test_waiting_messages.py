@@ -50,8 +50,8 @@ async def test_waiting_jobs_hold_one_message_each(tmp_path, database_url, nats_u
 
 
 async def _slot_wakeups(pool) -> int:
-    rows = await pool.fetch("SELECT payload FROM outbox")
-    return sum(isinstance(events.decode(bytes(r["payload"])), SlotFreed) for r in rows)
+    rows = await pool.fetch("SELECT payload FROM outbox WHERE subject = $1", events.SUBMIT)
+    return sum(isinstance(events.decode(events.SUBMIT, bytes(r["payload"])), SlotFreed) for r in rows)
 
 
 async def test_a_freed_slot_wakes_the_queue_only_when_a_job_waits_for_it(pool):

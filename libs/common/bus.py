@@ -12,7 +12,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import nats
@@ -27,16 +27,18 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from libs.common import events, faults, metrics
 from libs.common.errors import GiveUp, Redeliver
-from libs.common.events import Event
+from libs.common.events import Event, WorkEvent
 
 log = logging.getLogger("vidjobs.bus")
 
 WORK_STREAM = "VIDJOBS_WORK"
-CHANGES_STREAM = "VIDJOBS_CHANGES"
+# Earlier versions stored job change hints in this stream; they are core NATS messages now (`changes`), and a
+# stream left capturing their subjects would still write each one to disk.
+OBSOLETE_STREAMS = ("VIDJOBS_CHANGES",)
 DEAD_STREAM = "VIDJOBS_DEAD"
 DEAD_PREFIX = "vidjobs.dead"
 
@@ -45,11 +47,6 @@ _STREAMS = [
     StreamConfig(
         name=WORK_STREAM, subjects=["vidjobs.work.>"], retention=RetentionPolicy.WORK_QUEUE,
         storage=StorageType.FILE, duplicate_window=120.0, discard=DiscardPolicy.OLD,
-    ),
-    # Change notifications for progress displays: short-lived, fanned out, never the source of truth.
-    StreamConfig(
-        name=CHANGES_STREAM, subjects=[f"{events.CHANGED_PREFIX}.>"], retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE, max_age=600.0, max_msgs_per_subject=16, duplicate_window=120.0,
     ),
     # Messages that could not be handled within their delivery budget, kept for a person to inspect.
     StreamConfig(
@@ -79,6 +76,9 @@ async def ensure_streams(js: JetStreamContext, *, replicas: int = 1) -> None:
             await js.add_stream(config)
         except BadRequestError:
             await js.update_stream(config)
+    for name in OBSOLETE_STREAMS:
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(name)
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,16 @@ class Delivery:
     subject: str
 
 
-Handler = Callable[[Event, Delivery], Awaitable[None]]
+E = TypeVar("E", bound=WorkEvent)
+# A handler takes the events of its own subject (events.SUBJECT_EVENTS), already decoded.
+Handler = Callable[[E, Delivery], Awaitable[None]]
 
 
 @dataclass(frozen=True)
-class ConsumerSpec:
+class ConsumerSpec(Generic[E]):
     durable: str
     subject: str
-    handler: Handler
+    handler: Handler[E]
     concurrency: int = 8
     ack_wait_s: float = 30.0
     # Handlings that failed or killed their process before the message is dead-lettered. Deferrals
@@ -107,6 +109,10 @@ class ConsumerSpec:
     max_deliver: int = 20
     max_ack_pending: int | None = None
     on_dead: Callable[[Event], Awaitable[None]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.subject not in events.SUBJECT_EVENTS:
+            raise ValueError(f"{self.subject} is not a work subject; see events.SUBJECT_EVENTS")
 
 
 # Headers of a deferred message's copy. A deferral acks the message and publishes a copy that carries the
@@ -233,8 +239,8 @@ async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
         await msg.nak(delay=tries.not_before - time.time())  # a deferred copy, early: hold it back
         return
     try:
-        event = events.decode(msg.data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        event = events.decode(msg.subject, msg.data)
+    except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
         log.error("poison message: cannot decode", extra={"consumer": spec.durable, "error": str(exc)})
         await _dead_letter(js, spec, msg, None, f"undecodable: {exc}")
         return
@@ -353,8 +359,8 @@ async def _on_max_deliveries(js: JetStreamContext, spec: ConsumerSpec, advisory:
         seq = int(msgspec.json.decode(advisory.data)["stream_seq"])
         raw = await js.get_msg(WORK_STREAM, seq)
         try:
-            event: Event | None = events.decode(raw.data or b"")
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            event: Event | None = events.decode(raw.subject or spec.subject, raw.data or b"")
+        except (msgspec.DecodeError, msgspec.ValidationError, KeyError):
             event = None
         await _bury(js, spec, raw.data or b"", raw.subject or spec.subject, seq, event,
                     "JetStream's delivery limit was reached")

@@ -74,7 +74,7 @@ class JobChanged(msgspec.Struct, tag="job.changed"):
 
 
 # Subjects. Work subjects are captured by the work stream and consumed by exactly one durable consumer
-# each; change notifications are fanned out to whoever listens.
+# each; change hints are core NATS messages to whoever listens (`changes`).
 SUBMIT = "vidjobs.work.submit"
 INBOX = "vidjobs.work.inbox"
 POLL = "vidjobs.work.poll"
@@ -84,6 +84,19 @@ RECOVERY = "vidjobs.work.recovery"
 CANCEL = "vidjobs.work.cancel"
 CHANGED_PREFIX = "vidjobs.changed"
 
+# What each work subject carries: its consumer decodes these and nothing else, so an event on the wrong
+# subject is a poison message at the door rather than an `assert` in a handler.
+SubmitEvent = JobQueued | SlotFreed
+SUBJECT_EVENTS: dict[str, type] = {
+    SUBMIT: SubmitEvent,
+    INBOX: InboxReceived,
+    POLL: PollRequested,
+    DOWNLOAD: DownloadRequested,
+    ASSETS_DELETE: AssetsDeleteRequested,
+    RECOVERY: RecoveryDue,
+    CANCEL: CancelRequested,
+}
+
 WorkEvent = (
     JobQueued | SlotFreed | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
     | CancelRequested
@@ -91,14 +104,7 @@ WorkEvent = (
 Event = WorkEvent | JobChanged
 
 SUBJECT_OF: dict[type, str] = {
-    JobQueued: SUBMIT,
-    SlotFreed: SUBMIT,
-    InboxReceived: INBOX,
-    PollRequested: POLL,
-    DownloadRequested: DOWNLOAD,
-    AssetsDeleteRequested: ASSETS_DELETE,
-    RecoveryDue: RECOVERY,
-    CancelRequested: CANCEL,
+    kind: subject for subject, union in SUBJECT_EVENTS.items() for kind in getattr(union, "__args__", (union,))
 }
 
 
@@ -109,13 +115,20 @@ def subject_for(event: Event) -> str:
 
 
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(Event)
+_decoders = {subject: msgspec.json.Decoder(kind) for subject, kind in SUBJECT_EVENTS.items()}
+_change_decoder = msgspec.json.Decoder(JobChanged)
 
 
 def encode(event: Event) -> bytes:
     return _encoder.encode(event)
 
 
-def decode(data: bytes) -> Event:
-    """Raises msgspec.DecodeError / ValidationError for a malformed message (a poison message)."""
-    return _decoder.decode(data)
+def decode(subject: str, data: bytes) -> WorkEvent:
+    """The event on work subject `subject`. Raises msgspec.DecodeError / ValidationError for a malformed
+    message or one of a type that does not belong on the subject (a poison message), KeyError for a subject
+    that is not a work subject."""
+    return _decoders[subject].decode(data)
+
+
+def decode_change(data: bytes) -> JobChanged:
+    return _change_decoder.decode(data)

@@ -8,12 +8,11 @@ from typing import Any, NamedTuple
 import asyncpg
 import msgspec
 
-from libs.common import credits, ids, outbox
+from libs.common import changes, credits, ids, outbox
 from libs.common.errors import JobError, QueueFull
 from libs.common.events import (
     AssetsDeleteRequested,
     CancelRequested,
-    JobChanged,
     JobQueued,
     RecoveryDue,
     SlotFreed,
@@ -155,11 +154,8 @@ async def enqueue(
         "INSERT INTO job_transitions (job_id, from_status, to_status, reason) VALUES ($1, NULL, $2, $3)",
         job_id, JobStatus.PENDING.value, "created",
     )
-    await outbox.add(conn, [
-        JobQueued(job_id=job_id),
-        RecoveryDue(job_id=job_id, due_at=job.recover_at),
-        JobChanged(job_id=job_id, status=job.status.value, at=job.updated_at),
-    ])
+    # No change hint: nothing can be listening for a job whose id has not been answered yet.
+    await outbox.add(conn, [JobQueued(job_id=job_id), RecoveryDue(job_id=job_id, due_at=job.recover_at)])
     return Created(job, ahead)
 
 
@@ -232,8 +228,8 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
         *stop_at_provider(job),
         *(await slot_wakeup(conn, job.provider) if job.status in RENDERING else []),
         AssetsDeleteRequested(job_id=job_id),
-        JobChanged(job_id=job_id, status="deleted", at=row["updated_at"]),
     ])
+    changes.note(job_id, "deleted", row["updated_at"])
     return True
 
 
@@ -252,7 +248,7 @@ async def set_wait_reason(conn: asyncpg.Connection, job_id: str, reason: str) ->
         job_id, reason,
     )
     if row is not None and row["changed"]:
-        await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.PENDING.value, at=row["updated_at"])])
+        changes.note(job_id, JobStatus.PENDING.value, row["updated_at"])
 
 
 def message_alive(job: JobRow, now: datetime) -> bool:
@@ -272,7 +268,7 @@ async def record_queue_position(conn: asyncpg.Connection, job_id: str, position:
         job_id, position,
     )
     if at is not None:
-        await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.SUBMITTED.value, at=at)])
+        changes.note(job_id, JobStatus.SUBMITTED.value, at)
 
 
 async def record_progress(conn: asyncpg.Connection, job_id: str, progress: float) -> bool:
@@ -288,7 +284,7 @@ async def record_progress(conn: asyncpg.Connection, job_id: str, progress: float
     )
     if row is None:
         return False
-    await outbox.add(conn, [JobChanged(job_id=job_id, status=JobStatus.PROCESSING.value, at=row["updated_at"])])
+    changes.note(job_id, JobStatus.PROCESSING.value, row["updated_at"])
     return True
 
 

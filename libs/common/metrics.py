@@ -6,6 +6,7 @@ from prometheus_client import Counter, Histogram
 
 OUTBOX_PUBLISHED = Counter("vidjobs_outbox_published_total", "Outbox events published to JetStream")
 OUTBOX_FAILURES = Counter("vidjobs_outbox_failures_total", "Outbox relay passes that failed and were retried")
+CHANGE_HINTS_LOST = Counter("vidjobs_change_hints_lost_total", "Job change hints that could not be sent to NATS")
 
 MESSAGES = Counter(
     "vidjobs_messages_total", "Work messages handled, by consumer and outcome", ["consumer", "outcome"]

@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from libs.common import bus, db, faults, logs
+from libs.common import bus, changes, db, faults, logs
 from libs.common.errors import ConfigError, ErrorCode, JobError
 from libs.common.events import Event
 from libs.common.outbox import Relay
@@ -87,8 +87,9 @@ class Runtime:
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[asyncpg.Connection]:
-        """A transaction whose outbox rows are published as soon as it commits."""
-        async with self.pool.acquire() as conn:
+        """A transaction whose outbox rows are published, and its job change hints sent, as soon as it
+        commits."""
+        async with changes.after_commit(), self.pool.acquire() as conn:
             async with conn.transaction():
                 yield conn
         self.relay.poke()
@@ -118,6 +119,7 @@ async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) ->
     nc, js = await bus.connect(settings.nats_url, name=f"vidjobs-{name}")
     try:
         await bus.ensure_streams(js, replicas=settings.stream_replicas)
+        changes.install(nc)
         rt = Runtime(name=name, settings=settings, pool=pool, nc=nc, js=js, relay=Relay(pool, js))
         rt.watch(rt.relay.run(rt.stop), "outbox-relay")
         try:
@@ -126,6 +128,7 @@ async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) ->
             rt.stop.set()
             await asyncio.wait(rt.tasks, timeout=5)
     finally:
+        changes.uninstall(nc)
         with contextlib.suppress(Exception):
             await nc.drain()
         await pool.close()

@@ -48,6 +48,36 @@ LEGAL: dict[JobStatus, frozenset[JobStatus]] = {
     S.EXPIRED: frozenset(),
 }
 
+# The endings that settle a job's credit (expiry comes after completion, which already did).
+BILLED_ENDINGS: frozenset[JobStatus] = frozenset({S.COMPLETED, S.FAILED, S.CANCELED})
+
+
+class FollowUp(enum.StrEnum):
+    """What a move does beyond the row, in the same transaction (`transitions` carries each out). Every move
+    also appends its audit row and, once committed, sends a change hint; these are the ones that depend on
+    the move."""
+
+    SETTLE_CREDIT = "settle_credit"  # release the reservation, charge what the job owes, write the ledger
+    FREE_SLOT = "free_slot"  # it left the provider: wake the next job waiting for that render slot
+    ROUTE_OUTCOME = "route_outcome"  # it ended: count the outcome and duration on its route's metrics
+
+
+def _follow_ups(src: JobStatus, to: JobStatus) -> frozenset[FollowUp]:
+    out = set()
+    if to in BILLED_ENDINGS and src not in TERMINAL:
+        out.add(FollowUp.SETTLE_CREDIT)
+    if src in RENDERING and to not in RENDERING:
+        out.add(FollowUp.FREE_SLOT)
+    if to in TERMINAL and src not in TERMINAL:
+        out.add(FollowUp.ROUTE_OUTCOME)
+    return frozenset(out)
+
+
+# (from, to) -> what that move also does, for every legal move.
+FOLLOW_UPS: dict[tuple[JobStatus, JobStatus], frozenset[FollowUp]] = {
+    (src, to): _follow_ups(src, to) for src, targets in LEGAL.items() for to in targets
+}
+
 STAGE_OF: dict[JobStatus, Stage] = {
     S.PENDING: Stage.QUEUED,
     S.RETRYING: Stage.QUEUED,

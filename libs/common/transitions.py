@@ -16,11 +16,11 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from libs.common import metrics, outbox
+from libs.common import changes, metrics, outbox
 from libs.common.errors import JobError
-from libs.common.events import Event, JobChanged
+from libs.common.events import Event
 from libs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credit, slot_wakeup
-from libs.common.states import RENDERING, TERMINAL, JobStatus, sources_of
+from libs.common.states import BILLED_ENDINGS, FOLLOW_UPS, TERMINAL, FollowUp, JobStatus, sources_of
 
 log = logging.getLogger("vidjobs.transitions")
 
@@ -89,8 +89,6 @@ def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
     return " ".join(clauses), values
 
 
-# The endings that settle a job's credit (expiry comes after completion, which already did).
-BILLED_ENDINGS = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELED})
 # `status` is the row's status before this move: a render the provider finished is owed when the owner cancels.
 _ACTUAL_SQL = "actual_credits = " + owed_sql("$3::job_status = 'completed'",
                                              "prev.status = 'downloading' AND $3::job_status = 'canceled'")
@@ -126,6 +124,17 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
     return sql, values
 
 
+async def _in_transaction(conn: asyncpg.Connection, job: JobRow, from_status: JobStatus, to: JobStatus,
+                          follow_ups: frozenset[FollowUp]) -> list[Event]:
+    """The move's follow-ups that write (states.FOLLOW_UPS); returns the events they send."""
+    if FollowUp.SETTLE_CREDIT in follow_ups:
+        await settle_credit(conn, job, to.value,
+                            rendered=from_status is JobStatus.DOWNLOADING and to is JobStatus.CANCELED)
+    if FollowUp.FREE_SLOT in follow_ups:
+        return list(await slot_wakeup(conn, job.provider))
+    return []
+
+
 async def transition(
     conn: asyncpg.Connection,
     job_id: str,
@@ -141,7 +150,7 @@ async def transition(
     `guard` still holds."""
     sources = allowed_sources(to, expect)
     sql, values = _update_sql(update.columns() if update else {}, to, guard)
-    async with conn.transaction():
+    async with changes.after_commit(), conn.transaction():
         row = await conn.fetchrow(sql, job_id, sources, to.value, *values)
         if row is None:
             log.info("transition skipped: job not in an expected status",
@@ -153,13 +162,12 @@ async def transition(
             job_id, from_status.value, to.value, reason,
         )
         job = row_to_job(row)
-        if to in BILLED_ENDINGS and from_status not in TERMINAL:
-            await settle_credit(conn, job, to.value,
-                                rendered=from_status is JobStatus.DOWNLOADING and to is JobStatus.CANCELED)
-        freed = (await slot_wakeup(conn, job.provider)) if from_status in RENDERING and to not in RENDERING else []
-        await outbox.add(conn, [JobChanged(job_id=job_id, status=to.value, at=job.updated_at), *freed, *emit])
+        follow_ups = FOLLOW_UPS[from_status, to]
+        freed = await _in_transaction(conn, job, from_status, to, follow_ups)
+        await outbox.add(conn, [*freed, *emit])
+        changes.note(job_id, to.value, job.updated_at)
     metrics.TRANSITIONS.labels(to.value).inc()
-    if job.route is not None and to in TERMINAL and from_status not in TERMINAL:
+    if FollowUp.ROUTE_OUTCOME in follow_ups and job.route is not None:
         metrics.ROUTE_JOBS.labels(job.route, job.model, to.value).inc()
         metrics.ROUTE_SECONDS.labels(job.route, job.model).observe((job.updated_at - job.created_at).total_seconds())
     log.info("job transitioned",

@@ -92,8 +92,7 @@ async def serve(media: Media) -> None:
         tg.create_task(orphans.run(media.rt, media.storage), name="orphan-sweep")
 
 
-async def on_download(media: Media, event: events.Event, delivery: Delivery) -> None:
-    assert isinstance(event, DownloadRequested)
+async def on_download(media: Media, event: DownloadRequested, delivery: Delivery) -> None:
     job = await jobs.fetch(media.rt.pool, event.job_id)
     if job is None or job.finished or job.status is not JobStatus.DOWNLOADING:
         log.info("nothing to download", extra={"job_id": event.job_id, "status": job and job.status.value})
@@ -214,8 +213,7 @@ async def _discard_if_orphaned(media: Media, job: JobRow) -> None:
 EXPIRING_KINDS = ("video", "preview")
 
 
-async def on_assets_delete(media: Media, event: events.Event, delivery: Delivery) -> None:
-    assert isinstance(event, AssetsDeleteRequested)
+async def on_assets_delete(media: Media, event: AssetsDeleteRequested, delivery: Delivery) -> None:
     job = await jobs.fetch(media.rt.pool, event.job_id)
     if job is None:
         return  # the row is gone, and its asset rows with it (ON DELETE CASCADE)

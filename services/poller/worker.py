@@ -50,8 +50,7 @@ async def main(rt: Runtime) -> None:
             tg.create_task(run_schedule(ctx), name="poll-scheduler")
 
 
-async def on_inbox(ctx: Context, event: events.Event, delivery: Delivery) -> None:
-    assert isinstance(event, InboxReceived)
+async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> None:
     row = await ctx.rt.pool.fetchrow(
         "SELECT provider, payload, extract(epoch FROM now() - received_at) AS age_s FROM webhook_inbox WHERE id = $1",
         event.inbox_id)
@@ -88,8 +87,7 @@ async def _job_for(ctx: Context, provider: str, sig: ProviderSignal) -> JobRow |
     return None if job_id is None else await jobs.fetch(ctx.rt.pool, job_id)
 
 
-async def on_poll(ctx: Context, event: events.Event, delivery: Delivery) -> None:
-    assert isinstance(event, PollRequested)
+async def on_poll(ctx: Context, event: PollRequested, delivery: Delivery) -> None:
     if event.reason == "submitted":
         async with ctx.rt.pool.acquire() as conn:
             await schedule.add(conn, event.job_id)
@@ -97,10 +95,9 @@ async def on_poll(ctx: Context, event: events.Event, delivery: Delivery) -> None
     await poll_once(ctx, event.job_id, source=f"poll ({event.reason or 'requested'})")
 
 
-async def on_cancel(ctx: Context, event: events.Event, delivery: Delivery) -> None:
+async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) -> None:
     """Ask the provider to stop a render we no longer want. Best effort: a provider that cannot cancel
     finishes the render, and its late signals find a finished job."""
-    assert isinstance(event, CancelRequested)
     try:
         await adapter_for(ctx.adapters, event.provider).cancel(event.provider_job_id)
     except ProviderError as err:

@@ -41,8 +41,7 @@ class Context:
     owner: str = OWNER  # who holds the leases this reaper takes
 
 
-async def on_recovery_due(ctx: Context, event: events.Event, delivery: Delivery) -> None:
-    assert isinstance(event, RecoveryDue)
+async def on_recovery_due(ctx: Context, event: RecoveryDue, delivery: Delivery) -> None:
     job = await jobs.fetch(ctx.rt.pool, event.job_id)
     if job is None or job.finished or job.recover_at is None:
         return

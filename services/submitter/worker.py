@@ -91,12 +91,12 @@ async def input_image_url(ctx: Context, job: JobRow) -> str | None:
     return url
 
 
-async def handle(ctx: Context, event: events.Event, delivery: Delivery) -> None:
-    if isinstance(event, SlotFreed):
-        await _fill_freed_slot(ctx, event.provider)
-        return
-    assert isinstance(event, JobQueued)
-    await _serve(ctx, await jobs.fetch(ctx.rt.pool, event.job_id))
+async def handle(ctx: Context, event: events.SubmitEvent, delivery: Delivery) -> None:
+    match event:
+        case SlotFreed(provider=provider):
+            await _fill_freed_slot(ctx, provider)
+        case JobQueued(job_id=job_id):
+            await _serve(ctx, await jobs.fetch(ctx.rt.pool, job_id))
 
 
 async def _fill_freed_slot(ctx: Context, provider: str) -> None:

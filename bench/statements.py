@@ -1,0 +1,68 @@
+"""Statements per job, counted from PostgreSQL's own log: pgserver's build has no pg_stat_statements, so the
+benchmark turns on `log_statement = 'all'` for the run, reads the log it wrote, and groups the statements
+by their text with literals and whitespace folded.
+
+Logging every statement costs the server CPU, so a run that counts statements is not a run to time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import asyncpg
+
+_LINE = re.compile(r"LOG:\s+(?:statement|execute [^:]*): (.*)")
+_SPACE = re.compile(r"\s+")
+_NUMBER = re.compile(r"\b\d+\b")
+
+
+async def start_logging(database_url: str) -> None:
+    await _set(database_url, "'all'")
+
+
+async def stop_logging(database_url: str) -> None:
+    await _set(database_url, "'none'")
+
+
+async def _set(database_url: str, value: str) -> None:
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(f"ALTER SYSTEM SET log_statement = {value}")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+
+
+def shape(sql: str) -> str:
+    return _NUMBER.sub("N", _SPACE.sub(" ", sql).strip())[:110]
+
+
+def count(log_path: Path, offset: int) -> Counter[str]:
+    """Statements logged after byte `offset`; a statement's continuation lines are folded into it."""
+    counts: Counter[str] = Counter()
+    current: list[str] | None = None
+    with log_path.open(errors="replace") as f:
+        f.seek(offset)
+        for line in f:
+            match = _LINE.search(line)
+            if match:
+                if current is not None:
+                    counts[shape(" ".join(current))] += 1
+                current = [match.group(1)]
+            elif current is not None and line.startswith("\t"):
+                current.append(line)
+            elif current is not None:
+                counts[shape(" ".join(current))] += 1
+                current = None
+    if current is not None:
+        counts[shape(" ".join(current))] += 1
+    return counts
+
+
+def report(counts: Counter[str], jobs: int, top: int = 40) -> None:
+    total = sum(counts.values())
+    print(f"statements per job: {total / jobs:.1f} ({total} for {jobs} jobs); the most frequent:")
+    for sql, n in counts.most_common(top):
+        print(f"  {n / jobs:6.2f}  {sql}")
