@@ -13,23 +13,25 @@ from pathlib import Path
 
 import asyncpg
 
-_LINE = re.compile(r"LOG:\s+(?:statement|execute [^:]*): (.*)")
+_LINE = re.compile(r"(?:<([^>]*)> )?LOG:\s+(?:statement|execute [^:]*): (.*)")
 _SPACE = re.compile(r"\s+")
 _NUMBER = re.compile(r"\b\d+\b")
 
 
 async def start_logging(database_url: str) -> None:
-    await _set(database_url, "'all'")
+    # The session's application_name (the service: vidjobs-media, ...) goes in front of each line.
+    await _set(database_url, log_statement="'all'", log_line_prefix="'%m [%p] <%a> '")
 
 
 async def stop_logging(database_url: str) -> None:
-    await _set(database_url, "'none'")
+    await _set(database_url, log_statement="'none'", log_line_prefix="'%m [%p] '")
 
 
-async def _set(database_url: str, value: str) -> None:
+async def _set(database_url: str, **values: str) -> None:
     conn = await asyncpg.connect(database_url)
     try:
-        await conn.execute(f"ALTER SYSTEM SET log_statement = {value}")
+        for name, value in values.items():
+            await conn.execute(f"ALTER SYSTEM SET {name} = {value}")
         await conn.execute("SELECT pg_reload_conf()")
     finally:
         await conn.close()
@@ -50,7 +52,7 @@ def count(log_path: Path, offset: int) -> Counter[str]:
             if match:
                 if current is not None:
                     counts[shape(" ".join(current))] += 1
-                current = [match.group(1)]
+                current = [f"[{(match.group(1) or '?').removeprefix('vidjobs-')}]", match.group(2)]
             elif current is not None and line.startswith("\t"):
                 current.append(line)
             elif current is not None:
@@ -63,6 +65,11 @@ def count(log_path: Path, offset: int) -> Counter[str]:
 
 def report(counts: Counter[str], jobs: int, top: int = 40) -> None:
     total = sum(counts.values())
-    print(f"statements per job: {total / jobs:.1f} ({total} for {jobs} jobs); the most frequent:")
+    by_service: Counter[str] = Counter()
+    for sql, n in counts.items():
+        by_service[sql.split("]", 1)[0].lstrip("[")] += n
+    print(f"statements per job: {total / jobs:.1f} ({total} for {jobs} jobs): "
+          + ", ".join(f"{name} {n / jobs:.1f}" for name, n in by_service.most_common()))
+    print("the most frequent:")
     for sql, n in counts.most_common(top):
         print(f"  {n / jobs:6.2f}  {sql}")

@@ -98,3 +98,39 @@ async def test_only_one_replica_sweeps_at_a_time(pool: asyncpg.Pool, storage: St
         finally:
             await other.fetchval(orphans.UNLOCK)
     assert await orphans.sweep(pool, storage, grace_s=0) is not None
+
+
+class _PausedListing(FileStorage):
+    """A real file store whose listing stops until let go, so a sweep can be stopped halfway."""
+
+    def __init__(self, root: Path):
+        super().__init__(root, base_url="http://127.0.0.1:9", secret="s")
+        self.listing = asyncio.Event()
+        self.go_on = asyncio.Event()
+
+    async def list_prefix(self, prefix: str):
+        self.listing.set()
+        await self.go_on.wait()
+        async for info in super().list_prefix(prefix):
+            yield info
+
+
+async def test_a_sweep_stopped_halfway_leaves_the_lock_free(pool: asyncpg.Pool, tmp_path: Path):
+    """Pooled sessions are not reset on release (db._keep_session), so the sweep's session lock must never
+    go back to the pool held: the next sweep, on whatever connection, takes it."""
+    paused = _PausedListing(tmp_path / "objects")
+    sweeping = asyncio.create_task(orphans.sweep(pool, paused, grace_s=0))
+    await asyncio.wait_for(paused.listing.wait(), 5)
+    sweeping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sweeping
+    conns = [await pool.acquire() for _ in range(pool.get_max_size())]  # every connection, the sweep's among them
+    try:
+        held = [await c.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()")
+                for c in conns]
+    finally:
+        for c in conns:
+            await pool.release(c)
+    assert held == [0] * len(conns)
+    assert await orphans.sweep(pool, FileStorage(tmp_path / "objects", base_url="http://x", secret="s"),
+                               grace_s=0) is not None

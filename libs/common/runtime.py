@@ -115,7 +115,8 @@ async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) ->
         raise ConfigError("VIDJOBS_DATABASE_URL and VIDJOBS_NATS_URL must be set (`vidjobs up` sets both)")
     await _wait_for_database(settings.database_url)
     await db.migrate(settings.database_url)
-    pool = await db.create_pool(settings.database_url, max_size=pool_size, timeouts=db.Timeouts.of(settings))
+    pool = await db.create_pool(settings.database_url, max_size=pool_size, timeouts=db.Timeouts.of(settings),
+                                name=f"vidjobs-{name}")
     nc, js = await bus.connect(settings.nats_url, name=f"vidjobs-{name}")
     try:
         await bus.ensure_streams(js, replicas=settings.stream_replicas)

@@ -93,7 +93,13 @@ async def sweep(pool: asyncpg.Pool, storage: Storage, *, grace_s: float) -> Swee
         try:
             return await _sweep(conn, storage, grace_s)
         finally:
-            await conn.fetchval(UNLOCK)
+            try:
+                await conn.fetchval(UNLOCK)
+            except BaseException:
+                # A pooled session is not reset on release (db._keep_session): a lock that could not be
+                # released goes with its connection, or no replica would sweep again.
+                conn.terminate()
+                raise
 
 
 async def _sweep(conn: asyncpg.Connection, storage: Storage, grace_s: float) -> SweepReport:
