@@ -128,6 +128,25 @@ async def test_put_file_again_replaces_the_object(backend: Backend, tmp_path: Pa
     assert await _listed(backend.storage, PREFIX) == {PREFIX + "video.mp4": len(VIDEO)}
 
 
+async def test_a_stored_file_outlives_its_source(backend: Backend, tmp_path: Path):
+    source = tmp_path / "render.mp4"
+    source.write_bytes(VIDEO)
+    await backend.storage.put_file(PREFIX + "video.mp4", source, "video/mp4")
+    source.unlink()  # the scratch directory goes once the copy is stored
+
+    assert await backend.storage.get_bytes(PREFIX + "video.mp4") == VIDEO
+
+
+async def test_a_content_type_is_kept_whether_or_not_the_name_implies_it(backend: Backend):
+    key = PREFIX + "clip.mp4"
+    await backend.storage.put_bytes(key, b"x", "application/x-odd")
+    assert (await backend.storage.head(key)).content_type == "application/x-odd"
+    await backend.storage.put_bytes(key, b"y", "video/mp4")
+    assert (await backend.storage.head(key)).content_type == "video/mp4"
+    if isinstance(backend.storage, FileStorage):  # what the name implies is not written down beside it
+        assert not backend.storage.path_for(key).with_name("clip.mp4.content-type").exists()
+
+
 async def test_head_reports_size_content_type_and_time(backend: Backend):
     before = time.time()
     await backend.storage.put_bytes(PREFIX + "thumb.jpg", b"\xff\xd8" * 50, "image/jpeg")

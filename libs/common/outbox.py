@@ -26,9 +26,10 @@ async def add(conn: asyncpg.Connection, items: Sequence[Event]) -> None:
     """Stage events for publishing; call inside the transaction that made them true."""
     if not items:
         return
-    await conn.executemany(
-        "INSERT INTO outbox (subject, payload) VALUES ($1, $2)",
-        [(events.subject_for(e), events.encode(e)) for e in items],
+    # One statement however many events; `unnest` keeps their order, and so their ids.
+    await conn.execute(
+        "INSERT INTO outbox (subject, payload) SELECT * FROM unnest($1::text[], $2::bytea[])",
+        [events.subject_for(e) for e in items], [events.encode(e) for e in items],
     )
 
 

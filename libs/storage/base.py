@@ -31,7 +31,9 @@ class StorageUnavailable(StorageError):
 @runtime_checkable
 class Storage(Protocol):
     async def put_file(self, key: str, path: Path, content_type: str) -> ObjectInfo:
-        """Store a local file under `key`, replacing any object there (so a retry is harmless)."""
+        """Store a local file under `key`, replacing any object there (so a retry is harmless). The file must
+        be finished: it may be removed afterwards but not written again (the filesystem backend may keep it
+        under a second name rather than copy it)."""
 
     async def put_bytes(self, key: str, data: bytes, content_type: str) -> ObjectInfo: ...
 

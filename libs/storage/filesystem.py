@@ -16,6 +16,24 @@ LIST_PAGE = 1000  # objects looked at per trip to a worker thread
 UNKNOWN_TYPE = "application/octet-stream"  # what a listing says, as S3's does
 
 
+# Content types a name's suffix implies, fixed here rather than read from the machine's mime.types.
+_IMPLIED = {".mp4": "video/mp4", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png",
+            ".webp": "image/webp"}
+
+
+def _implied_type(name: str) -> str | None:
+    return _IMPLIED.get(os.path.splitext(name)[1].lower())
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A second name for the file where the filesystem allows it (the scratch file is finished and is only
+    removed after), else a copy: a render is not read and written again just to move it a directory over."""
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem, or one without hard links
+        shutil.copyfile(source, target)
+
+
 def _is_object(name: str) -> bool:
     # Beside each object lie its content type, and while it is being written, a hidden temporary file.
     return not name.endswith(".content-type") and not (name.startswith(".") and name.endswith(".tmp"))
@@ -50,14 +68,22 @@ class FileStorage:
                     out.flush()
                     os.fsync(out.fileno())
             else:
-                shutil.copyfile(source, tmp)
-                with open(tmp, "rb+") as out:
+                _link_or_copy(source, tmp)
+                with open(tmp, "rb") as out:
                     os.fsync(out.fileno())
-            self._content_type_path(path).write_text(content_type)
+            self._record_content_type(path, content_type)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
         return ObjectInfo(key=key, bytes=path.stat().st_size, content_type=content_type)
+
+    def _record_content_type(self, path: Path, content_type: str) -> None:
+        """A content type its name implies needs no file beside it (and an older one beside it must go)."""
+        side = self._content_type_path(path)
+        if content_type == _implied_type(path.name):
+            side.unlink(missing_ok=True)
+        else:
+            side.write_text(content_type)
 
     async def put_file(self, key: str, path: Path, content_type: str) -> ObjectInfo:
         return await asyncio.to_thread(self._write, key, path, content_type)
@@ -81,10 +107,11 @@ class FileStorage:
                           modified_at=stat.st_mtime)
 
     def content_type(self, key: str) -> str:
+        path = self.path_for(key)
         try:
-            return self._content_type_path(self.path_for(key)).read_text()
+            return self._content_type_path(path).read_text()
         except FileNotFoundError:
-            return "application/octet-stream"
+            return _implied_type(path.name) or UNKNOWN_TYPE
 
     async def delete(self, key: str) -> None:
         path = self.path_for(key)

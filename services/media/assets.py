@@ -19,9 +19,11 @@ class StoredAsset(msgspec.Struct, frozen=True, kw_only=True):
     duration_s: float | None = None
 
 
+# One statement for every row of a job, whatever their number.
 _UPSERT = """
     INSERT INTO assets (job_id, account_id, kind, key, content_type, bytes, sha256, width, height, duration_s)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    SELECT $1, $2, * FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[], $8::integer[],
+                                 $9::integer[], $10::float8[])
     ON CONFLICT ON CONSTRAINT assets_one_per_kind DO UPDATE SET
         key = EXCLUDED.key, content_type = EXCLUDED.content_type, bytes = EXCLUDED.bytes,
         sha256 = EXCLUDED.sha256, width = EXCLUDED.width, height = EXCLUDED.height,
@@ -31,10 +33,11 @@ _UPSERT = """
 
 async def upsert(conn: asyncpg.Connection, job_id: str, account_id: str, items: Sequence[StoredAsset]) -> None:
     """Record stored objects; storing the same kind again (a redone upload) replaces the row."""
-    await conn.executemany(_UPSERT, [
-        (job_id, account_id, a.kind, a.key, a.content_type, a.bytes, a.sha256, a.width, a.height, a.duration_s)
-        for a in items
-    ])
+    if not items:
+        return
+    await conn.execute(_UPSERT, job_id, account_id, *(list(column) for column in zip(*(
+        (a.kind, a.key, a.content_type, a.bytes, a.sha256, a.width, a.height, a.duration_s) for a in items
+    ), strict=True)))
 
 
 async def mark_deleted(
