@@ -20,15 +20,16 @@ log = logging.getLogger("vidjobs.reaper")
 OVERDUE_S = 15.0
 
 
+# Through jobs_recover_due, which holds only live jobs: finished ones have no recovery time.
+OVERDUE_SQL = """
+    SELECT id, recover_at FROM jobs
+    WHERE recover_at < clock_timestamp() - make_interval(secs => $1)
+    ORDER BY recover_at LIMIT $2
+"""
+
+
 async def republish_overdue(rt: Runtime, *, limit: int = 500) -> int:
-    rows = await rt.pool.fetch(
-        """
-        SELECT id, recover_at FROM jobs
-        WHERE recover_at < clock_timestamp() - make_interval(secs => $1)
-        ORDER BY recover_at LIMIT $2
-        """,
-        OVERDUE_S, limit,
-    )
+    rows = await rt.pool.fetch(OVERDUE_SQL, OVERDUE_S, limit)
     await asyncio.gather(*(_publish(rt.js, r["id"], r["recover_at"]) for r in rows))
     if rows:
         log.warning("republished overdue recovery checks", extra={"count": len(rows)})

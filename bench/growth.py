@@ -1,0 +1,268 @@
+"""What the hot reads and scans cost as the tables grow: 10 k, 100 k and 1 M jobs in PostgreSQL, almost all
+of them finished, the live ones the same few at every size.
+
+    python bench/growth.py [--sizes 10000,100000,1000000] [--runs 200]
+
+Each operation is run as the service runs it, on one connection, `--runs` times after a warm-up, and p50 /
+p99 are printed in milliseconds with the ratio of each size's p50 to the smallest size's. Writes are rolled
+back, so every run sees the same tables. Each operation's statements are captured as they are sent and
+EXPLAINed, and the scans of `jobs` and `provider_submissions` in their plans are named: an index scan keeps
+its cost flat as finished jobs pile up, a sequential scan does not.
+
+Uses VIDJOBS_DATABASE_URL when set (a scratch database is created and dropped there), else an embedded
+PostgreSQL from the pgserver wheel. Filling a million jobs takes a minute or two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.dispatch import drop_database, scratch_database  # noqa: E402
+from libs.common import db, jobs  # noqa: E402
+from libs.common.settings import ProviderLimits  # noqa: E402
+from services.gateway import tenant  # noqa: E402
+from services.poller import schedule  # noqa: E402
+from services.reaper import retention, sweep  # noqa: E402
+from services.submitter import dispatch, limits  # noqa: E402
+
+HEAVY = "acct_heavy"  # holds a tenth of all jobs: the account whose listing and queue are measured
+ACCOUNTS = 200
+REQUEST = {"model": "fake/default", "prompt": "growth", "duration_s": 1}
+LIVE = {"pending": 60, "submitted": 10, "processing": 20, "downloading": 10}  # the same at every size
+CLAIM_TTL_S = 45.0
+
+Operation = Callable[[asyncpg.Connection], Awaitable[Any]]
+
+
+async def grow(conn: asyncpg.Connection, have: int, want: int) -> None:
+    """Add finished jobs (and their answered submissions) until there are `want` in all. A tenth are the
+    heavy account's; their ages spread over 90 days, so some completed ones are past retention."""
+    step = 100_000
+    for start in range(have, want, step):
+        end = min(want, start + step)
+        await conn.execute(
+            """
+            INSERT INTO jobs (id, account_id, model, provider, request, status, provider_job_id, estimated_credits,
+                              actual_credits, created_at, updated_at, submitted_at)
+            SELECT 'job_g' || lpad(i::text, 9, '0'),
+                   CASE WHEN i % 10 = 0 THEN $3 ELSE 'acct_' || (i % $4) END,
+                   'fake/default', 'fake', $5::jsonb,
+                   (ARRAY['completed', 'completed', 'completed', 'failed', 'canceled', 'expired']
+                   )[1 + i % 6]::job_status,
+                   'render_g' || i, 10, 10, t, t + interval '40 seconds', t + interval '1 second'
+            FROM generate_series($1 + 1, $2) i,
+                 LATERAL (SELECT now() - make_interval(secs => (i * 7919) % 7776000) AS t) a
+            """,
+            start, end, HEAVY, ACCOUNTS, REQUEST,
+        )
+        await conn.execute(
+            """
+            INSERT INTO provider_submissions (job_id, attempt, provider, idempotency_key, provider_job_id,
+                                              claimed_at, answered_at)
+            SELECT 'job_g' || lpad(i::text, 9, '0'), 1, 'fake', 'job_g' || i || '-a1', 'render_g' || i,
+                   now() - interval '1 day', now() - interval '1 day'
+            FROM generate_series($1 + 1, $2) i
+            """,
+            start, end,
+        )
+        print(f"  {end:,} finished jobs", file=sys.stderr, flush=True)
+    await conn.execute("ANALYZE")
+
+
+async def live_jobs(conn: asyncpg.Connection) -> None:
+    """The jobs still going, the same at every size: some waiting (a third of them the heavy account's),
+    some at the provider (on the poll schedule), some downloading, each with a recovery time."""
+    n = 0
+    for status, count in LIVE.items():
+        await conn.execute(
+            """
+            INSERT INTO jobs (id, account_id, model, provider, request, status, provider_job_id,
+                              estimated_credits, recover_at, created_at, updated_at)
+            SELECT 'job_l' || lpad(($1 + i)::text, 6, '0'), CASE WHEN i % 3 = 0 THEN $4 ELSE 'acct_' || i END,
+                   'fake/default', 'fake', $5::jsonb, $3::job_status,
+                   CASE WHEN $3 = 'pending' THEN NULL ELSE 'render_l' || ($1 + i) END, 10,
+                   now() + interval '30 seconds', now() - make_interval(secs => 60 - i), now()
+            FROM generate_series(1, $2) i
+            """,
+            n, count, status, HEAVY, REQUEST,
+        )
+        n += count
+    await conn.execute(
+        "INSERT INTO poll_schedule (job_id, next_poll_at) SELECT id, now() + interval '1 second' FROM jobs "
+        "WHERE status IN ('submitted', 'processing')")
+
+
+async def setup(conn: asyncpg.Connection) -> None:
+    await conn.execute("INSERT INTO accounts (id, name, concurrent_jobs) VALUES ($1, 'heavy', 100)", HEAVY)
+    await conn.execute("INSERT INTO accounts (id, name, concurrent_jobs) SELECT 'acct_' || i, 'account ' || i, 100 "
+                       "FROM generate_series(0, $1) i", ACCOUNTS)
+    await live_jobs(conn)
+
+
+def rolled_back(op: Operation) -> Operation:
+    async def run(conn: asyncpg.Connection) -> Any:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            return await op(conn)
+        finally:
+            await tx.rollback()
+    return run
+
+
+async def operations(conn: asyncpg.Connection) -> dict[str, Operation]:
+    finished = await conn.fetchval("SELECT id FROM jobs WHERE account_id = $1 AND status = 'completed' "
+                                   "ORDER BY created_at LIMIT 1 OFFSET 5", HEAVY)
+    waiting = await jobs.fetch(conn, await conn.fetchval(
+        "SELECT id FROM jobs WHERE account_id = $1 AND status = 'pending' ORDER BY created_at DESC LIMIT 1", HEAVY))
+    assert waiting is not None
+    middle = await conn.fetchrow("SELECT created_at, id FROM jobs WHERE account_id = $1 ORDER BY created_at DESC "
+                                 "OFFSET (SELECT count(*) / 2 FROM jobs WHERE account_id = $1) LIMIT 1", HEAVY)
+    unlimited = ProviderLimits(concurrency=10_000, rate_per_s=1e9, burst=10**9)
+
+    async def decide(c: asyncpg.Connection) -> Any:
+        await limits.lock_provider(c, "fake")
+        return await dispatch.choose(c, waiting, unlimited, CLAIM_TTL_S)
+
+    return {
+        "job GET (finished)": lambda c: c.fetchrow(tenant._ONE_JOB, finished, HEAVY),
+        "job GET (waiting, with its place)": lambda c: c.fetchrow(tenant._ONE_JOB, waiting.id, HEAVY),
+        "list page (newest 20)": lambda c: c.fetch(tenant._JOB_PAGE, HEAVY, None, None, None, 20),
+        "list page (halfway down)": lambda c: c.fetch(tenant._JOB_PAGE, HEAVY, None, middle["created_at"],
+                                                      middle["id"], 20),
+        "queue count at create": lambda c: jobs.waiting(c, HEAVY),
+        "due-poll scan": rolled_back(lambda c: schedule.take_due(c, 100)),
+        "recovery sweep": lambda c: c.fetch(sweep.OVERDUE_SQL, sweep.OVERDUE_S, 500),
+        "retention sweep": rolled_back(lambda c: c.fetch(retention._DUE, 30 * 86400.0, retention.BATCH)),
+        "slot decision": rolled_back(decide),
+    }
+
+
+async def timed(conn: asyncpg.Connection, op: Operation, runs: int) -> list[float]:
+    await op(conn)
+    took = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        await op(conn)
+        took.append((time.perf_counter() - t0) * 1000)
+    return took
+
+
+_EXPLAINABLE = ("SELECT", "WITH", "UPDATE", "INSERT", "DELETE")
+_WATCHED = {"jobs", "provider_submissions", "poll_schedule"}
+
+
+async def plan_of(conn: asyncpg.Connection, op: Operation) -> str:
+    """The scans of the watched tables in the plans of every statement `op` sends."""
+    sent: list[tuple[str, tuple]] = []
+
+    def keep(query: Any) -> None:
+        sent.append((query.query, query.args))
+
+    conn.add_query_logger(keep)
+    try:
+        await op(conn)
+    finally:
+        conn.remove_query_logger(keep)
+    scans: list[str] = []
+    for query, args in sent:
+        if not query.lstrip().upper().startswith(_EXPLAINABLE):
+            continue
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            raw = await conn.fetchval("EXPLAIN (FORMAT JSON) " + query, *args)
+        finally:
+            await tx.rollback()
+        _scans(msgspec.json.decode(raw)[0]["Plan"], scans)
+    return "; ".join(dict.fromkeys(scans)) or "no scan of a watched table"
+
+
+def _scans(node: dict, out: list[str]) -> None:
+    if node.get("Relation Name") in _WATCHED:
+        index = node.get("Index Name")
+        out.append(f"{node['Node Type']} {index}" if index else f"{node['Node Type']} on {node['Relation Name']}")
+    for child in node.get("Plans", []):
+        _scans(child, out)
+
+
+async def run(admin_url: str, sizes: list[int], runs: int) -> None:
+    name, url = await scratch_database(admin_url)
+    try:
+        await db.migrate(url)
+        pool = await db.create_pool(url, min_size=1, max_size=1)
+        try:
+            async with pool.acquire() as conn:
+                await measure_all(conn, sizes, runs)
+        finally:
+            await pool.close()
+    finally:
+        await drop_database(admin_url, name)
+
+
+async def measure_all(conn: asyncpg.Connection, sizes: list[int], runs: int) -> None:
+    await setup(conn)
+    results: dict[str, list[tuple[float, float]]] = {}
+    plans: dict[str, dict[int, str]] = {}
+    have = 0
+    for size in sizes:
+        print(f"growing to {size:,} jobs ...", file=sys.stderr, flush=True)
+        await grow(conn, have, size)
+        have = size
+        for label, op in (await operations(conn)).items():
+            took = await timed(conn, op, runs)
+            q = statistics.quantiles(took, n=100)
+            results.setdefault(label, []).append((q[49], q[98]))
+            plans.setdefault(label, {})[size] = await plan_of(conn, op)
+    report(sizes, results, plans)
+
+
+def report(sizes: list[int], results: dict[str, list[tuple[float, float]]], plans: dict[str, dict[int, str]]) -> None:
+    head = "".join(f"{f'{s:,} p50 / p99':>22}" for s in sizes)
+    print(f"{'operation (ms)':<34}{head}{'p50 ratio':>11}")
+    for label, figures in results.items():
+        cells = "".join(f"{f'{p50:.2f} / {p99:.2f}':>22}" for p50, p99 in figures)
+        print(f"{label:<34}{cells}{figures[-1][0] / figures[0][0]:>10.2f}x")
+    print("\nplans (scans of jobs, provider_submissions and poll_schedule), at the largest size:")
+    for label, by_size in plans.items():
+        last = by_size[sizes[-1]]
+        changed = "" if len(set(by_size.values())) == 1 else f"   (at {sizes[0]:,}: {by_size[sizes[0]]})"
+        print(f"  {label}: {last}{changed}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10000,100000,1000000", help="total jobs, ascending, comma-separated")
+    parser.add_argument("--runs", type=int, default=200, help="timed runs per operation and size")
+    args = parser.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    admin_url = os.environ.get("VIDJOBS_DATABASE_URL")
+    if admin_url:
+        asyncio.run(run(admin_url, sizes, args.runs))
+        return
+    from cli.embedded import EmbeddedPostgres
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EmbeddedPostgres(Path(tmp) / "pg").start()
+        try:
+            asyncio.run(run(server.url, sizes, args.runs))
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
