@@ -65,7 +65,7 @@ async def grow(conn: asyncpg.Connection, have: int, want: int) -> None:
                    )[1 + i % 6]::job_status,
                    'render_g' || i, 10, 10, t, t + interval '40 seconds', t + interval '1 second'
             FROM generate_series($1 + 1, $2) i,
-                 LATERAL (SELECT now() - make_interval(secs => (i * 7919) % 7776000) AS t) a
+                 LATERAL (SELECT now() - make_interval(secs => (i::bigint * 7919) % 7776000) AS t) a
             """,
             start, end, HEAVY, ACCOUNTS, REQUEST,
         )
