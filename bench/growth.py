@@ -102,9 +102,6 @@ async def live_jobs(conn: asyncpg.Connection) -> None:
             n, count, status, HEAVY, REQUEST,
         )
         n += count
-    await conn.execute(
-        "INSERT INTO poll_schedule (job_id, next_poll_at) SELECT id, now() + interval '1 second' FROM jobs "
-        "WHERE status IN ('submitted', 'processing')")
 
 
 async def setup(conn: asyncpg.Connection) -> None:
@@ -112,6 +109,16 @@ async def setup(conn: asyncpg.Connection) -> None:
     await conn.execute("INSERT INTO accounts (id, name, concurrent_jobs) SELECT 'acct_' || i, 'account ' || i, 100 "
                        "FROM generate_series(0, $1) i", ACCOUNTS)
     await live_jobs(conn)
+
+
+async def fresh_small_tables(conn: asyncpg.Connection) -> None:
+    """The rolled-back runs leave the small, busy tables bloated (an index entry per update of a due time),
+    and their statistics then steer the planner elsewhere: each size starts them over exactly alike, so the
+    sizes differ only in jobs."""
+    await conn.execute("TRUNCATE poll_schedule")
+    await conn.execute("INSERT INTO poll_schedule (job_id, next_poll_at) SELECT id, now() + interval '1 second' "
+                       "FROM jobs WHERE status IN ('submitted', 'processing')")
+    await conn.execute("VACUUM FULL ANALYZE poll_schedule, provider_rate_buckets, account_turns")
 
 
 def rolled_back(op: Operation) -> Operation:
@@ -225,9 +232,7 @@ async def measure_all(conn: asyncpg.Connection, sizes: list[int], runs: int) -> 
         print(f"growing to {size:,} jobs ...", file=sys.stderr, flush=True)
         await grow(conn, have, size)
         have = size
-        # The rolled-back runs leave the small, busy tables bloated (an index entry per update of
-        # poll_schedule's due time); each size starts them over compact, so the sizes differ only in jobs.
-        await conn.execute("VACUUM FULL ANALYZE poll_schedule, provider_rate_buckets, account_turns")
+        await fresh_small_tables(conn)
         for label, op in (await operations(conn)).items():
             took = await timed(conn, op, runs)
             q = statistics.quantiles(took, n=100)
