@@ -52,7 +52,7 @@ def count(log_path: Path, offset: int) -> Counter[str]:
             if match:
                 if current is not None:
                     counts[shape(" ".join(current))] += 1
-                current = [f"[{(match.group(1) or '?').removeprefix('vidjobs-')}]", match.group(2)]
+                current = [f"[{(match.group(1) or '?').strip('[]').removeprefix('vidjobs-')}]", match.group(2)]
             elif current is not None and line.startswith("\t"):
                 current.append(line)
             elif current is not None:
