@@ -92,9 +92,10 @@ async def running_gateway(settings: Settings) -> AsyncIterator[Harness]:
 
 
 def assert_error(body: Any, code: str, *mentions: str) -> None:
-    """The one error shape, with the given code, whose message names each of `mentions`."""
+    """The one error shape, with the given code, whose message names each of `mentions`, and the request's id."""
     assert set(body) == {"error"}, body
-    assert set(body["error"]) == {"code", "message", "retryable"}, body
+    assert set(body["error"]) == {"code", "message", "retryable", "request_id"}, body
+    assert isinstance(body["error"]["request_id"], str) and body["error"]["request_id"], body
     assert body["error"]["code"] == code, body
     assert isinstance(body["error"]["retryable"], bool)
     for word in mentions:

@@ -29,7 +29,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-from libs.common import events, faults, metrics
+from libs.common import events, faults, metrics, requestids
 from libs.common.errors import GiveUp, Redeliver
 from libs.common.events import Event, WorkEvent
 
@@ -252,6 +252,8 @@ async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
         await _dead_letter(js, spec, msg, event, f"{tries.before} handlings failed or died with their process")
         return
     beat = asyncio.create_task(_heartbeat(msg, spec.ack_wait_s / 3))
+    # This task handles this one message: the request that caused it is the request being worked on.
+    requestids.use((msg.headers or {}).get(requestids.MESSAGE_HEADER))
     try:
         await spec.handler(event, Delivery(attempt=tries.before + 1, subject=msg.subject))
     except GiveUp as hopeless:

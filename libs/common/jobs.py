@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import asyncpg
 import msgspec
 
-from libs.common import changes, credits, ids, outbox
+from libs.common import changes, credits, ids, outbox, requestids
 from libs.common.errors import JobError, QueueFull
 from libs.common.events import (
     AssetsDeleteRequested,
@@ -92,6 +92,7 @@ class JobRow(msgspec.Struct, kw_only=True):
     rate_card_version: int | None = None
     provider_cost_credits: int | None = None  # what the provider reported billing, in credits
     waited_at: datetime | None = None  # when a submitter last deferred this waiting job's message
+    request_id: str | None = None  # the request that created it (requestids)
 
     @property
     def finished(self) -> bool:
@@ -142,12 +143,12 @@ async def enqueue(
     row = await conn.fetchrow(
         """
         INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
-                          rate_card_version)
-        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9)
+                          rate_card_version, request_id)
+        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10)
         RETURNING *
         """,
         job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
-        estimated_credits, recovery_delay_s, route, rate_card_version,
+        estimated_credits, recovery_delay_s, route, rate_card_version, requestids.current(),
     )
     job = row_to_job(row)
     await conn.execute(

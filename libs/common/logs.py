@@ -1,5 +1,5 @@
 """Structured logging: one JSON object per line, carrying whatever context (job id, provider) was passed
-in `extra`."""
+in `extra`, and the id of the request being worked on (requestids)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
+
+from libs.common import requestids
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
@@ -24,6 +26,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if (request_id := requestids.current()) is not None:
+            out["request_id"] = request_id
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
                 out[key] = value
@@ -41,6 +45,8 @@ class TextFormatter(logging.Formatter):
         extras = " ".join(
             f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")
         )
+        if (request_id := requestids.current()) is not None and "request_id" not in record.__dict__:
+            extras += f" request_id={request_id}"
         line = f"{self.service:9} {record.levelname.lower():7} {record.getMessage()} {extras}".rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)

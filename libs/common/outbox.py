@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import asyncpg
 from nats.js import JetStreamContext
 
-from libs.common import events, metrics
+from libs.common import events, metrics, requestids
 from libs.common.events import Event
 
 log = logging.getLogger("vidjobs.outbox")
@@ -26,10 +26,12 @@ async def add(conn: asyncpg.Connection, items: Sequence[Event]) -> None:
     """Stage events for publishing; call inside the transaction that made them true."""
     if not items:
         return
-    # One statement however many events; `unnest` keeps their order, and so their ids.
+    # One statement however many events; `unnest` keeps their order, and so their ids. The request being
+    # worked on goes with them (requestids).
     await conn.execute(
-        "INSERT INTO outbox (subject, payload) SELECT * FROM unnest($1::text[], $2::bytea[])",
-        [events.subject_for(e) for e in items], [events.encode(e) for e in items],
+        "INSERT INTO outbox (subject, payload, request_id) SELECT s, p, $3 FROM unnest($1::text[], $2::bytea[]) "
+        "AS e (s, p)",
+        [events.subject_for(e) for e in items], [events.encode(e) for e in items], requestids.current(),
     )
 
 
@@ -73,7 +75,7 @@ class Relay:
     async def publish_pending(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
-                "SELECT id, subject, payload FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+                "SELECT id, subject, payload, request_id FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
                 self._batch,
             )
             if not rows:
@@ -84,6 +86,7 @@ class Relay:
         return len(rows)
 
     async def _publish(self, row: asyncpg.Record) -> None:
-        await self._js.publish(
-            row["subject"], bytes(row["payload"]), headers={"Nats-Msg-Id": f"outbox-{row['id']}"}, timeout=5,
-        )
+        headers = {"Nats-Msg-Id": f"outbox-{row['id']}"}
+        if row["request_id"] is not None:
+            headers[requestids.MESSAGE_HEADER] = row["request_id"]
+        await self._js.publish(row["subject"], bytes(row["payload"]), headers=headers, timeout=5)

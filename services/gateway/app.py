@@ -29,6 +29,7 @@ from services.gateway import (
     routes_webhooks,
     stream,
 )
+from services.gateway.access import request_id_middleware, stamp_request_id
 from services.gateway.auth import auth_middleware
 from services.gateway.errors import ErrorOut, error_middleware
 from services.gateway.limits import Bucket, StreamSlots
@@ -112,7 +113,7 @@ async def _closing(app: web.Application) -> None:
 def create_app(settings: Settings) -> web.Application:
     routes = route_table(settings)
     app = web.Application(
-        middlewares=[metrics_middleware, error_middleware, auth_middleware],
+        middlewares=[request_id_middleware, metrics_middleware, error_middleware, auth_middleware],
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
@@ -121,4 +122,5 @@ def create_app(settings: Settings) -> web.Application:
     routes_uploads.install(app, settings)
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_closing)
+    app.on_response_prepare.append(stamp_request_id)
     return app

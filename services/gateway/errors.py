@@ -12,6 +12,7 @@ import logging
 import msgspec
 from aiohttp import web
 
+from libs.common import requestids
 from libs.common.errors import ErrorCode
 
 log = logging.getLogger("vidjobs.gateway")
@@ -36,6 +37,7 @@ class ErrorBody(msgspec.Struct, frozen=True):
     code: str
     message: str
     retryable: bool
+    request_id: str | None = None  # the X-Request-Id of the request, to quote when asking about it
 
 
 class ErrorOut(msgspec.Struct, frozen=True):
@@ -65,7 +67,8 @@ def not_found(what: str = "job") -> ApiError:
 
 def error_response(status: int, code: Code, message: str, *, retryable: bool = False,
                    headers: dict[str, str] | None = None) -> web.Response:
-    body = ErrorOut(ErrorBody(code=code.value, message=message, retryable=retryable))
+    body = ErrorOut(ErrorBody(code=code.value, message=message, retryable=retryable,
+                              request_id=requestids.current()))
     return web.Response(status=status, body=msgspec.json.encode(body), content_type="application/json",
                         headers=headers)
 

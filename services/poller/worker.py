@@ -10,7 +10,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, faults, jobs, metrics
+from libs.common import bus, events, faults, jobs, metrics, requestids
 from libs.common.bus import Delivery
 from libs.common.errors import ProviderError, Redeliver
 from libs.common.events import CancelRequested, InboxReceived, PollRequested
@@ -71,6 +71,10 @@ async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> No
         log.warning("callback for an unknown job", extra={"inbox_id": event.inbox_id,
                                                           "provider_job_id": sig.provider_job_id})
         return
+    # From here the callback's work is the job's: it goes on under the request that created the job.
+    log.info("callback matched its job", extra={"job_id": job.id, "inbox_id": event.inbox_id,
+                                                "callback_request_id": requestids.current()})
+    requestids.continue_job(job.request_id)
     if not sig.verified:
         await poll_once(ctx, job.id, source="unsigned callback, confirmed by a status poll")
         return
