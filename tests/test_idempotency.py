@@ -7,7 +7,7 @@ import pytest
 
 from services.gateway import idempotency
 from tests.support import wait_until
-from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
+from tests.test_gateway_harness import JOB_BODY, assert_error, gateway_settings, running_gateway
 
 DAY_S = 86400
 
@@ -38,8 +38,14 @@ async def test_replay_within_the_ttl_answers_the_same_job_and_another_body_is_40
 
     assert (again, same["id"]) == (200, job["id"])
     assert other == 409
+    replay = await h.client.post("/v1/jobs", json=JOB_BODY, headers={"Authorization": f"Bearer {key}",
+                                                                     "Idempotency-Key": "k"})
+    fresh = await h.client.post("/v1/jobs", json=JOB_BODY, headers={"Authorization": f"Bearer {key}",
+                                                                    "Idempotency-Key": "k2"})
+    assert (replay.status, replay.headers.get("Idempotent-Replayed")) == (200, "true")
+    assert (fresh.status, fresh.headers.get("Idempotent-Replayed")) == (201, None)
     assert_error(conflict, "conflict", "Idempotency-Key")
-    assert await h.count("SELECT count(*) FROM jobs") == 1
+    assert await h.count("SELECT count(*) FROM jobs") == 2
 
 
 async def test_a_key_past_the_ttl_is_forgotten_and_makes_a_new_job(h):

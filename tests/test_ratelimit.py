@@ -163,3 +163,20 @@ async def test_two_gateways_share_a_keys_rate_within_one_sync(tmp_path, database
 
         assert 10 <= admitted <= 20
         assert after == [429, 429]
+
+
+async def test_every_answer_to_a_key_carries_the_ratelimit_headers(h):
+    """The IETF draft's structured fields: the policy is the key's bucket (3 at once, full again in 2 s at
+    2/s), and each answer says how many are left and when the bucket is full again."""
+    _, key = await h.account(requests_per_s=2.0, request_burst=3)
+    answers = []
+    for _ in range(4):
+        resp = await h.client.get("/v1/account", headers={"Authorization": f"Bearer {key}"})
+        answers.append((resp.status, resp.headers.get("RateLimit-Policy"), resp.headers.get("RateLimit")))
+    unauthenticated = await h.client.get("/v1/account")
+
+    assert [a[0] for a in answers] == [200, 200, 200, 429]
+    assert {a[1] for a in answers} == {'"per-key";q=3;w=2'}
+    assert [a[2].split(";")[1] for a in answers] == ["r=2", "r=1", "r=0", "r=0"]
+    assert all(1 <= int(a[2].rsplit("t=", 1)[1]) <= 2 for a in answers)
+    assert "RateLimit" not in unauthenticated.headers

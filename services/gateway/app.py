@@ -30,7 +30,7 @@ from services.gateway import (
     stream,
 )
 from services.gateway.access import request_id_middleware, stamp_request_id
-from services.gateway.auth import auth_middleware
+from services.gateway.auth import auth_middleware, stamp_rate_limit
 from services.gateway.errors import ErrorOut, error_middleware
 from services.gateway.limits import Bucket, StreamSlots
 from services.gateway.observe import metrics_middleware
@@ -123,4 +123,5 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_closing)
     app.on_response_prepare.append(stamp_request_id)
+    app.on_response_prepare.append(stamp_rate_limit)
     return app

@@ -3,6 +3,8 @@ key's request rate: a request over it is answered 429 with `Retry-After` (see `r
 
 from __future__ import annotations
 
+import math
+
 from aiohttp import web
 
 from libs.common.errors import ErrorCode
@@ -38,9 +40,27 @@ async def authenticate(request: web.Request) -> ratelimit.Admission:
     admission = await gateway(request).buckets.admit(token)
     if admission is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "unknown or revoked API key", headers=_CHALLENGE)
+    request[RATE] = admission
     if not admission.admitted:
         raise rate_limited(admission.rate_per_s, admission.burst, admission.retry_after_s)
     return admission
+
+
+# The key's bucket as this request left it, for the RateLimit headers of its answer.
+RATE = web.RequestKey("rate", ratelimit.Admission)
+_POLICY = '"per-key"'
+
+
+async def stamp_rate_limit(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: the IETF RateLimit headers on every answer to a request made with a key. The
+    policy is the key's bucket: `q` requests at once, refilled in full over `w` seconds; `r` are left now,
+    and all `q` again after `t` seconds."""
+    admission = request.get(RATE)
+    if admission is None:
+        return
+    window = max(1, math.ceil(admission.burst / admission.rate_per_s))
+    response.headers["RateLimit-Policy"] = f"{_POLICY};q={admission.burst};w={window}"
+    response.headers["RateLimit"] = f"{_POLICY};r={admission.remaining};t={admission.full_in_s}"
 
 
 def needs_key(request: web.Request) -> bool:

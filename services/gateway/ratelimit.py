@@ -71,6 +71,8 @@ class Admission(msgspec.Struct, frozen=True, kw_only=True):
     rate_per_s: float  # in force for this key
     burst: int
     retry_after_s: int  # whole seconds until a token is there (0 when admitted)
+    remaining: int = 0  # whole tokens left after this request
+    full_in_s: int = 0  # whole seconds until the bucket is full again
 
 
 def limits_of(account: Account, settings: Settings) -> tuple[float, int]:
@@ -125,7 +127,9 @@ class Buckets:
             entry.tokens -= 1
             entry.spent += 1
         return Admission(account=entry.account, key_id=entry.key_id, admitted=admitted, rate_per_s=entry.rate,
-                         burst=int(entry.burst), retry_after_s=0 if admitted else wait_s(entry.tokens, entry.rate))
+                         burst=int(entry.burst), retry_after_s=0 if admitted else wait_s(entry.tokens, entry.rate),
+                         remaining=max(0, math.floor(entry.tokens)),
+                         full_in_s=math.ceil(max(0.0, entry.burst - entry.tokens) / entry.rate))
 
     async def _entry(self, digest: bytes) -> _Key | None:
         entry = self._keys.get(digest)

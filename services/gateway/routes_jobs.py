@@ -117,8 +117,10 @@ async def create_job(request: web.Request) -> web.Response:
     except idempotency.LostRace:
         # The winner has committed by now: answer as a replay of its request.
         job, created = await _create_once(gw, owner, body, job_request, key, route)
-    return json_response(view(gw, job), status=201 if created else 200,
-                         headers={"Location": f"/v1/jobs/{job.job.id}"})
+    headers = {"Location": f"/v1/jobs/{job.job.id}"}
+    if not created:
+        headers["Idempotent-Replayed"] = "true"  # the answer of the request that made the job, again
+    return json_response(view(gw, job), status=201 if created else 200, headers=headers)
 
 
 def job_id_of(request: web.Request) -> str:
