@@ -7,8 +7,8 @@ provider's answers, callbacks and errors into `ProviderSignal`s and `ProviderErr
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Mapping
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -57,6 +57,34 @@ class ProviderSignal(msgspec.Struct, kw_only=True):
     verified: bool = True
 
 
+ALL_RATIOS = ("16:9", "9:16", "1:1")
+ALL_RESOLUTIONS = ("480p", "720p", "1080p")
+
+
+class Format(msgspec.Struct, frozen=True):
+    aspect_ratio: str
+    resolution: str
+    durations_s: list[int] | None = None  # the lengths it renders in this format, where fewer than the model's
+
+
+class ModelInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a model takes, as `GET /v1/models` lists it; the adapter's own tables are the source."""
+
+    id: str  # `<provider>/<model>`, as a job's `model`
+    durations_s: list[int]  # the clip lengths it renders
+    rounds_up: bool = False  # a shorter length than the longest is rendered as the next length listed
+    formats: list[Format]  # the (aspect ratio, resolution) pairs it renders
+    formats_with_image: list[Format] | None = None  # the pairs it renders from an input image, where they differ
+    input_image: Literal["none", "optional", "required"] = "none"
+    negative_prompt: bool = False
+    seed: bool = False
+
+
+def formats(ratios: Iterable[str], resolutions: Iterable[str]) -> list[Format]:
+    """Every pairing of `ratios` with `resolutions`, for a model that takes any of each."""
+    return [Format(r, res) for r in ratios for res in resolutions]
+
+
 @runtime_checkable
 class ProviderAdapter(Protocol):
     name: str
@@ -64,6 +92,9 @@ class ProviderAdapter(Protocol):
 
     def validate(self, request: JobRequest) -> None:
         """Raise ProviderError(INVALID_INPUT) naming the field if this provider cannot take the request."""
+
+    def models(self) -> list[ModelInfo]:
+        """The models this adapter renders with, and what each takes."""
 
     async def submit(self, req: SubmitRequest) -> Submission:
         """Start a render. Raises ProviderError with the taxonomy code (and Retry-After) on failure."""

@@ -31,7 +31,14 @@ import msgspec
 
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
-from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
+from libs.providers.base import (
+    ModelInfo,
+    ProviderSignal,
+    ProviderState,
+    Submission,
+    SubmitRequest,
+    formats,
+)
 from libs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
 from libs.providers.http import retry_after, sent_maybe
 
@@ -177,6 +184,13 @@ class FalAdapter:
 
     def __repr__(self) -> str:
         return f"FalAdapter(base_url={self.base_url!r})"
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=f"fal/{name}", durations_s=sorted(m.durations), formats=formats(m.aspect_ratios,
+                                                                                          m.resolutions),
+                          input_image="required" if m.image else "none", negative_prompt=m.negative_prompt,
+                          seed=m.seed)
+                for name, m in MODELS.items()]
 
     def validate(self, request: JobRequest) -> None:
         spec = _spec(request.model_name)

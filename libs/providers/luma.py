@@ -34,7 +34,14 @@ import msgspec
 
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
-from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
+from libs.providers.base import (
+    ModelInfo,
+    ProviderSignal,
+    ProviderState,
+    Submission,
+    SubmitRequest,
+    formats,
+)
 from libs.providers.http import retry_after, transport_errors
 
 API = "/dream-machine/v1"
@@ -126,6 +133,11 @@ class LumaAdapter:
 
     def __repr__(self) -> str:  # never the key
         return f"LumaAdapter({self.base_url!r})"
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=f"luma/{name}", durations_s=sorted(DURATIONS), rounds_up=True,
+                          formats=formats(ASPECT_RATIOS, RESOLUTIONS), input_image="optional")
+                for name in MODELS]
 
     def validate(self, request: JobRequest) -> None:
         if request.model_name not in MODELS:

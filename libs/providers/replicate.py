@@ -35,7 +35,14 @@ import msgspec
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
-from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
+from libs.providers.base import (
+    ModelInfo,
+    ProviderSignal,
+    ProviderState,
+    Submission,
+    SubmitRequest,
+    formats,
+)
 from libs.providers.http import retry_after, transport_errors
 
 # Webhooks on creation and on the terminal state; `output` and `logs` would only repeat what a poll tells.
@@ -157,6 +164,13 @@ class ReplicateAdapter:
 
     def __repr__(self) -> str:  # never the token
         return f"ReplicateAdapter({self.base_url!r})"
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=f"replicate/{name}", durations_s=list(m.durations), rounds_up=True,
+                          formats=formats(m.aspect_ratios, m.resolutions),
+                          input_image="optional" if m.image_input else "none",
+                          negative_prompt=m.negative_prompt_input is not None)
+                for name, m in MODELS.items()]
 
     def validate(self, request: JobRequest) -> None:
         model = _model(request)

@@ -22,7 +22,14 @@ import msgspec
 
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
-from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
+from libs.providers.base import (
+    Format,
+    ModelInfo,
+    ProviderSignal,
+    ProviderState,
+    Submission,
+    SubmitRequest,
+)
 from libs.providers.http import retry_after, transport_errors
 
 API_VERSION = "2024-11-06"
@@ -77,6 +84,17 @@ MODELS: dict[str, Model] = {m.name: m for m in (
 TEXT_MODELS = tuple(f"runway/{m.name}" for m in MODELS.values() if not m.needs_image)
 
 
+def _model_info(m: Model) -> ModelInfo:
+    text = [Format(*pair) for pair in m.text_frames]
+    image = [Format(*pair) for pair in m.image_frames]
+    if m.needs_image:
+        return ModelInfo(id=f"runway/{m.name}", durations_s=list(m.durations), formats=image, input_image="required",
+                         negative_prompt=m.negative_prompt, seed=m.seed)
+    return ModelInfo(id=f"runway/{m.name}", durations_s=list(m.durations), formats=text,
+                     formats_with_image=None if image == text or not image else image,
+                     input_image="optional" if image else "none", negative_prompt=m.negative_prompt, seed=m.seed)
+
+
 # --- Runway's wire format, as far as we read it ---------------------------------------------------------
 
 
@@ -111,6 +129,9 @@ class RunwayAdapter:
 
     def __repr__(self) -> str:
         return f"RunwayAdapter({self.base_url!r})"  # never the key
+
+    def models(self) -> list[ModelInfo]:
+        return [_model_info(m) for m in MODELS.values()]
 
     def validate(self, request: JobRequest) -> None:
         model = _model(request.model_name)

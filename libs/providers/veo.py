@@ -24,7 +24,14 @@ import msgspec
 
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
-from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
+from libs.providers.base import (
+    Format,
+    ModelInfo,
+    ProviderSignal,
+    ProviderState,
+    Submission,
+    SubmitRequest,
+)
 from libs.providers.http import retry_after, transport_errors
 
 KEY_SETTING = "VIDJOBS_VEO_API_KEY"
@@ -141,6 +148,13 @@ class VeoAdapter:
 
     def __repr__(self) -> str:
         return f"VeoAdapter({self.base_url!r})"  # never the key
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=f"veo/{m.name}", durations_s=list(m.durations),
+                          formats=[Format(ratio, res, [FULL_HD_DURATION_S] if res == "1080p" else None)
+                                   for ratio, res in m.frames], input_image="optional",
+                          negative_prompt=True)
+                for m in MODELS.values()]
 
     def validate(self, request: JobRequest) -> None:
         model = _model(request.model_name)

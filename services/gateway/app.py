@@ -23,6 +23,7 @@ from services.gateway import (
     routes_account,
     routes_files,
     routes_jobs,
+    routes_models,
     routes_ops,
     routes_page,
     routes_uploads,
@@ -43,7 +44,7 @@ PROVIDER_TIMEOUT_S = 30
 
 def route_table(settings: Settings) -> list[Route]:
     routes = [
-        *routes_jobs.ROUTES, *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
+        *routes_jobs.ROUTES, *routes_models.ROUTES, *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
         *routes_webhooks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
     ]
     if settings.api_metrics == "off":

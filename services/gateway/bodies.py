@@ -16,6 +16,7 @@ from libs.common.credits import LedgerKind
 from libs.common.errors import JobError
 from libs.common.jobs import JobRequest
 from libs.common.states import JobStatus, Stage
+from libs.providers.base import Format
 
 MAX_PROMPT_CHARS = 2000
 
@@ -191,3 +192,35 @@ class UploadOut(msgspec.Struct, kw_only=True):
     height: int
     content_type: Literal["image/png", "image/jpeg", "image/webp"]
     bytes: int  # of the stored (re-encoded) image
+
+
+class ModelOut(msgspec.Struct, kw_only=True):
+    """A model this deployment renders with: what it takes, and its price by resolution."""
+
+    id: str  # what a job's `model` names
+    provider: str
+    aliases: list[str]  # model aliases that send some of their jobs here (rollout routing)
+    durations_s: list[int]
+    rounds_up: bool  # a length under the longest that is not listed is rendered as the next one listed
+    formats: list[Format]
+    formats_with_image: list[Format] | None
+    input_image: str  # none | optional | required
+    negative_prompt: bool
+    seed: bool
+    credits_per_second: dict[str, float | None]  # resolution -> price on the current rate card (null: unpriced)
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    data: list[ModelOut]
+    rate_card_version: int
+
+
+class EstimateOut(msgspec.Struct, kw_only=True):
+    """What `POST /v1/jobs` with this body would reserve, without creating anything."""
+
+    model: str  # the model it would render with (an alias resolved, as a create would this time)
+    estimated_credits: int
+    credits_per_second: float
+    rate_card_version: int
+    available_credits: int  # the account's balance less what running jobs have reserved
+    affordable: bool  # whether a create would be accepted as far as credit goes (daily caps aside)

@@ -19,7 +19,7 @@ from libs.providers import routing as rollout
 from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for
 from services.gateway import cursor, idempotency
-from services.gateway.bodies import CreateJob, JobList, JobOut, ListQuery, Trail, TransitionOut
+from services.gateway.bodies import CreateJob, EstimateOut, JobList, JobOut, ListQuery, Trail, TransitionOut
 from services.gateway.decoding import read_json, read_query
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from services.gateway.routing import Route, json_response
@@ -123,6 +123,26 @@ async def create_job(request: web.Request) -> web.Response:
     return json_response(view(gw, job), status=201 if created else 200, headers=headers)
 
 
+async def estimate_job(request: web.Request) -> web.Response:
+    """The create's checks and price, without its writes: nothing is reserved, queued or remembered."""
+    gw, owner = gateway(request), tenant(request)
+    body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
+    job_request, _ = routed(body.to_request(), gw.settings)
+    check_provider(gw.adapters, job_request)
+    await check_input_image(owner, job_request)
+    card = await owner.rate_card()
+    try:
+        price = ratecard.price_of(card, job_request.model, job_request.resolution)
+    except ratecard.Unpriced as err:
+        raise invalid(f"model: {err}; choose another model or resolution") from err
+    estimate = ratecard.estimate(card, job_request)
+    state = await owner.account()
+    available = 0 if state is None else state.account.credits_balance - state.account.credits_reserved
+    return json_response(EstimateOut(
+        model=job_request.model, estimated_credits=estimate, credits_per_second=price.credits_per_second,
+        rate_card_version=card.version, available_credits=available, affordable=estimate <= available))
+
+
 def job_id_of(request: web.Request) -> str:
     job_id = request.match_info["job_id"]
     if not JOB_ID.match(job_id):
@@ -180,6 +200,10 @@ _JOB = "/v1/jobs/{job_id}"
 _ERRORS: dict[int, type] = {401: ErrorOut, 404: ErrorOut}
 
 ROUTES = [
+    Route("POST", "/v1/estimates", estimate_job, "estimate_job",
+          "What creating this job would reserve, checked as a create is, without creating anything",
+          body=CreateJob, responses={200: EstimateOut, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut,
+                                     422: ErrorOut}),
     Route("POST", "/v1/jobs", create_job, "create_job", "Create a render job", body=CreateJob,
           headers={idempotency.HEADER: "repeat a request safely: same key and body answer the same job"},
           responses={201: JobOut, 200: JobOut, 400: ErrorOut, 401: ErrorOut, 402: ErrorOut, 409: ErrorOut,

@@ -17,7 +17,7 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from libs.common import credits, jobs, outbox, uploads
+from libs.common import credits, jobs, outbox, ratecard, uploads
 from libs.common.credits import Entry
 from libs.common.errors import ErrorCode, JobError
 from libs.common.jobs import JobRow, row_to_job
@@ -116,6 +116,10 @@ class Tenant:
         soon as it commits. Pass the account as `self.account_id`, never from anywhere else."""
         async with self._rt.tx() as conn:
             yield conn
+
+    async def rate_card(self) -> ratecard.RateCard:
+        """The rate card in force: every account's prices, read here so handlers touch no pool directly."""
+        return await ratecard.current(self._rt.pool)
 
     # --- jobs -------------------------------------------------------------------------------------------
     async def job(self, job_id: str, *, conn: Conn | None = None) -> OwnedJob | None:

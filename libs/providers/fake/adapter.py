@@ -18,7 +18,16 @@ import msgspec
 from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
-from libs.providers.base import ProviderSignal, ProviderState, Submission, SubmitRequest
+from libs.providers.base import (
+    ALL_RATIOS,
+    ALL_RESOLUTIONS,
+    ModelInfo,
+    ProviderSignal,
+    ProviderState,
+    Submission,
+    SubmitRequest,
+    formats,
+)
 from libs.providers.http import retry_after, transport_errors
 
 SCENARIOS = (
@@ -107,6 +116,11 @@ class FakeAdapter:
         self.base_url = base_url.rstrip("/")
         self.webhook_secret = webhook_secret
         self.tolerance_s = tolerance_s
+
+    def models(self) -> list[ModelInfo]:
+        return [ModelInfo(id=f"{self.name}/default", durations_s=list(range(1, 61)),
+                          formats=formats(ALL_RATIOS, ALL_RESOLUTIONS), input_image="optional",
+                          negative_prompt=True, seed=True)]
 
     def validate(self, request: JobRequest) -> None:
         for name in request.params:

@@ -1,0 +1,58 @@
+"""`GET /v1/models`: the models this deployment renders with, what each takes (from its adapter's own
+tables, the same ones a create is validated against), and its price per second on the current rate card."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from libs.common import ratecard
+from libs.common.settings import RouteShare
+from libs.providers.base import ModelInfo
+from services.gateway.bodies import ModelList, ModelOut
+from services.gateway.errors import ErrorOut
+from services.gateway.routing import Route, json_response
+from services.gateway.state import gateway
+from services.gateway.tenant import tenant
+
+
+def _aliases(routes: dict[str, list[RouteShare]]) -> dict[str, list[str]]:
+    """Real model -> the aliases that send it a share of their jobs."""
+    out: dict[str, list[str]] = {}
+    for alias, shares in sorted(routes.items()):
+        for share in shares:
+            if share.share > 0:
+                out.setdefault(share.model, []).append(alias)
+    return out
+
+
+def _price(card: ratecard.RateCard, model: str, resolution: str) -> float | None:
+    try:
+        return ratecard.price_of(card, model, resolution).credits_per_second
+    except ratecard.Unpriced:
+        return None
+
+
+def model_out(info: ModelInfo, card: ratecard.RateCard, aliases: list[str]) -> ModelOut:
+    resolutions = dict.fromkeys(f.resolution for f in [*info.formats, *(info.formats_with_image or [])])
+    return ModelOut(
+        id=info.id, provider=info.id.split("/", 1)[0], aliases=aliases, durations_s=info.durations_s,
+        rounds_up=info.rounds_up, formats=info.formats, formats_with_image=info.formats_with_image,
+        input_image=info.input_image, negative_prompt=info.negative_prompt, seed=info.seed,
+        credits_per_second={res: _price(card, info.id, res) for res in resolutions},
+    )
+
+
+async def list_models(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    card = await tenant(request).rate_card()
+    aliases = _aliases(gw.settings.model_routes)
+    models = [model_out(info, card, aliases.get(info.id, []))
+              for name in sorted(gw.adapters) for info in gw.adapters[name].models()]
+    return json_response(ModelList(data=models, rate_card_version=card.version))
+
+
+ROUTES = [
+    Route("GET", "/v1/models", list_models, "list_models",
+          "The models this deployment renders with, what each takes and its price per second",
+          responses={200: ModelList, 401: ErrorOut}),
+]
