@@ -13,7 +13,10 @@ from tests.test_gateway_harness import JOB_BODY, assert_error, auth, drive, gate
 
 # Every field API.md names, plus `queue_reason` (why a queued job waits), added in the same style.
 API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
-                "queue_reason", "progress", "error", "outputs", "cost"}
+                "queue_reason", "progress", "error", "outputs", "cost",
+                # beside what API.md names: the request echoed, the job's times, links and metadata
+                "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image", "params",
+                "metadata", "started_at", "completed_at", "deadline_at", "retry_at", "urls"}
 
 
 @pytest.fixture

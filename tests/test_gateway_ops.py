@@ -17,6 +17,7 @@ from cli.embedded import free_port
 from services.gateway.app import route_table
 from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
+from tests.test_gateway_jobs import API_JOB_KEYS
 
 
 @pytest.fixture
@@ -72,16 +73,23 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
                          ("GET", "/v1/jobs/{job_id}/events"), ("GET", "/v1/jobs/{job_id}/stream"),
                          ("GET", "/v1/account"), ("GET", "/v1/account/ledger"), ("POST", "/v1/webhooks/{provider}"),
                          ("GET", "/healthz"),
-                         ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json")]:
+                         ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+                         ("GET", "/v1/models"), ("POST", "/v1/estimates")]:
         assert (method, path) in documented, (method, path)
 
     schemas = doc["components"]["schemas"]
-    assert set(schemas["JobOut"]["properties"]) == {
-        "id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
-        "queue_reason", "progress", "error", "outputs", "cost"}
+    assert set(schemas["JobOut"]["properties"]) == API_JOB_KEYS
     assert set(schemas["CreateJob"]["properties"]) == {
         "model", "prompt", "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image",
-        "params"}
+        "params", "metadata"}
+    assert set(schemas["ErrorBody"]["properties"]) == {"code", "message", "retryable", "request_id"}
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            for status, answer in op["responses"].items():
+                assert "X-Request-Id" in answer["headers"], (method, path, status)
+                assert ("RateLimit" in answer["headers"]) == bool(op["security"]), (method, path, status)
+    create = doc["paths"]["/v1/jobs"]["post"]["responses"]
+    assert "Idempotent-Replayed" in create["200"]["headers"] and "Retry-After" in create["429"]["headers"]
     assert set(schemas["JobStatus"]["enum"]) == {"pending", "submitted", "processing", "retrying", "downloading",
                                                  "completed", "failed", "canceled", "expired"}
     assert set(schemas["TransitionOut"]["properties"]) == {"from", "to", "at", "reason"}

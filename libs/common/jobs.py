@@ -93,6 +93,8 @@ class JobRow(msgspec.Struct, kw_only=True):
     provider_cost_credits: int | None = None  # what the provider reported billing, in credits
     waited_at: datetime | None = None  # when a submitter last deferred this waiting job's message
     request_id: str | None = None  # the request that created it (requestids)
+    metadata: dict[str, str] = {}  # the owner's own labels
+    completed_at: datetime | None = None  # when it reached its ending (completed, failed, canceled)
 
     @property
     def finished(self) -> bool:
@@ -124,7 +126,7 @@ async def create(conn: asyncpg.Connection, **options: Any) -> JobRow:
 async def enqueue(
     conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
     recovery_delay_s: float, route: str | None = None, rate_card_version: int | None = None,
-    max_waiting: int | None = None,
+    max_waiting: int | None = None, metadata: dict[str, str] | None = None,
 ) -> Created:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
     first recovery check. Raises QuotaExhausted (and creates nothing) when the account's credit or
@@ -143,12 +145,12 @@ async def enqueue(
     row = await conn.fetchrow(
         """
         INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
-                          rate_card_version, request_id)
-        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10)
+                          rate_card_version, request_id, metadata)
+        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11)
         RETURNING *
         """,
         job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
-        estimated_credits, recovery_delay_s, route, rate_card_version, requestids.current(),
+        estimated_credits, recovery_delay_s, route, rate_card_version, requestids.current(), metadata or {},
     )
     job = row_to_job(row)
     await conn.execute(

@@ -99,8 +99,10 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
     sets = ["status = $3", "updated_at = clock_timestamp()", "wait_reason = NULL", "provider_queue_position = NULL"]
     values: list[Any] = []
     if to in TERMINAL:
-        # A finished job needs no more watching (and the schema's CHECK insists on it).
+        # A finished job needs no more watching (and the schema's CHECK insists on it). Its first ending is
+        # when it completed; expiry after completion does not move that.
         columns = {**columns, "recover_at": None, "retry_at": None, "deadline_at": None}
+        sets.append("completed_at = COALESCE(j.completed_at, clock_timestamp())")
     if to in BILLED_ENDINGS and "actual_credits" not in columns:
         sets.append(_ACTUAL_SQL)
     if "attempt" in columns:

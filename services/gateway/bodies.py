@@ -25,6 +25,12 @@ Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9
 # `\S` (searched, not matched): a prompt of only spaces is as empty as no prompt.
 Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S")]
 UploadId = Annotated[str, Meta(pattern=r"^upl_[0-9a-z]{1,64}$", description="an id from POST /v1/uploads")]
+MAX_METADATA_KEYS = 16
+MetadataKey = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,40}$")]
+Metadata = Annotated[dict[MetadataKey, Annotated[str, Meta(max_length=256)]], Meta(
+    max_length=MAX_METADATA_KEYS,
+    description="your own labels: up to 16 keys of 1-40 letters, digits, `_`, `.` or `-`, each a string of at "
+                "most 256 characters; returned with the job and filterable in GET /v1/jobs")]
 AspectRatio = Literal["16:9", "9:16", "1:1"]
 Resolution = Literal["480p", "720p", "1080p"]
 
@@ -41,9 +47,13 @@ class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     negative_prompt: Annotated[str, Meta(max_length=MAX_PROMPT_CHARS)] | None = None
     input_image: UploadId | None = None
     params: dict[str, Any] = {}
+    metadata: Metadata = {}
 
     def to_request(self) -> JobRequest:
-        return msgspec.convert(msgspec.to_builtins(self), JobRequest)
+        """What the provider is asked for; the metadata is ours alone."""
+        fields = msgspec.to_builtins(self)
+        del fields["metadata"]
+        return msgspec.convert(fields, JobRequest)
 
 
 class JobOutputs(msgspec.Struct, kw_only=True):
@@ -69,8 +79,16 @@ class Cost(msgspec.Struct, kw_only=True):
     actual_credits: int | None
 
 
+class JobUrls(msgspec.Struct, kw_only=True):
+    """Where to read, cancel and follow the job."""
+
+    get: str
+    cancel: str
+    stream: str
+
+
 class JobOut(msgspec.Struct, kw_only=True):
-    """A job as every read shows it."""
+    """A job as every read shows it: where it stands, what was asked for, and when things happened."""
 
     id: str
     status: JobStatus
@@ -86,17 +104,36 @@ class JobOut(msgspec.Struct, kw_only=True):
     error: JobError | None
     outputs: JobOutputs | None
     cost: Cost
+    # The request as it was accepted (an alias resolved in `model`).
+    duration_s: int
+    aspect_ratio: str
+    resolution: str
+    seed: int | None
+    negative_prompt: str | None
+    input_image: str | None
+    params: dict[str, Any]
+    metadata: dict[str, str]
+    started_at: datetime | None  # when the provider accepted its current attempt
+    completed_at: datetime | None  # when it reached its ending: completed, failed or canceled
+    deadline_at: datetime | None  # when its current stage gives up
+    retry_at: datetime | None  # while retrying: when the next attempt is queued
+    urls: JobUrls
 
 
 class JobList(msgspec.Struct, kw_only=True):
     data: list[JobOut]
     next_cursor: str | None
+    has_more: bool  # whether another page follows (then `next_cursor` fetches it)
 
 
 class ListQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Query string of `GET /v1/jobs`."""
+    """Query string of `GET /v1/jobs`. Besides these, `metadata.<key>=<value>` keeps the jobs whose metadata
+    has that key with that value (several: all of them)."""
 
-    status: JobStatus | None = None
+    status: Annotated[str, Meta(description="one status or several, comma-separated")] | None = None
+    model: Model | None = None
+    created_after: datetime | None = None  # jobs created at or after this time
+    created_before: datetime | None = None  # jobs created before this time
     limit: Annotated[int, Meta(ge=1, le=100)] = 20
     cursor: str | None = None
 

@@ -42,6 +42,26 @@ def _parameters(route: Route, components: dict[str, Any]) -> list[dict[str, Any]
     return params
 
 
+_STRING = {"schema": {"type": "string"}}
+# On every answer (services/gateway/access.py).
+_EVERY_ANSWER = {"X-Request-Id": {"description": "this request's id: the one sent, when well-formed, else a new "
+                                                 "one; error bodies repeat it", **_STRING}}
+# On every answer to a request made with an API key (services/gateway/auth.py), as the IETF draft spells them.
+_KEYED_ANSWER = {
+    "RateLimit-Policy": {"description": 'the key\'s bucket: `"per-key";q=<requests at once>;w=<seconds to refill>`',
+                         **_STRING},
+    "RateLimit": {"description": '`"per-key";r=<requests left>;t=<seconds until the bucket is full>`', **_STRING},
+}
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before trying again", **_STRING}}
+
+
+def _headers(route: Route, status: int) -> dict[str, Any]:
+    headers = {**_EVERY_ANSWER, **(_KEYED_ANSWER if route.auth else {}), **route.response_headers.get(status, {})}
+    if status in (429, 503):
+        headers.update(_RETRY_AFTER)
+    return headers
+
+
 def _operation(route: Route, schema_of: dict[type, Any], components: dict[str, Any]) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": route.name,
@@ -49,7 +69,8 @@ def _operation(route: Route, schema_of: dict[type, Any], components: dict[str, A
         "parameters": _parameters(route, components),
         "security": [{"bearer": []}] if route.auth else [],
         "responses": {
-            str(status): {"description": http.HTTPStatus(status).phrase, "content": _content(spec, schema_of)}
+            str(status): {"description": http.HTTPStatus(status).phrase, "content": _content(spec, schema_of),
+                          "headers": _headers(route, status)}
             for status, spec in sorted(route.responses.items())
         },
     }

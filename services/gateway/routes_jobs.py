@@ -6,6 +6,7 @@ creation runs in a transaction the Tenant opens and names the Tenant's account, 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 import asyncpg
 import msgspec
@@ -15,16 +16,26 @@ from libs.common import jobs, ratecard
 from libs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
 from libs.common.jobs import JobRequest
 from libs.common.settings import Settings
+from libs.common.states import JobStatus
 from libs.providers import routing as rollout
 from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for
 from services.gateway import cursor, idempotency
-from services.gateway.bodies import CreateJob, EstimateOut, JobList, JobOut, ListQuery, Trail, TransitionOut
+from services.gateway.bodies import (
+    CreateJob,
+    EstimateOut,
+    JobList,
+    JobOut,
+    ListQuery,
+    Metadata,
+    Trail,
+    TransitionOut,
+)
 from services.gateway.decoding import read_json, read_query
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from services.gateway.routing import Route, json_response
 from services.gateway.state import Gateway, gateway
-from services.gateway.tenant import OwnedJob, Tenant, tenant
+from services.gateway.tenant import JobFilter, OwnedJob, Tenant, tenant
 from services.gateway.views import job_view
 
 # What `libs.common.ids` makes. Anything else cannot name a job, and must never reach a NATS subject.
@@ -62,7 +73,7 @@ def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | N
 
 def view(gw: Gateway, owned: OwnedJob) -> JobOut:
     return job_view(owned.job, owned.waiting_position, gw.storage, gw.settings.signed_url_ttl_s,
-                    gw.settings.retention_days)
+                    gw.settings.retention_days, gw.settings.public_url)
 
 
 async def _create_once(
@@ -84,7 +95,7 @@ async def _create_once(
             created = await jobs.enqueue(conn, account_id=owner.account_id, request=request,
                                          estimated_credits=estimate, recovery_delay_s=gw.settings.recovery_delay_s,
                                          route=route, rate_card_version=card.version,
-                                         max_waiting=gw.settings.max_queued_jobs)
+                                         max_waiting=gw.settings.max_queued_jobs, metadata=body.metadata)
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         except QueueFull as err:
@@ -164,17 +175,41 @@ async def get_job(request: web.Request) -> web.Response:
     return json_response(view(gateway(request), await owned_or_404(request)))
 
 
+METADATA_PARAM = "metadata."
+
+
+def statuses_of(raw: str | None) -> list[JobStatus] | None:
+    if raw is None:
+        return None
+    try:
+        return sorted({JobStatus(part.strip()) for part in raw.split(",")})
+    except ValueError:
+        raise invalid(f"status: each of {raw!r} must be one of {', '.join(JobStatus)}, comma-separated") from None
+
+
+def metadata_filter(query: Mapping[str, str]) -> dict[str, str]:
+    """`metadata.<key>=<value>` parameters: the jobs must carry every one of these pairs."""
+    wanted = {name.removeprefix(METADATA_PARAM): value for name, value in query.items()
+              if name.startswith(METADATA_PARAM)}
+    try:
+        return msgspec.convert(wanted, Metadata)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"metadata filter: {exc}; name it as metadata.<key>=<value>") from exc
+
+
 async def list_jobs(request: web.Request) -> web.Response:
     gw = gateway(request)
-    query = read_query(request.query, ListQuery)
+    query = read_query({k: v for k, v in request.query.items() if not k.startswith(METADATA_PARAM)}, ListQuery)
     position = cursor.decode(query.cursor, cursor.JobPosition) if query.cursor else None
-    after = (position.created_at, position.id) if position else None
-    rows = await tenant(request).jobs(status=query.status, after=after, limit=query.limit + 1)
+    wanted = JobFilter(statuses=statuses_of(query.status), model=query.model, metadata=metadata_filter(request.query),
+                       created_after=query.created_after, created_before=query.created_before)
+    rows = await tenant(request).jobs(wanted, after=(position.created_at, position.id) if position else None,
+                                      limit=query.limit + 1)
     page = rows[: query.limit]
     last = page[-1].job if page else None
-    next_cursor = (cursor.encode(cursor.JobPosition(last.created_at, last.id))
-                   if last and len(rows) > query.limit else None)
-    return json_response(JobList(data=[view(gw, job) for job in page], next_cursor=next_cursor))
+    more = len(rows) > query.limit
+    next_cursor = cursor.encode(cursor.JobPosition(last.created_at, last.id)) if last and more else None
+    return json_response(JobList(data=[view(gw, job) for job in page], next_cursor=next_cursor, has_more=more))
 
 
 async def cancel_job(request: web.Request) -> web.Response:
@@ -206,6 +241,10 @@ ROUTES = [
                                      422: ErrorOut}),
     Route("POST", "/v1/jobs", create_job, "create_job", "Create a render job", body=CreateJob,
           headers={idempotency.HEADER: "repeat a request safely: same key and body answer the same job"},
+          response_headers={
+              200: {"Idempotent-Replayed": {"description": "`true`: the answer of the earlier request with this "
+                                                           f"{idempotency.HEADER}", "schema": {"type": "string"}}},
+              201: {"Location": {"description": "the new job", "schema": {"type": "string"}}}},
           responses={201: JobOut, 200: JobOut, 400: ErrorOut, 401: ErrorOut, 402: ErrorOut, 409: ErrorOut,
                      413: ErrorOut, 415: ErrorOut, 422: ErrorOut, 429: ErrorOut}),
     Route("GET", "/v1/jobs", list_jobs, "list_jobs", "The account's jobs, newest first", query=ListQuery,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -27,6 +28,8 @@ class Route:
     body: type[msgspec.Struct] | str | None = None
     query: type[msgspec.Struct] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)  # request header -> description
+    # status -> response header -> its OpenAPI header object, beside the ones every answer carries
+    response_headers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     documented: bool = True
 
 

@@ -60,9 +60,12 @@ FROM jobs j
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 """
 
-# Newest first, strictly after the keyset position (the last row of the previous page). The account's
-# waiting jobs are numbered once for the whole page: MATERIALIZED, or the planner may number them again for
-# every row of the page.
+# Newest first, strictly after the keyset position (the last row of the previous page), with the listing's
+# filters, each written only when given so the planner sees plain conditions. The account's waiting jobs are
+# numbered once for the whole page: MATERIALIZED, or the planner may number them again for every row of the
+# page. What serves it: jobs_account_listing (account, newest first) alone or with a time range;
+# jobs_account_status_listing with a status; jobs_account_model_listing with a model; jobs_metadata (GIN,
+# containment) with a metadata filter.
 _JOB_PAGE = """
 WITH waiting AS MATERIALIZED (
     SELECT id, row_number() OVER (ORDER BY created_at, id) AS position
@@ -70,12 +73,37 @@ WITH waiting AS MATERIALIZED (
 )
 SELECT j.*, w.position AS waiting_position
 FROM jobs j LEFT JOIN waiting w ON w.id = j.id
-WHERE j.account_id = $1 AND j.deleted_at IS NULL
-  AND ($2::job_status IS NULL OR j.status = $2::job_status)
-  AND ($3::timestamptz IS NULL OR (j.created_at, j.id) < ($3::timestamptz, $4::text))
+WHERE j.account_id = $1 AND j.deleted_at IS NULL {filters}
 ORDER BY j.created_at DESC, j.id DESC
-LIMIT $5
+LIMIT $2
 """
+
+
+def page_sql(wanted: JobFilter, after: tuple[datetime, str] | None) -> tuple[str, list[object]]:
+    """The listing's statement and its arguments after $1 (the account) and $2 (the limit)."""
+    clauses: list[str] = []
+    values: list[object] = []
+
+    def arg(value: object, cast: str) -> str:
+        values.append(value)
+        return f"${len(values) + 2}::{cast}"
+
+    if wanted.statuses and len(wanted.statuses) == 1:
+        clauses.append(f"j.status = {arg(wanted.statuses[0].value, 'job_status')}")
+    elif wanted.statuses:
+        clauses.append(f"j.status = ANY({arg([s.value for s in wanted.statuses], 'job_status[]')})")
+    if wanted.model is not None:
+        clauses.append(f"j.model = {arg(wanted.model, 'text')}")
+    if wanted.created_after is not None:
+        clauses.append(f"j.created_at >= {arg(wanted.created_after, 'timestamptz')}")
+    if wanted.created_before is not None:
+        clauses.append(f"j.created_at < {arg(wanted.created_before, 'timestamptz')}")
+    if wanted.metadata:
+        clauses.append(f"j.metadata @> {arg(wanted.metadata, 'jsonb')} AND j.metadata <> '{{}}'")
+    if after is not None:
+        clauses.append(f"(j.created_at, j.id) < ({arg(after[0], 'timestamptz')}, {arg(after[1], 'text')})")
+    return _JOB_PAGE.format(filters="".join(f"\n  AND {c}" for c in clauses)), values
+
 
 # One row per audit entry; a job without entries still answers one row (with NULLs), so "no such job" and
 # "no moves yet" stay apart.
@@ -95,6 +123,16 @@ SELECT {accounts.columns("a")},
         WHERE j.account_id = $1 AND j.deleted_at IS NULL AND j.status = 'pending') AS queued_jobs
 FROM accounts a WHERE a.id = $1
 """
+
+
+class JobFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """Which of the account's jobs a listing keeps; unset parts keep everything."""
+
+    statuses: list[JobStatus] | None = None
+    model: str | None = None
+    metadata: dict[str, str] = {}  # every pair must be in the job's metadata
+    created_after: datetime | None = None  # at or after
+    created_before: datetime | None = None
 
 
 def _owned(row: asyncpg.Record) -> OwnedJob:
@@ -126,12 +164,9 @@ class Tenant:
         row = await (conn or self._rt.pool).fetchrow(_ONE_JOB, job_id, self.account_id)
         return None if row is None else _owned(row)
 
-    async def jobs(
-        self, *, status: JobStatus | None, after: tuple[datetime, str] | None, limit: int,
-    ) -> list[OwnedJob]:
-        before_at, before_id = after if after else (None, None)
-        rows = await self._rt.pool.fetch(_JOB_PAGE, self.account_id, status.value if status else None,
-                                         before_at, before_id, limit)
+    async def jobs(self, wanted: JobFilter, *, after: tuple[datetime, str] | None, limit: int) -> list[OwnedJob]:
+        sql, values = page_sql(wanted, after)
+        rows = await self._rt.pool.fetch(sql, self.account_id, limit, *values)
         return [_owned(r) for r in rows]
 
     async def trail(self, job_id: str) -> list[asyncpg.Record] | None:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 from libs.common.jobs import JobRow, Outputs
 from libs.common.states import STAGE_OF, JobStatus
 from libs.storage.base import Storage
-from services.gateway.bodies import Cost, JobOut, JobOutputs
+from services.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls
 
 
 def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retention_days: float) -> JobOutputs:
@@ -40,16 +40,31 @@ def queue_position(job: JobRow, waiting_position: int | None) -> int | None:
     return None
 
 
+def _utc(moment: datetime | None) -> datetime | None:
+    return None if moment is None else moment.astimezone(UTC)
+
+
+def job_urls(job_id: str, base_url: str = "") -> JobUrls:
+    """Absolute under the deployment's public URL when it is set, else paths on this host."""
+    own = f"{base_url.rstrip('/')}/v1/jobs/{job_id}"
+    return JobUrls(get=own, cancel=f"{own}/cancel", stream=f"{own}/stream")
+
+
 def job_view(job: JobRow, waiting_position: int | None, storage: Storage, ttl_s: int,
-             retention_days: float = 30.0) -> JobOut:
+             retention_days: float = 30.0, base_url: str = "") -> JobOut:
     """`waiting_position` is the job's place among its account's waiting jobs, computed with the read."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
     shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED) and job.outputs is not None
+    asked = job.request
     return JobOut(
-        id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=job.request.prompt,
+        id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=asked.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
         attempt=job.attempt, queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, job.outputs, storage, ttl_s, retention_days) if shown else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
+        duration_s=asked.duration_s, aspect_ratio=asked.aspect_ratio, resolution=asked.resolution, seed=asked.seed,
+        negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,
+        metadata=job.metadata, started_at=_utc(job.submitted_at), completed_at=_utc(job.completed_at),
+        deadline_at=_utc(job.deadline_at), retry_at=_utc(job.retry_at), urls=job_urls(job.id, base_url),
     )
