@@ -27,9 +27,9 @@ from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from libs.common.errors import ErrorCode, MediaError
+from libs.common.netguard import DownloadGuard, GuardedResolver, guarded_session, why_not_public
 from libs.providers.fake.render import ClipSpec, render_mp4
 from services.media.download import CHUNK_BYTES, MAX_REDIRECTS, fetch_to_file
-from services.media.netguard import DownloadGuard, GuardedResolver, guarded_session, why_not_public
 from services.media.worker import may_retry
 from tests.stack import running_stack, stack_settings
 

@@ -20,7 +20,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, jobs, metrics
+from libs.common import bus, events, jobs, metrics, netguard
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
 from libs.common.events import AssetsDeleteRequested, DownloadRequested
@@ -33,7 +33,7 @@ from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage, job_prefix
 from libs.storage.factory import open_storage
-from services.media import assets, copies, netguard, orphans, scratch, telemetry
+from services.media import assets, copies, orphans, scratch, telemetry
 from services.media.isolation import DecodeGate
 from services.media.pipeline import Copier, PreviewSpec, Stored
 

@@ -1,8 +1,9 @@
-"""A guard against request forgery for fetching provider outputs.
+"""A guard against request forgery for requests to URLs someone else chose: the renders a provider names
+(media) and the webhook endpoints an account names (gateway).
 
-A render URL comes from a provider's answer, so it is treated as hostile: it could name our own network (a
-database, the cloud metadata service at 169.254.169.254, a sidecar on loopback) and have us fetch it. A session
-from `guarded_session` talks only to public addresses:
+A render URL comes from a provider's answer, so it is treated as hostile, and so is an endpoint URL: it could
+name our own network (a database, the cloud metadata service at 169.254.169.254, a sidecar on loopback) and
+have us fetch it. A session from `guarded_session` talks only to public addresses:
 
 - every request is screened before anything is sent: https only (plain http only for an allowed host), no
   credentials in the URL, and a host written as an IP address, in any spelling getaddrinfo accepts, must be a
@@ -15,7 +16,8 @@ from `guarded_session` talks only to public addresses:
 Hosts listed in VIDJOBS_DOWNLOAD_ALLOW_HOSTS (`host` or `host:port`) skip the address checks and may use http:
 the fake provider, or a provider on our own network. Everything else is refused with a final
 MediaError(DOWNLOAD_FAILED): asking again would be refused again. The session never follows redirects itself;
-download.py follows them hop by hop, so each hop passes through this guard again.
+download.py follows them hop by hop, so each hop passes through this guard again. A guard for another purpose
+names it, its own allow setting and its own error (`Purpose`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -73,6 +75,18 @@ _LEGACY_V4 = re.compile(r"[0-9a-fx.]+")
 def refused(message: str) -> MediaError:
     """A refusal is final: the same URL would be refused on every retry."""
     return MediaError(ErrorCode.DOWNLOAD_FAILED, message, final=True)
+
+
+@dataclass(frozen=True)
+class Purpose:
+    """What the guarded requests are for, as refusals say it, where to allow a host, and the error raised."""
+
+    doing: str = "fetch the finished render"
+    setting: str = ALLOW_SETTING
+    error: Callable[[str], Exception] = refused
+
+
+DOWNLOADS = Purpose()
 
 
 # --- addresses ------------------------------------------------------------------------------------------
@@ -141,21 +155,20 @@ def literal_address(host: str) -> tuple[IPAddress, bool] | None:
 # --- the policy -----------------------------------------------------------------------------------------
 
 
-def screen_url(raw: str | URL) -> URL:
+def screen_url(raw: str | URL, purpose: Purpose = DOWNLOADS) -> URL:
     """What every hop must be before any policy applies: an http(s) URL with a host and no credentials."""
+    refuse, doing = purpose.error, purpose.doing
     try:
         url = raw if isinstance(raw, URL) else URL(raw)
     except (TypeError, ValueError) as exc:
-        raise refused("We refused to fetch the finished render: the provider gave an address that is not a "
-                      "valid URL.") from exc
+        raise refuse(f"We refused to {doing}: its address is not a valid URL.") from exc
     if url.scheme not in SCHEMES:
-        raise refused(f"We refused to fetch the finished render: its address uses the {url.scheme or 'empty'}: "
-                      f"scheme, and only https (or http from a host listed in {ALLOW_SETTING}) is fetched.")
+        raise refuse(f"We refused to {doing}: its address uses the {url.scheme or 'empty'}: scheme, and only https "
+                     f"(or http to a host listed in {purpose.setting}) is used.")
     if url.user is not None or url.password is not None:
-        raise refused("We refused to fetch the finished render: its address carries a user name or password, "
-                      "which we never send.")
+        raise refuse(f"We refused to {doing}: its address carries a user name or password, which we never send.")
     if not url.raw_host:
-        raise refused("We refused to fetch the finished render: its address names no host.")
+        raise refuse(f"We refused to {doing}: its address names no host.")
     return url
 
 
@@ -171,9 +184,10 @@ def _host_port(host: str, port: int | None) -> str:
 
 @dataclass(frozen=True)
 class DownloadGuard:
-    """Which hosts may be fetched from although they are not public (or use plain http)."""
+    """Which hosts may be reached although they are not public (or use plain http), for one purpose."""
 
     allowed: frozenset[str] = frozenset()
+    purpose: Purpose = DOWNLOADS
 
     def allows(self, host: str, port: int | None) -> bool:
         keys = {_bare_host(host), _host_port(host, None), _host_port(host, port)}  # IPv6 with or without brackets
@@ -181,19 +195,20 @@ class DownloadGuard:
 
     def check_request(self, url: URL) -> None:
         """Scheme and literal address of one request; a name's addresses are checked when it is resolved."""
-        screen_url(url)
+        screen_url(url, self.purpose)
         host, port = url.raw_host or "", url.port
         literal = literal_address(host)
+        refuse = self.purpose.error
         if literal is not None and not literal[1]:
-            raise refused(_spelling_refusal(host, literal[0]))
+            raise refuse(_spelling_refusal(host, literal[0], self.purpose))
         if self.allows(host, port):
             return
         if literal is not None and (why := why_not_public(literal[0])):
-            raise refused(_address_refusal(host, port, literal[0], why))
+            raise refuse(_address_refusal(host, port, literal[0], why, self.purpose))
         if url.scheme != "https":
-            raise refused(f"We refused to fetch the finished render from {host} over plain http: only https is "
-                          f"fetched from hosts not listed in {ALLOW_SETTING} (add '{_host_port(host, port)}' "
-                          f"there if this provider really serves renders over http).")
+            raise refuse(f"We refused to {self.purpose.doing} at {host} over plain http: only https is used for "
+                         f"hosts not listed in {self.purpose.setting} (add '{_host_port(host, port)}' there if "
+                         f"it really only speaks http).")
 
     def check_resolved(self, host: str, port: int, results: Sequence[ResolveResult]) -> None:
         """Every address a name resolved to must be public, or one of them could be the one connected to."""
@@ -202,7 +217,7 @@ class DownloadGuard:
         for result in results:
             addr = ipaddress.ip_address(result["host"])
             if why := why_not_public(addr):
-                raise refused(_address_refusal(host, port, addr, why))
+                raise self.purpose.error(_address_refusal(host, port, addr, why, self.purpose))
 
     async def middleware(self, req: aiohttp.ClientRequest,
                          handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
@@ -211,18 +226,18 @@ class DownloadGuard:
         return await handler(req)
 
 
-def _address_refusal(host: str, port: int | None, addr: IPAddress, why: str) -> str:
+def _address_refusal(host: str, port: int | None, addr: IPAddress, why: str, purpose: Purpose) -> str:
     what = "it is" if _bare_host(host) == str(addr) else f"it resolves to {addr},"
-    return (f"We refused to fetch the finished render from {_host_port(host, None)}: {what} {why}, not an "
-            f"address on the public internet. If this provider really serves renders from there, add "
-            f"'{_host_port(host, port)}' to {ALLOW_SETTING}.")
+    return (f"We refused to {purpose.doing} at {_host_port(host, None)}: {what} {why}, not an address on the "
+            f"public internet. If it really is to be reached there, add '{_host_port(host, port)}' to "
+            f"{purpose.setting}.")
 
 
-def _spelling_refusal(host: str, addr: IPAddress) -> str:
+def _spelling_refusal(host: str, addr: IPAddress, purpose: Purpose) -> str:
     why = why_not_public(addr)
-    return (f"We refused to fetch the finished render from {host}: it spells the address {addr}"
-            f"{f' ({why})' if why else ''} in a legacy numeric form that no provider uses, and that no setting "
-            f"allows.")
+    return (f"We refused to {purpose.doing} at {host}: it spells the address {addr}"
+            f"{f' ({why})' if why else ''} in a legacy numeric form that no real service uses, and that no "
+            f"setting allows.")
 
 
 # --- the session ----------------------------------------------------------------------------------------
@@ -250,9 +265,10 @@ class GuardedResolver(AbstractResolver):
 
 
 def guarded_session(allowed_hosts: Iterable[str], *, lookup: AbstractResolver | None = None,
-                    timeout: aiohttp.ClientTimeout = DEFAULT_TIMEOUT) -> aiohttp.ClientSession:
-    """A session for fetching untrusted URLs; call it inside the event loop that will use it."""
-    guard = DownloadGuard(frozenset(h.strip().lower() for h in allowed_hosts if h.strip()))
+                    timeout: aiohttp.ClientTimeout = DEFAULT_TIMEOUT,
+                    purpose: Purpose = DOWNLOADS) -> aiohttp.ClientSession:
+    """A session for requests to untrusted URLs; call it inside the event loop that will use it."""
+    guard = DownloadGuard(frozenset(h.strip().lower() for h in allowed_hosts if h.strip()), purpose)
     connector = aiohttp.TCPConnector(resolver=GuardedResolver(guard, lookup), use_dns_cache=False)
     return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
                                  middlewares=(guard.middleware,))
