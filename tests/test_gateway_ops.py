@@ -74,14 +74,15 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
                          ("GET", "/v1/account"), ("GET", "/v1/account/ledger"), ("POST", "/v1/webhooks/{provider}"),
                          ("GET", "/healthz"),
                          ("GET", "/readyz"), ("GET", "/metrics"), ("GET", "/openapi.json"),
-                         ("GET", "/v1/models"), ("POST", "/v1/estimates")]:
+                         ("GET", "/v1/models"), ("POST", "/v1/estimates"), ("POST", "/v1/webhook-endpoints"),
+                         ("GET", "/v1/webhook-endpoints/{endpoint_id}/deliveries")]:
         assert (method, path) in documented, (method, path)
 
     schemas = doc["components"]["schemas"]
     assert set(schemas["JobOut"]["properties"]) == API_JOB_KEYS
     assert set(schemas["CreateJob"]["properties"]) == {
         "model", "prompt", "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image",
-        "params", "metadata"}
+        "params", "metadata", "webhook_url", "webhook_events"}
     assert set(schemas["ErrorBody"]["properties"]) == {"code", "message", "retryable", "request_id"}
     for path, ops in doc["paths"].items():
         for method, op in ops.items():

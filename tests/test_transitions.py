@@ -118,15 +118,19 @@ async def test_cancel_and_delete_give_the_reservation_back(pool):
 
 
 def test_every_legal_move_declares_its_follow_ups():
-    from libs.common.states import FOLLOW_UPS, LEGAL, FollowUp
+    from libs.common.states import FOLLOW_UPS, LEGAL, FollowUp, app_events
 
     F = FollowUp
     assert set(FOLLOW_UPS) == {(src, to) for src, targets in LEGAL.items() for to in targets}
     # A render slot comes free when the job leaves the provider, however it leaves.
-    assert FOLLOW_UPS[JobStatus.PROCESSING, JobStatus.DOWNLOADING] == {F.FREE_SLOT}
-    assert FOLLOW_UPS[JobStatus.SUBMITTED, JobStatus.CANCELED] == {F.FREE_SLOT, F.SETTLE_CREDIT, F.ROUTE_OUTCOME}
-    assert FOLLOW_UPS[JobStatus.SUBMITTED, JobStatus.PROCESSING] == frozenset()
+    assert FOLLOW_UPS[JobStatus.PROCESSING, JobStatus.DOWNLOADING] == {F.FREE_SLOT, F.TELL_APPS}
+    assert FOLLOW_UPS[JobStatus.SUBMITTED, JobStatus.CANCELED] == {F.FREE_SLOT, F.SETTLE_CREDIT, F.ROUTE_OUTCOME,
+                                                                  F.TELL_APPS}
+    assert FOLLOW_UPS[JobStatus.SUBMITTED, JobStatus.PROCESSING] == {F.TELL_APPS}
     # Ending settles the bill once; expiry comes after completion, which already did.
-    assert FOLLOW_UPS[JobStatus.DOWNLOADING, JobStatus.COMPLETED] == {F.SETTLE_CREDIT, F.ROUTE_OUTCOME}
-    assert FOLLOW_UPS[JobStatus.COMPLETED, JobStatus.EXPIRED] == frozenset()
+    assert FOLLOW_UPS[JobStatus.DOWNLOADING, JobStatus.COMPLETED] == {F.SETTLE_CREDIT, F.ROUTE_OUTCOME, F.TELL_APPS}
+    assert FOLLOW_UPS[JobStatus.COMPLETED, JobStatus.EXPIRED] == {F.TELL_APPS}
+    # A retry is queued again: the stage people see does not change, and nothing is told.
     assert FOLLOW_UPS[JobStatus.PENDING, JobStatus.RETRYING] == frozenset()
+    assert app_events(JobStatus.DOWNLOADING, JobStatus.COMPLETED) == ["job.stage", "job.completed"]
+    assert app_events(JobStatus.COMPLETED, JobStatus.EXPIRED) == ["job.stage"]

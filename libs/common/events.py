@@ -65,6 +65,14 @@ class RecoveryDue(msgspec.Struct, tag="recovery.due"):
     due_at: datetime
 
 
+class AppEventDue(msgspec.Struct, tag="app_event.due"):
+    """A job moved in a way its account's app may want to hear of: deliver it to the app's webhooks."""
+
+    job_id: str
+    types: list[str]  # job.stage, job.completed, job.failed, job.canceled (states.app_events)
+    key: str  # names the move: each move is delivered once per event type and destination
+
+
 class JobChanged(msgspec.Struct, tag="job.changed"):
     """A job's status changed; progress displays reread the job."""
 
@@ -82,6 +90,7 @@ DOWNLOAD = "vidjobs.work.download"
 ASSETS_DELETE = "vidjobs.work.assets_delete"
 RECOVERY = "vidjobs.work.recovery"
 CANCEL = "vidjobs.work.cancel"
+APP_EVENTS = "vidjobs.work.app_events"
 CHANGED_PREFIX = "vidjobs.changed"
 
 # What each work subject carries: its consumer decodes these and nothing else, so an event on the wrong
@@ -95,11 +104,12 @@ SUBJECT_EVENTS: dict[str, type] = {
     ASSETS_DELETE: AssetsDeleteRequested,
     RECOVERY: RecoveryDue,
     CANCEL: CancelRequested,
+    APP_EVENTS: AppEventDue,
 }
 
 WorkEvent = (
     JobQueued | SlotFreed | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
-    | CancelRequested
+    | CancelRequested | AppEventDue
 )
 Event = WorkEvent | JobChanged
 

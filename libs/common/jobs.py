@@ -95,6 +95,8 @@ class JobRow(msgspec.Struct, kw_only=True):
     request_id: str | None = None  # the request that created it (requestids)
     metadata: dict[str, str] = {}  # the owner's own labels
     completed_at: datetime | None = None  # when it reached its ending (completed, failed, canceled)
+    webhook_url: str | None = None  # where its app hears of it, beside the account's endpoints
+    webhook_events: list[str] | None = None  # which events go to webhook_url
 
     @property
     def finished(self) -> bool:
@@ -126,7 +128,8 @@ async def create(conn: asyncpg.Connection, **options: Any) -> JobRow:
 async def enqueue(
     conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
     recovery_delay_s: float, route: str | None = None, rate_card_version: int | None = None,
-    max_waiting: int | None = None, metadata: dict[str, str] | None = None,
+    max_waiting: int | None = None, metadata: dict[str, str] | None = None, webhook_url: str | None = None,
+    webhook_events: list[str] | None = None,
 ) -> Created:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
     first recovery check. Raises QuotaExhausted (and creates nothing) when the account's credit or
@@ -145,12 +148,13 @@ async def enqueue(
     row = await conn.fetchrow(
         """
         INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
-                          rate_card_version, request_id, metadata)
-        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11)
+                          rate_card_version, request_id, metadata, webhook_url, webhook_events)
+        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11, $12, $13)
         RETURNING *
         """,
         job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
         estimated_credits, recovery_delay_s, route, rate_card_version, requestids.current(), metadata or {},
+        webhook_url, webhook_events,
     )
     job = row_to_job(row)
     await conn.execute(

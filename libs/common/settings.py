@@ -141,6 +141,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Hosts whose render URLs may be fetched although they resolve to a private or loopback address, or are
     # plain http: `host` or `host:port`, comma-separated (a provider on our own network, the fake provider).
     download_allow_hosts: str = ""
+    # Webhooks to accounts' apps: hosts they may be delivered to although private or plain http (local
+    # development), the delay before each retry (the Standard Webhooks schedule, about a day in all), and how
+    # long one delivery may take.
+    webhook_allow_hosts: str = ""
+    app_webhook_retry_s: str = "5,300,1800,7200,18000,36000,36000"
+    app_webhook_timeout_s: float = 10.0
     s3_part_bytes: int = 8 * 1024 * 1024  # multipart upload part size for the S3 backend (at least 5 MiB)
     # Image uploads (image-to-video input).
     upload_max_bytes: int = 10 * 1024 * 1024
@@ -166,6 +172,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     @property
     def gateway_url(self) -> str:
         return self.public_url or f"http://{self.http_host}:{self.http_port}"
+
+    def allowed_webhook_hosts(self) -> frozenset[str]:
+        return frozenset(h.strip().lower() for h in self.webhook_allow_hosts.split(",") if h.strip())
+
+    def app_webhook_retries(self) -> list[float]:
+        """Seconds before each retry after the first attempt; as many retries as there are entries."""
+        return [float(part) for part in self.app_webhook_retry_s.split(",") if part.strip()]
 
     def allowed_download_hosts(self) -> frozenset[str]:
         return frozenset(h.strip().lower() for h in self.download_allow_hosts.split(",") if h.strip())

@@ -60,6 +60,7 @@ class FollowUp(enum.StrEnum):
     SETTLE_CREDIT = "settle_credit"  # release the reservation, charge what the job owes, write the ledger
     FREE_SLOT = "free_slot"  # it left the provider: wake the next job waiting for that render slot
     ROUTE_OUTCOME = "route_outcome"  # it ended: count the outcome and duration on its route's metrics
+    TELL_APPS = "tell_apps"  # its stage changed or it ended: its account's webhooks hear of it (app_events)
 
 
 def _follow_ups(src: JobStatus, to: JobStatus) -> frozenset[FollowUp]:
@@ -70,13 +71,23 @@ def _follow_ups(src: JobStatus, to: JobStatus) -> frozenset[FollowUp]:
         out.add(FollowUp.FREE_SLOT)
     if to in TERMINAL and src not in TERMINAL:
         out.add(FollowUp.ROUTE_OUTCOME)
+    if app_events(src, to):
+        out.add(FollowUp.TELL_APPS)
     return frozenset(out)
 
 
-# (from, to) -> what that move also does, for every legal move.
-FOLLOW_UPS: dict[tuple[JobStatus, JobStatus], frozenset[FollowUp]] = {
-    (src, to): _follow_ups(src, to) for src, targets in LEGAL.items() for to in targets
-}
+# What an account's app may subscribe to (webhook endpoints, a job's own webhook_url).
+APP_EVENT_TYPES = ("job.completed", "job.failed", "job.canceled", "job.stage")
+_ENDING_EVENTS = {S.COMPLETED: "job.completed", S.FAILED: "job.failed", S.CANCELED: "job.canceled"}
+
+
+def app_events(src: JobStatus, to: JobStatus) -> list[str]:
+    """The app events a move makes: `job.stage` when the stage people see changes, and its ending's own."""
+    out = ["job.stage"] if STAGE_OF[src] is not STAGE_OF[to] else []
+    if (ending := _ENDING_EVENTS.get(to)) is not None and src not in TERMINAL:
+        out.append(ending)
+    return out
+
 
 STAGE_OF: dict[JobStatus, Stage] = {
     S.PENDING: Stage.QUEUED,
@@ -88,6 +99,11 @@ STAGE_OF: dict[JobStatus, Stage] = {
     S.FAILED: Stage.FAILED,
     S.CANCELED: Stage.CANCELED,
     S.EXPIRED: Stage.EXPIRED,
+}
+
+# (from, to) -> what that move also does, for every legal move.
+FOLLOW_UPS: dict[tuple[JobStatus, JobStatus], frozenset[FollowUp]] = {
+    (src, to): _follow_ups(src, to) for src, targets in LEGAL.items() for to in targets
 }
 
 

@@ -18,9 +18,17 @@ import msgspec
 
 from libs.common import changes, metrics, outbox
 from libs.common.errors import JobError
-from libs.common.events import Event
+from libs.common.events import AppEventDue, Event
 from libs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credit, slot_wakeup
-from libs.common.states import BILLED_ENDINGS, FOLLOW_UPS, TERMINAL, FollowUp, JobStatus, sources_of
+from libs.common.states import (
+    BILLED_ENDINGS,
+    FOLLOW_UPS,
+    TERMINAL,
+    FollowUp,
+    JobStatus,
+    app_events,
+    sources_of,
+)
 
 log = logging.getLogger("vidjobs.transitions")
 
@@ -94,6 +102,12 @@ _ACTUAL_SQL = "actual_credits = " + owed_sql("$3::job_status = 'completed'",
                                              "prev.status = 'downloading' AND $3::job_status = 'canceled'")
 
 
+# Whether any webhook of the job's app would hear of a move: its own URL, or one of its account's endpoints.
+_APPS_LISTEN = """(j.webhook_url IS NOT NULL OR EXISTS (
+    SELECT 1 FROM webhook_endpoints e
+    WHERE e.account_id = j.account_id AND e.deleted_at IS NULL AND e.disabled_at IS NULL))"""
+
+
 def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> tuple[str, list[Any]]:
     # A job that moves is no longer waiting for whatever held it.
     sets = ["status = $3", "updated_at = clock_timestamp()", "wait_reason = NULL", "provider_queue_position = NULL"]
@@ -121,7 +135,7 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
         )
         UPDATE jobs AS j SET {", ".join(sets)}
         FROM prev WHERE j.id = prev.id
-        RETURNING prev.status AS from_status, j.*
+        RETURNING prev.status AS from_status, j.*, {_APPS_LISTEN} AS apps_listen
     """
     return sql, values
 
@@ -166,6 +180,9 @@ async def transition(
         job = row_to_job(row)
         follow_ups = FOLLOW_UPS[from_status, to]
         freed = await _in_transaction(conn, job, from_status, to, follow_ups)
+        if FollowUp.TELL_APPS in follow_ups and row["apps_listen"]:
+            freed.append(AppEventDue(job_id=job_id, types=app_events(from_status, to),
+                                     key=f"{job_id}:{to.value}:{job.updated_at.timestamp():.6f}"))
         await outbox.add(conn, [*freed, *emit])
         changes.note(job_id, to.value, job.updated_at)
     metrics.TRANSITIONS.labels(to.value).inc()

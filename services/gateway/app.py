@@ -10,17 +10,23 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 import aiohttp
+import msgspec
 from aiohttp import web
 
-from libs.common.runtime import Runtime, every, health_app, open_runtime
+from libs.common import bus, events, netguard
+from libs.common.bus import Delivery
+from libs.common.events import AppEventDue
+from libs.common.runtime import Runtime, consumer, every, health_app, open_runtime
 from libs.common.settings import Settings
 from libs.providers.registry import build_adapters
 from libs.storage.factory import open_storage
 from services.gateway import (
+    appwebhooks,
     idempotency,
     inbox,
     ratelimit,
     routes_account,
+    routes_app_webhooks,
     routes_files,
     routes_jobs,
     routes_models,
@@ -38,13 +44,15 @@ from services.gateway.observe import metrics_middleware
 from services.gateway.openapi import openapi_route
 from services.gateway.routing import Route, register
 from services.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
+from services.gateway.tenant import Tenant
 
 PROVIDER_TIMEOUT_S = 30
 
 
 def route_table(settings: Settings) -> list[Route]:
     routes = [
-        *routes_jobs.ROUTES, *routes_models.ROUTES, *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
+        *routes_jobs.ROUTES, *routes_models.ROUTES, *routes_app_webhooks.ROUTES,
+        *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
         *routes_webhooks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
     ]
     if settings.api_metrics == "off":
@@ -100,9 +108,34 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         stack.callback(rt.stop.set)  # runs first at cleanup: the tasks stopped next are not failures
         streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
         rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
-        app[GATEWAY] = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
-                               buckets=buckets, webhook_rates=rates)
+        gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
+                     buckets=buckets, webhook_rates=rates)
+        app[GATEWAY] = gw
+        await _deliver_app_webhooks(gw, stack)
         yield
+
+
+async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
+    """The consumer that turns moves into deliveries, and the deliverer that sends them (appwebhooks)."""
+    rt = gw.rt
+    session = await stack.enter_async_context(netguard.guarded_session(
+        rt.settings.allowed_webhook_hosts(), purpose=appwebhooks.WEBHOOKS,
+        timeout=aiohttp.ClientTimeout(total=rt.settings.app_webhook_timeout_s)))
+
+    async def job_body(account_id: str, job_id: str) -> bytes | None:
+        owned = await Tenant(rt, account_id).job(job_id)
+        return None if owned is None else msgspec.json.encode(routes_jobs.view(gw, owned))
+
+    deliverer = appwebhooks.Deliverer(rt, session, job_body)
+    gw.poke_deliveries = deliverer.poke
+
+    async def on_app_event(event: AppEventDue, _: Delivery) -> None:
+        if await appwebhooks.fan_out(rt.pool, event):
+            deliverer.poke()
+
+    spec = consumer(rt, "gateway-app-events", events.APP_EVENTS, on_app_event, concurrency=8)
+    stack.push_async_callback(_stop, rt.watch(bus.consume(rt.js, spec, rt.stop), "app-events-consumer"))
+    stack.push_async_callback(_stop, rt.watch(deliverer.run(), "app-webhook-deliveries"))
 
 
 async def _closing(app: web.Application) -> None:

@@ -25,6 +25,9 @@ Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9
 # `\S` (searched, not matched): a prompt of only spaces is as empty as no prompt.
 Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S")]
 UploadId = Annotated[str, Meta(pattern=r"^upl_[0-9a-z]{1,64}$", description="an id from POST /v1/uploads")]
+AppEvent = Literal["job.completed", "job.failed", "job.canceled", "job.stage"]
+DEFAULT_JOB_EVENTS = ["job.completed", "job.failed", "job.canceled"]
+WebhookUrl = Annotated[str, Meta(min_length=1, max_length=2048, description="an https URL of your app")]
 MAX_METADATA_KEYS = 16
 MetadataKey = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,40}$")]
 Metadata = Annotated[dict[MetadataKey, Annotated[str, Meta(max_length=256)]], Meta(
@@ -48,11 +51,14 @@ class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     input_image: UploadId | None = None
     params: dict[str, Any] = {}
     metadata: Metadata = {}
+    webhook_url: WebhookUrl | None = None
+    webhook_events: Annotated[list[AppEvent], Meta(min_length=1)] | None = None
 
     def to_request(self) -> JobRequest:
-        """What the provider is asked for; the metadata is ours alone."""
+        """What the provider is asked for; metadata and webhooks are ours alone."""
         fields = msgspec.to_builtins(self)
-        del fields["metadata"]
+        for own in ("metadata", "webhook_url", "webhook_events"):
+            del fields[own]
         return msgspec.convert(fields, JobRequest)
 
 
@@ -261,3 +267,55 @@ class EstimateOut(msgspec.Struct, kw_only=True):
     rate_card_version: int
     available_credits: int  # the account's balance less what running jobs have reserved
     affordable: bool  # whether a create would be accepted as far as credit goes (daily caps aside)
+
+
+class EndpointIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /v1/webhook-endpoints`."""
+
+    url: WebhookUrl
+    events: Annotated[list[AppEvent], Meta(min_length=1)] = msgspec.field(
+        default_factory=lambda: ["job.completed", "job.failed", "job.canceled", "job.stage"])
+    description: Annotated[str, Meta(max_length=200)] = ""
+
+
+class EndpointOut(msgspec.Struct, kw_only=True):
+    id: str
+    url: str
+    events: list[str]
+    description: str
+    created_at: datetime
+    disabled_at: datetime | None  # it answered 410 Gone; nothing more is sent to it
+    disabled_reason: str | None
+
+
+class EndpointCreated(EndpointOut, kw_only=True):
+    secret: str  # whsec_...: verifies its deliveries (Standard Webhooks); shown this once
+
+
+class EndpointList(msgspec.Struct, kw_only=True):
+    data: list[EndpointOut]
+
+
+class AttemptOut(msgspec.Struct, kw_only=True):
+    at: datetime
+    status: int | None  # the HTTP status your endpoint answered; null when it did not answer
+    error: str | None
+    ms: int
+
+
+class DeliveryOut(msgspec.Struct, kw_only=True):
+    id: str  # its webhook-id header: the same on every attempt
+    job_id: str
+    event_type: str
+    status: Literal["pending", "delivered", "failed", "disabled"]
+    next_attempt_at: datetime | None
+    created_at: datetime
+    attempts: list[AttemptOut]
+
+
+class DeliveryList(msgspec.Struct, kw_only=True):
+    data: list[DeliveryOut]
+
+
+class WebhookSecretOut(msgspec.Struct, kw_only=True):
+    secret: str  # whsec_...: verifies deliveries to the webhook_url a job names for itself

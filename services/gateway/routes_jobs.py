@@ -20,8 +20,9 @@ from libs.common.states import JobStatus
 from libs.providers import routing as rollout
 from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for
-from services.gateway import cursor, idempotency
+from services.gateway import appwebhooks, cursor, idempotency
 from services.gateway.bodies import (
+    DEFAULT_JOB_EVENTS,
     CreateJob,
     EstimateOut,
     JobList,
@@ -65,6 +66,19 @@ async def check_input_image(owner: Tenant, request: JobRequest) -> None:
                       "POST /v1/uploads and name the id it answers")
 
 
+async def check_webhook_url(gw: Gateway, url: str) -> None:
+    try:
+        await appwebhooks.check_endpoint_url(url, gw.settings.allowed_webhook_hosts())
+    except appwebhooks.UnsafeEndpoint as err:
+        raise invalid(f"webhook_url: {err}") from err
+
+
+def _job_events(body: CreateJob) -> list[str] | None:
+    if body.webhook_url is None:
+        return None
+    return sorted(set(body.webhook_events or DEFAULT_JOB_EVENTS))
+
+
 def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | None]:
     """A model alias becomes one of its real models, by the configured shares."""
     model, route = rollout.route(request.model, settings.model_routes)
@@ -95,7 +109,8 @@ async def _create_once(
             created = await jobs.enqueue(conn, account_id=owner.account_id, request=request,
                                          estimated_credits=estimate, recovery_delay_s=gw.settings.recovery_delay_s,
                                          route=route, rate_card_version=card.version,
-                                         max_waiting=gw.settings.max_queued_jobs, metadata=body.metadata)
+                                         max_waiting=gw.settings.max_queued_jobs, metadata=body.metadata,
+                                         webhook_url=body.webhook_url, webhook_events=_job_events(body))
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         except QueueFull as err:
@@ -122,6 +137,9 @@ async def create_job(request: web.Request) -> web.Response:
     job_request, route = routed(body.to_request(), gw.settings)
     check_provider(gw.adapters, job_request)
     await check_input_image(owner, job_request)
+    if body.webhook_url is not None:
+        await check_webhook_url(gw, body.webhook_url)
+        await owner.webhook_secret()  # made now, so its deliveries can be signed
     key = idempotency.key_from(request)
     try:
         job, created = await _create_once(gw, owner, body, job_request, key, route)

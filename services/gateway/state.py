@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -29,6 +30,8 @@ class Gateway:
     webhook_rates: dict[str, Bucket]  # stored callbacks, by provider
     # Set when the server begins shutting down, so long-lived streams end instead of holding it open.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
+    # Wakes the delivery of webhooks to apps now rather than at its next look (appwebhooks.Deliverer).
+    poke_deliveries: Callable[[], None] = lambda: None
 
 
 SETTINGS = web.AppKey("settings", Settings)

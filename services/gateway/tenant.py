@@ -25,7 +25,7 @@ from libs.common.runtime import Runtime
 from libs.common.states import TERMINAL, JobStatus
 from libs.common.transitions import JobUpdate, transition
 from libs.common.uploads import UploadRow
-from services.gateway import accounts
+from services.gateway import accounts, appwebhooks
 from services.gateway.accounts import Account
 from services.gateway.state import ACCOUNT, gateway
 
@@ -194,6 +194,26 @@ class Tenant:
         """Hide the job from every read and have its assets removed; False if the account has no such job."""
         async with self._rt.tx() as conn:
             return await jobs.mark_deleted(conn, job_id, self.account_id)
+
+    # --- webhooks to the account's app -------------------------------------------------------------------
+    async def add_endpoint(self, url: str, events: list[str], description: str,
+                           ) -> tuple[appwebhooks.Endpoint, str]:
+        return await appwebhooks.add_endpoint(self._rt.pool, self.account_id, url, events, description)
+
+    async def endpoints(self) -> list[appwebhooks.Endpoint]:
+        return await appwebhooks.endpoints(self._rt.pool, self.account_id)
+
+    async def remove_endpoint(self, endpoint_id: str) -> bool:
+        return await appwebhooks.remove_endpoint(self._rt.pool, self.account_id, endpoint_id)
+
+    async def deliveries(self, endpoint_id: str, limit: int) -> list[appwebhooks.DeliveryView] | None:
+        return await appwebhooks.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit)
+
+    async def retry_delivery(self, endpoint_id: str, delivery_id: str) -> bool:
+        return await appwebhooks.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id)
+
+    async def webhook_secret(self) -> str:
+        return await appwebhooks.account_secret(self._rt.pool, self.account_id)
 
     # --- uploads ----------------------------------------------------------------------------------------
     async def upload(self, upload_id: str) -> UploadRow | None:

@@ -1,0 +1,352 @@
+"""Webhooks to accounts' apps: the endpoints an account registers, a job's own `webhook_url`, and delivering
+what happened to its jobs to them, signed with Standard Webhooks.
+
+A move that an app may hear of (states.app_events) puts `AppEventDue` in the outbox with the move. Its
+consumer writes one delivery row per event type and destination that wants it (once, whatever the
+redeliveries), and the deliverer sends due rows: the job as `GET /v1/jobs/{id}` shows it, under
+`{"type", "timestamp", "data"}`, with the delivery id as `webhook-id`. A 2xx delivers it; 410 Gone disables
+the endpoint (and whatever else waits for it); anything else is tried again after the next delay of
+`VIDJOBS_APP_WEBHOOK_RETRY_S` (or the endpoint's `Retry-After`, if longer) until the schedule runs out.
+
+Deliveries are claimed by pushing their due time out, so replicas share the work; at most a few of one URL
+are in flight at once and each is cut at `VIDJOBS_APP_WEBHOOK_TIMEOUT_S`, so a slow or dead endpoint holds up
+neither jobs (they never wait on a delivery) nor other endpoints. Every URL passes the request-forgery guard
+of render downloads, at registration and on every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+import aiohttp
+import asyncpg
+import msgspec
+
+from libs.common import ids, netguard, requestids
+from libs.common.events import AppEventDue
+from libs.common.runtime import Runtime
+from libs.providers import webhooks
+from libs.providers.http import retry_after
+
+log = logging.getLogger("vidjobs.gateway.appwebhooks")
+
+ALLOW_SETTING = "VIDJOBS_WEBHOOK_ALLOW_HOSTS"
+PER_URL_IN_FLIGHT = 4
+BATCH = 64
+CLAIM_SLACK_S = 30.0  # a claimed delivery comes due again this long after its attempt should have ended
+
+
+class UnsafeEndpoint(ValueError):
+    """A URL the request-forgery guard refuses; its message says why and what to do."""
+
+
+WEBHOOKS = netguard.Purpose(doing="deliver webhooks", setting=ALLOW_SETTING, error=UnsafeEndpoint)
+
+
+class Delivery(msgspec.Struct, kw_only=True):
+    id: str
+    account_id: str
+    endpoint_id: str | None
+    job_id: str
+    event_type: str
+    url: str
+    attempts: int
+    secret: str
+
+
+# --- fan-out --------------------------------------------------------------------------------------------
+
+_FAN_OUT = """
+WITH job AS (
+    SELECT j.id, j.account_id, j.webhook_url, j.webhook_events FROM jobs j
+    WHERE j.id = $1 AND j.deleted_at IS NULL
+),
+destinations AS (
+    SELECT e.id AS endpoint_id, e.url, e.events, job.account_id FROM job
+    JOIN webhook_endpoints e ON e.account_id = job.account_id AND e.deleted_at IS NULL AND e.disabled_at IS NULL
+    UNION ALL
+    SELECT NULL, job.webhook_url, job.webhook_events, job.account_id FROM job WHERE job.webhook_url IS NOT NULL
+)
+INSERT INTO webhook_deliveries (id, account_id, endpoint_id, job_id, event_type, event_key, url, next_attempt_at)
+SELECT 'msg_' || md5(random()::text || clock_timestamp()::text), d.account_id, d.endpoint_id, $1, t.type, $2,
+       d.url, clock_timestamp()
+FROM destinations d CROSS JOIN unnest($3::text[]) AS t (type)
+WHERE t.type = ANY (d.events)
+ON CONFLICT DO NOTHING
+"""
+
+
+async def fan_out(pool: asyncpg.Pool, event: AppEventDue) -> int:
+    """One delivery row per event type and destination that wants it; a redelivered event adds none."""
+    status = await pool.execute(_FAN_OUT, event.job_id, event.key, event.types)
+    return int(status.split()[-1])
+
+
+# --- delivering -----------------------------------------------------------------------------------------
+
+_CLAIM = """
+WITH due AS (
+    SELECT id FROM (
+        SELECT id, row_number() OVER (PARTITION BY url ORDER BY next_attempt_at) AS nth
+        FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= clock_timestamp()
+    ) d WHERE nth <= $2
+    LIMIT $1
+)
+UPDATE webhook_deliveries w SET next_attempt_at = clock_timestamp() + make_interval(secs => $3),
+                                updated_at = clock_timestamp()
+FROM due WHERE w.id = due.id AND w.status = 'pending' AND w.next_attempt_at <= clock_timestamp()
+RETURNING w.id, w.account_id, w.endpoint_id, w.job_id, w.event_type, w.url, w.attempts,
+          COALESCE((SELECT e.secret FROM webhook_endpoints e WHERE e.id = w.endpoint_id),
+                   (SELECT a.webhook_secret FROM accounts a WHERE a.id = w.account_id)) AS secret
+"""
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    status: int | None  # the HTTP status answered, None when none came
+    error: str | None
+    ms: int
+    retry_after_s: float | None = None
+    refused: bool = False  # the guard refused the URL: asking again would be refused again
+
+    @property
+    def delivered(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+JobBody = Callable[[str, str], Awaitable[bytes | None]]  # (account, job) -> the job's JSON, None if gone
+
+
+class Deliverer:
+    def __init__(self, rt: Runtime, session: aiohttp.ClientSession, job_body: JobBody):
+        self._rt = rt
+        self._session = session
+        self._job_body = job_body
+        self._wake = asyncio.Event()
+        self._retries = rt.settings.app_webhook_retries()
+        self._timeout_s = rt.settings.app_webhook_timeout_s
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while not self._rt.stop.is_set():
+            claimed = await self._claim()
+            if claimed:
+                await asyncio.gather(*(self._attempt(d) for d in claimed))
+                continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), 1.0)
+            except TimeoutError:
+                pass
+
+    async def _claim(self) -> list[Delivery]:
+        rows = await self._rt.pool.fetch(_CLAIM, BATCH, PER_URL_IN_FLIGHT, self._timeout_s + CLAIM_SLACK_S)
+        return [msgspec.convert(dict(r), Delivery) for r in rows if r["secret"] is not None]
+
+    async def _attempt(self, delivery: Delivery) -> None:
+        requestids.use(None)
+        data = await self._job_body(delivery.account_id, delivery.job_id)
+        if data is None:
+            await _settle(self._rt.pool, delivery, Outcome(None, "the job was deleted", 0), "failed", None)
+            return
+        body = b'{"type":' + msgspec.json.encode(delivery.event_type) + b',"timestamp":' + msgspec.json.encode(
+            datetime.now(UTC)) + b',"data":' + data + b"}"
+        outcome = await self._post(delivery, body)
+        status, due = self._next(delivery, outcome)
+        await _settle(self._rt.pool, delivery, outcome, status, due)
+        log.info("webhook delivery attempted", extra={
+            "job_id": delivery.job_id, "delivery_id": delivery.id, "event": delivery.event_type,
+            "endpoint_id": delivery.endpoint_id, "status": outcome.status, "error": outcome.error,
+            "outcome": status})
+
+    async def _post(self, delivery: Delivery, body: bytes) -> Outcome:
+        headers = {**webhooks.signed_headers(delivery.secret, body, msg_id=delivery.id),
+                   "Content-Type": "application/json", "User-Agent": "vidjobs-webhooks"}
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self._timeout_s), self._session.post(
+                    delivery.url, data=body, headers=headers, allow_redirects=False) as resp:
+                await resp.read()
+                wait = retry_after(resp.headers.get("Retry-After"))
+                return Outcome(resp.status, None, _ms(started), wait)
+        except UnsafeEndpoint as exc:
+            return Outcome(None, str(exc), _ms(started), refused=True)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return Outcome(None, f"{type(exc).__name__}: {exc}"[:500], _ms(started))
+
+    def _next(self, delivery: Delivery, outcome: Outcome) -> tuple[str, float | None]:
+        """(its status from here, seconds until the next attempt when it stays pending)."""
+        if outcome.delivered:
+            return "delivered", None
+        if outcome.status == 410:
+            return "disabled", None
+        if outcome.refused:
+            return "failed", None
+        done = delivery.attempts + 1
+        if done > len(self._retries):
+            return "failed", None
+        return "pending", max(self._retries[done - 1], outcome.retry_after_s or 0.0)
+
+
+def _ms(started: float) -> int:
+    return round((time.perf_counter() - started) * 1000)
+
+
+async def _settle(pool: asyncpg.Pool, delivery: Delivery, outcome: Outcome, status: str, due_s: float | None) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            """
+            UPDATE webhook_deliveries SET status = $2, attempts = attempts + 1, last_status = $3, last_error = $4,
+                next_attempt_at = CASE WHEN $2 = 'pending' THEN clock_timestamp() + make_interval(secs => $5) END,
+                updated_at = clock_timestamp()
+            WHERE id = $1
+            """,
+            delivery.id, status, outcome.status, outcome.error, due_s or 0.0,
+        )
+        await conn.execute("INSERT INTO webhook_attempts (delivery_id, status, error, ms) VALUES ($1, $2, $3, $4)",
+                           delivery.id, outcome.status, outcome.error, outcome.ms)
+        if status == "disabled":
+            await _gone(conn, delivery)
+
+
+async def _gone(conn: asyncpg.Connection, delivery: Delivery) -> None:
+    """410 Gone: the destination wants nothing more; what else waits for it will not be sent."""
+    if delivery.endpoint_id is not None:
+        await conn.execute(
+            "UPDATE webhook_endpoints SET disabled_at = clock_timestamp(), disabled_reason = $2 "
+            "WHERE id = $1 AND disabled_at IS NULL", delivery.endpoint_id, "the endpoint answered 410 Gone")
+        await conn.execute("UPDATE webhook_deliveries SET status = 'disabled', next_attempt_at = NULL "
+                           "WHERE endpoint_id = $1 AND status = 'pending'", delivery.endpoint_id)
+        log.warning("webhook endpoint answered 410 Gone; disabled", extra={"endpoint_id": delivery.endpoint_id})
+        return
+    await conn.execute("UPDATE webhook_deliveries SET status = 'disabled', next_attempt_at = NULL "
+                       "WHERE job_id = $1 AND endpoint_id IS NULL AND status = 'pending'", delivery.job_id)
+
+
+# --- URLs and secrets -----------------------------------------------------------------------------------
+
+def guard(settings_hosts: frozenset[str]) -> netguard.DownloadGuard:
+    return netguard.DownloadGuard(settings_hosts, WEBHOOKS)
+
+
+async def check_endpoint_url(url: str, hosts: frozenset[str]) -> None:
+    """Raises UnsafeEndpoint unless the URL may be delivered to: its form, its literal address, and every
+    address its name resolves to now (each delivery checks again, when it connects)."""
+    checker = guard(hosts)
+    parsed = netguard.screen_url(url, WEBHOOKS)
+    checker.check_request(parsed)
+    host, port = parsed.raw_host or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    if netguard.literal_address(host) is not None or checker.allows(host, port):
+        return
+    try:
+        found = await aiohttp.ThreadedResolver().resolve(host, port)
+    except OSError as exc:
+        raise UnsafeEndpoint(f"We refused to deliver webhooks to {host}: the name does not resolve ({exc}).") from exc
+    checker.check_resolved(host, port, found)
+
+
+def new_endpoint_id() -> str:
+    return ids.new("whe")
+
+
+# --- endpoints and secrets, as an account sees them (through its Tenant) ---------------------------------
+
+class Endpoint(msgspec.Struct, kw_only=True):
+    id: str
+    url: str
+    events: list[str]
+    description: str
+    created_at: datetime
+    disabled_at: datetime | None
+    disabled_reason: str | None
+
+
+_ENDPOINT_COLUMNS = "id, url, events, description, created_at, disabled_at, disabled_reason"
+
+
+async def add_endpoint(pool: asyncpg.Pool, account_id: str, url: str, events: list[str],
+                       description: str) -> tuple[Endpoint, str]:
+    secret = webhooks.new_secret()
+    row = await pool.fetchrow(
+        f"INSERT INTO webhook_endpoints (id, account_id, url, secret, events, description) "
+        f"VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_ENDPOINT_COLUMNS}",
+        new_endpoint_id(), account_id, url, secret, events, description)
+    return msgspec.convert(dict(row), Endpoint), secret
+
+
+async def endpoints(pool: asyncpg.Pool, account_id: str) -> list[Endpoint]:
+    rows = await pool.fetch(f"SELECT {_ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE account_id = $1 "
+                            "AND deleted_at IS NULL ORDER BY created_at, id", account_id)
+    return [msgspec.convert(dict(r), Endpoint) for r in rows]
+
+
+async def remove_endpoint(pool: asyncpg.Pool, account_id: str, endpoint_id: str) -> bool:
+    """Nothing more is sent to it: its waiting deliveries are dropped with it."""
+    async with pool.acquire() as conn, conn.transaction():
+        status = await conn.execute("UPDATE webhook_endpoints SET deleted_at = clock_timestamp() "
+                                    "WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL", endpoint_id, account_id)
+        await conn.execute("UPDATE webhook_deliveries SET status = 'disabled', next_attempt_at = NULL "
+                           "WHERE endpoint_id = $1 AND status = 'pending'", endpoint_id)
+    return status.endswith(" 1")
+
+
+class Attempt(msgspec.Struct, kw_only=True):
+    at: datetime
+    status: int | None
+    error: str | None
+    ms: int
+
+
+class DeliveryView(msgspec.Struct, kw_only=True):
+    id: str
+    job_id: str
+    event_type: str
+    status: str
+    next_attempt_at: datetime | None
+    created_at: datetime
+    attempts: list[Attempt]
+
+
+async def endpoint_deliveries(pool: asyncpg.Pool, account_id: str, endpoint_id: str,
+                              limit: int) -> list[DeliveryView] | None:
+    """Newest first, each with its attempts; None when the account has no such endpoint."""
+    owned = await pool.fetchval("SELECT true FROM webhook_endpoints WHERE id = $1 AND account_id = $2 "
+                                "AND deleted_at IS NULL", endpoint_id, account_id)
+    if not owned:
+        return None
+    rows = await pool.fetch(
+        """
+        SELECT d.id, d.job_id, d.event_type, d.status, d.next_attempt_at, d.created_at,
+               COALESCE((SELECT jsonb_agg(jsonb_build_object('at', a.at, 'status', a.status, 'error', a.error,
+                                                             'ms', a.ms) ORDER BY a.id)
+                         FROM webhook_attempts a WHERE a.delivery_id = d.id), '[]') AS attempts
+        FROM webhook_deliveries d WHERE d.endpoint_id = $1
+        ORDER BY d.created_at DESC, d.id DESC LIMIT $2
+        """, endpoint_id, limit)
+    return [msgspec.convert(dict(r), DeliveryView, strict=False) for r in rows]
+
+
+async def retry_delivery(pool: asyncpg.Pool, account_id: str, endpoint_id: str, delivery_id: str) -> bool:
+    """Send a delivery again now, whatever became of it, while its endpoint is enabled. Past its schedule, it
+    gets this one attempt."""
+    status = await pool.execute(
+        """
+        UPDATE webhook_deliveries d SET status = 'pending', next_attempt_at = clock_timestamp(),
+            updated_at = clock_timestamp()
+        FROM webhook_endpoints e
+        WHERE d.id = $3 AND d.endpoint_id = $2 AND e.id = d.endpoint_id AND e.account_id = $1
+          AND e.deleted_at IS NULL AND e.disabled_at IS NULL
+        """, account_id, endpoint_id, delivery_id)
+    return status.endswith(" 1")
+
+
+async def account_secret(pool: asyncpg.Pool, account_id: str) -> str:
+    """The secret that signs deliveries to jobs' own webhook_url, made on first use."""
+    return await pool.fetchval(
+        "UPDATE accounts SET webhook_secret = COALESCE(webhook_secret, $2) WHERE id = $1 RETURNING webhook_secret",
+        account_id, webhooks.new_secret())

@@ -1,0 +1,105 @@
+"""`/v1/webhook-endpoints`: where an account's app hears of its jobs (services/gateway/appwebhooks.py), what
+was delivered there and how each attempt went; and `GET /v1/account/webhook-secret`, which verifies the
+deliveries to the `webhook_url` a job names for itself."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from aiohttp import web
+
+from services.gateway import appwebhooks
+from services.gateway.bodies import (
+    DeliveryList,
+    DeliveryOut,
+    EndpointCreated,
+    EndpointIn,
+    EndpointList,
+    EndpointOut,
+    WebhookSecretOut,
+)
+from services.gateway.decoding import read_json
+from services.gateway.errors import ErrorOut, invalid, not_found
+from services.gateway.routing import Route, json_response
+from services.gateway.state import gateway
+from services.gateway.tenant import tenant
+
+ENDPOINT_ID = re.compile(r"^whe_[0-9a-z]{1,64}$")
+DELIVERY_ID = re.compile(r"^msg_[0-9a-z]{1,64}$")
+DELIVERIES_SHOWN = 100
+
+
+async def checked_url(request: web.Request, url: str, field: str) -> None:
+    try:
+        await appwebhooks.check_endpoint_url(url, gateway(request).settings.allowed_webhook_hosts())
+    except appwebhooks.UnsafeEndpoint as err:
+        raise invalid(f"{field}: {err}") from err
+
+
+def _endpoint_id(request: web.Request) -> str:
+    endpoint_id = request.match_info["endpoint_id"]
+    if not ENDPOINT_ID.match(endpoint_id):
+        raise not_found("webhook endpoint")
+    return endpoint_id
+
+
+async def create_endpoint(request: web.Request) -> web.Response:
+    body = await read_json(request, EndpointIn, gateway(request).settings.max_body_bytes)
+    await checked_url(request, body.url, "url")
+    endpoint, secret = await tenant(request).add_endpoint(body.url, sorted(set(body.events)), body.description)
+    created = EndpointCreated(**msgspec.structs.asdict(endpoint), secret=secret)
+    return json_response(created, status=201, headers={"Location": f"/v1/webhook-endpoints/{endpoint.id}"})
+
+
+async def list_endpoints(request: web.Request) -> web.Response:
+    found = await tenant(request).endpoints()
+    return json_response(EndpointList(data=[msgspec.convert(msgspec.structs.asdict(e), EndpointOut) for e in found]))
+
+
+async def delete_endpoint(request: web.Request) -> web.Response:
+    if not await tenant(request).remove_endpoint(_endpoint_id(request)):
+        raise not_found("webhook endpoint")
+    return web.Response(status=204)
+
+
+async def list_deliveries(request: web.Request) -> web.Response:
+    found = await tenant(request).deliveries(_endpoint_id(request), DELIVERIES_SHOWN)
+    if found is None:
+        raise not_found("webhook endpoint")
+    return json_response(DeliveryList(data=[msgspec.convert(msgspec.to_builtins(d), DeliveryOut) for d in found]))
+
+
+async def retry_delivery(request: web.Request) -> web.Response:
+    delivery_id = request.match_info["delivery_id"]
+    if not DELIVERY_ID.match(delivery_id) or not await tenant(request).retry_delivery(_endpoint_id(request),
+                                                                                     delivery_id):
+        raise not_found("delivery of an enabled webhook endpoint")
+    gateway(request).poke_deliveries()
+    return web.Response(status=202)
+
+
+async def webhook_secret(request: web.Request) -> web.Response:
+    return json_response(WebhookSecretOut(secret=await tenant(request).webhook_secret()))
+
+
+_ONE = "/v1/webhook-endpoints/{endpoint_id}"
+_MISSING = {401: ErrorOut, 404: ErrorOut}
+ROUTES = [
+    Route("POST", "/v1/webhook-endpoints", create_endpoint, "create_webhook_endpoint",
+          "Register an endpoint of your app to hear of your jobs; its signing secret is shown this once",
+          body=EndpointIn, responses={201: EndpointCreated, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut,
+                                      415: ErrorOut, 422: ErrorOut}),
+    Route("GET", "/v1/webhook-endpoints", list_endpoints, "list_webhook_endpoints", "Your webhook endpoints",
+          responses={200: EndpointList, 401: ErrorOut}),
+    Route("DELETE", _ONE, delete_endpoint, "delete_webhook_endpoint",
+          "Remove an endpoint; nothing more is sent to it", responses={204: None, **_MISSING}),
+    Route("GET", f"{_ONE}/deliveries", list_deliveries, "list_webhook_deliveries",
+          "What was delivered to an endpoint, newest first, with every attempt", responses={200: DeliveryList,
+                                                                                            **_MISSING}),
+    Route("POST", f"{_ONE}/deliveries/{{delivery_id}}/retry", retry_delivery, "retry_webhook_delivery",
+          "Send a delivery again now", responses={202: None, **_MISSING}),
+    Route("GET", "/v1/account/webhook-secret", webhook_secret, "account_webhook_secret",
+          "The secret that signs deliveries to the webhook_url a job names", responses={200: WebhookSecretOut,
+                                                                                         401: ErrorOut}),
+]
