@@ -150,7 +150,8 @@ def test_the_store_module_is_gone():
 # ---- behaviour -------------------------------------------------------------------------------------------
 
 PARAM = re.compile(r"\{(\w+)\}")
-MISSING = {"job_id": "job_" + "0" * 26, "upload_id": "upl_" + "0" * 26}
+MISSING = {"job_id": "job_" + "0" * 26, "upload_id": "upl_" + "0" * 26, "endpoint_id": "whe_" + "0" * 26,
+           "delivery_id": "msg_" + "0" * 26}
 READ_ONLY = ["status", "cost", "account_id", "account", "id", "estimated_credits", "actual_credits", "attempt",
              "outputs"]
 
@@ -181,7 +182,16 @@ async def test_another_accounts_ids_answer_like_missing_ones_on_every_route(h):
     resp = await h.client.post("/v1/uploads", data=png_with_text(), headers={**auth(a_key),
                                                                              "Content-Type": "image/png"})
     assert resp.status == 201
-    a_ids = {"job_id": job["id"], "upload_id": (await resp.json())["id"]}
+    upload_id = (await resp.json())["id"]
+    # A public address written out, so no name needs resolving here.
+    resp = await h.client.post("/v1/webhook-endpoints", json={"url": "https://93.184.215.14/hook"},
+                               headers=auth(a_key))
+    assert resp.status == 201, await resp.text()
+    endpoint_id = (await resp.json())["id"]
+    await h.pool.execute("INSERT INTO webhook_deliveries (id, account_id, endpoint_id, job_id, event_type, event_key, "
+                         "url, status) VALUES ('msg_a', $1, $2, $3, 'job.completed', 'k', 'https://x', 'failed')",
+                         a_id, endpoint_id, job["id"])
+    a_ids = {"job_id": job["id"], "upload_id": upload_id, "endpoint_id": endpoint_id, "delivery_id": "msg_a"}
 
     with_ids = [(m, p) for m, p in tenant_routes(h) if PARAM.search(p)]
     assert ("GET", "/v1/jobs/{job_id}") in with_ids and ("DELETE", "/v1/jobs/{job_id}") in with_ids

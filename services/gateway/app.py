@@ -105,13 +105,13 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                            (_prune_webhook_inbox(rt), "webhook-inbox-prune"),
                            (every(rt, ratelimit.SYNC_S, buckets.sync, "rate limit sync"), "rate-limit-sync")):
             stack.push_async_callback(_stop, rt.watch(work, name))
-        stack.callback(rt.stop.set)  # runs first at cleanup: the tasks stopped next are not failures
         streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
         rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
         gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
                      buckets=buckets, webhook_rates=rates)
         app[GATEWAY] = gw
         await _deliver_app_webhooks(gw, stack)
+        stack.callback(rt.stop.set)  # runs first at cleanup: the tasks stopped next are not failures
         yield
 
 
