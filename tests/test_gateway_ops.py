@@ -84,6 +84,8 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
         "model", "prompt", "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image",
         "params", "metadata", "webhook_url", "webhook_events"}
     assert set(schemas["ErrorBody"]["properties"]) == {"code", "message", "retryable", "request_id"}
+    codes = set(schemas["ErrorBody"]["properties"]["code"]["enum"])
+    assert {"invalid_input", "quota_exhausted", "rate_limited", "not_found", "limit_reached"} <= codes
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
             for status, answer in op["responses"].items():

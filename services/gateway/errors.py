@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from typing import Literal
 
 import msgspec
 from aiohttp import web
@@ -33,8 +34,12 @@ class GatewayCode(enum.StrEnum):
 Code = ErrorCode | GatewayCode
 
 
+# Every code an error body can carry, listed in the OpenAPI document as the field's enum.
+CodeName = Literal[tuple(c.value for c in (*ErrorCode, *GatewayCode))]  # type: ignore[valid-type]
+
+
 class ErrorBody(msgspec.Struct, frozen=True):
-    code: str
+    code: CodeName
     message: str
     retryable: bool
     request_id: str | None = None  # the X-Request-Id of the request, to quote when asking about it
