@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -180,3 +181,11 @@ async def test_a_bad_setting_exits_2_naming_the_variable():
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"VIDJOBS_HTTP_PORT" in err
+
+
+def test_the_reference_page_is_the_served_document():
+    """docs/API.md is written from the OpenAPI document; regenerate it when a route or body changes:
+    `python -m services.gateway.apidoc > docs/API.md`."""
+    from services.gateway.apidoc import reference
+
+    assert (Path(__file__).parents[1] / "docs" / "API.md").read_text() == reference()

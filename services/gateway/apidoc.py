@@ -1,0 +1,92 @@
+"""docs/API.md, the API reference, written from the same OpenAPI document `/openapi.json` serves, so the page
+cannot drift from what is served (a test compares them).
+
+    python -m services.gateway.apidoc > docs/API.md
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from libs.common.settings import Settings
+from services.gateway.app import route_table
+from services.gateway.openapi import document
+
+_INTRO = """# API reference
+
+Generated from the OpenAPI document the gateway serves at `GET /openapi.json` (`python -m
+services.gateway.apidoc > docs/API.md`); the document is the authority. Every `/v1` route but the provider
+callback route takes `Authorization: Bearer <api key>`. Every answer carries `X-Request-Id`; every answer
+to a request made with a key carries `RateLimit` and `RateLimit-Policy`. Errors are
+`{"error": {"code", "message", "retryable", "request_id"}}` (the `ErrorBody` schema lists every code).
+"""
+
+
+def _type(schema: dict[str, Any]) -> str:
+    if "$ref" in schema:
+        return schema["$ref"].rsplit("/", 1)[1]
+    if "anyOf" in schema:
+        return " or ".join(_type(s) for s in schema["anyOf"])
+    if "enum" in schema:
+        return " \\| ".join(f"`{v}`" for v in schema["enum"])
+    kind = schema.get("type", "any")
+    if kind == "array":
+        return f"list of {_type(schema.get('items', {}))}"
+    if kind == "object" and "additionalProperties" in schema:
+        return f"map of {_type(schema['additionalProperties'])}"
+    return str(kind) + (f" ({schema['format']})" if "format" in schema else "")
+
+
+def _operation(method: str, path: str, op: dict[str, Any]) -> list[str]:
+    lines = [f"### `{method.upper()} {path}`", "", op["summary"] + ("" if op["security"] else " (no API key)"), ""]
+    params = op.get("parameters", [])
+    if params:
+        lines += ["| parameter | in | type | |", "|---|---|---|---|"]
+        lines += [f"| `{p['name']}` | {p['in']} | {_type(p['schema'])} | {p.get('description', '')} |"
+                  for p in params]
+        lines.append("")
+    body = op.get("requestBody", {}).get("content", {})
+    for media, spec in body.items():
+        lines += [f"Body: {_type(spec['schema']) if media == 'application/json' else media}", ""]
+    answers = []
+    for status, answer in op["responses"].items():
+        content = answer.get("content", {})
+        shown = next((_type(c["schema"]) if m == "application/json" else m for m, c in content.items()), "empty")
+        answers.append(f"{status} {shown}")
+    lines += ["Answers: " + "; ".join(answers), ""]
+    return lines
+
+
+def _schema(name: str, schema: dict[str, Any]) -> list[str]:
+    lines = [f"### {name}", ""]
+    if schema.get("description"):
+        lines += [schema["description"], ""]
+    if "properties" not in schema:
+        return [*lines, f"{_type(schema)}", ""]
+    required = set(schema.get("required", []))
+    lines += ["| field | type | |", "|---|---|---|"]
+    for field, prop in schema["properties"].items():
+        note = prop.get("description", "") or ("" if field in required else "optional")
+        lines.append(f"| `{field}` | {_type(prop)} | {note} |")
+    return [*lines, ""]
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    lines = [_INTRO, "## Routes", ""]
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            lines += _operation(method, path, op)
+    lines += ["## Schemas", ""]
+    for name, schema in sorted(doc["components"]["schemas"].items()):
+        lines += _schema(name, schema)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def reference() -> str:
+    """The page for a deployment as `vidjobs up` runs it (files served by the gateway, metrics on it)."""
+    return markdown(document(route_table(Settings(fake_provider="on"))))
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference())
