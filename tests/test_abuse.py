@@ -335,14 +335,18 @@ async def test_every_documented_route_called_with_another_accounts_ids_leaks_not
         b_id, b = await tenant(stack)
         a_jobs = await _jobs_in_every_state(a)
         a_upload = await _upload(a)
+        a_endpoint = await _endpoint(a)
+        async with a.session.get(f"{a.url}/v1/account/webhook-secret", headers=a.auth) as resp:
+            a_webhook_secret = (await resp.json())["secret"]
         b_job = await b.create_job(prompt="b's own")
         async with stack.session.get(f"{stack.url}/openapi.json") as resp:
             documented = {(m.upper(), path) for path, ops in (await resp.json())["paths"].items() for m in ops}
-        secrets_of_a = {a_id, a_upload, *(j["id"] for j in a_jobs.values()), "a's secret prompt"}
+        secrets_of_a = {a_id, a_upload, *(j["id"] for j in a_jobs.values()), "a's secret prompt", a_endpoint["id"],
+                        a_endpoint["secret"], a_webhook_secret}
         before = await _state_of(settings.database_url, a_id, a_jobs)
 
         covered: dict[tuple[str, str], str] = {}
-        for (method, path), probe in _probes(a_jobs, a_upload).items():
+        for (method, path), probe in _probes(a_jobs, a_upload, a_endpoint["id"]).items():
             answers = await probe(b)
             for status, text in answers:
                 leaked = [s for s in secrets_of_a if s in text]
@@ -421,7 +425,15 @@ async def _state_of(database_url: str, account_id: str, jobs: dict[str, dict]) -
 Probe = Callable[[Stack], Awaitable[list[tuple[int, str]]]]
 
 
-def _probes(a_jobs: dict[str, dict], a_upload: str) -> dict[tuple[str, str], Probe]:
+async def _endpoint(a: Stack) -> dict:
+    # A public address written out, so no name needs resolving; nothing there need answer.
+    async with a.session.post(f"{a.url}/v1/webhook-endpoints", json={"url": "https://93.184.215.14/hooks"},
+                              headers=a.auth) as resp:
+        assert resp.status == 201
+        return await resp.json()
+
+
+def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tuple[str, str], Probe]:
     """How B calls each documented route with A's ids; each answers every (status, body) it saw."""
 
     def each_job(method: str, suffix: str = "") -> Probe:
@@ -447,6 +459,18 @@ def _probes(a_jobs: dict[str, dict], a_upload: str) -> dict[tuple[str, str], Pro
         async with b.session.post(f"{b.url}/v1/jobs", json=body, headers=b.auth) as r:
             assert r.status == 422
             return [(r.status, (await r.text()).replace(a_upload, "<the named id>"))]
+
+    async def estimate_with_their_upload(b: Stack) -> list[tuple[int, str]]:
+        body = {"model": "fake/default", "prompt": "mine", "duration_s": 1, "input_image": a_upload}
+        async with b.session.post(f"{b.url}/v1/estimates", json=body, headers=b.auth) as r:
+            assert r.status == 422
+            return [(r.status, (await r.text()).replace(a_upload, "<the named id>"))]
+
+    async def own_endpoint(b: Stack) -> list[tuple[int, str]]:
+        async with b.session.post(f"{b.url}/v1/webhook-endpoints", json={"url": "https://93.184.215.15/b"},
+                                  headers=b.auth) as r:
+            assert r.status == 201
+            return [(r.status, await r.text())]
 
     async def their_files(b: Stack) -> list[tuple[int, str]]:
         async with b.session.get(f"{b.url}/files/accounts/x/jobs/{a_jobs['completed']['id']}/video.mp4") as r:
@@ -486,4 +510,15 @@ def _probes(a_jobs: dict[str, dict], a_upload: str) -> dict[tuple[str, str], Pro
         ("GET", "/"): plain("GET", "/", auth=False),
         ("GET", "/files/{key}"): their_files,
         ("GET", "/openapi.json"): plain("GET", "/openapi.json", auth=False),
+        ("POST", "/v1/estimates"): estimate_with_their_upload,
+        ("GET", "/v1/models"): plain("GET", "/v1/models"),
+        ("POST", "/v1/webhook-endpoints"): own_endpoint,
+        ("GET", "/v1/webhook-endpoints"): plain("GET", "/v1/webhook-endpoints"),
+        ("DELETE", "/v1/webhook-endpoints/{endpoint_id}"): plain(
+            "DELETE", f"/v1/webhook-endpoints/{a_endpoint}", expect=404),
+        ("GET", "/v1/webhook-endpoints/{endpoint_id}/deliveries"): plain(
+            "GET", f"/v1/webhook-endpoints/{a_endpoint}/deliveries", expect=404),
+        ("POST", "/v1/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/retry"): plain(
+            "POST", f"/v1/webhook-endpoints/{a_endpoint}/deliveries/msg_0/retry", expect=404),
+        ("GET", "/v1/account/webhook-secret"): plain("GET", "/v1/account/webhook-secret"),
     }
