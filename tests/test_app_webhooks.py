@@ -32,16 +32,20 @@ def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
 
 
 class ClientApp:
-    """Records every delivery; `flaky` answers 500 to its first two job.completed attempts."""
+    """Records every delivery; `flaky` answers 500 to its first two job.completed attempts; `stuck` answers
+    nothing until the test lets it go."""
 
     def __init__(self) -> None:
         self.received: dict[str, list[tuple[dict[str, str], bytes]]] = defaultdict(list)
         self.failures_left = 2
+        self.let_go = asyncio.Event()
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
         name = request.match_info["name"]
         self.received[name].append(({k.lower(): v for k, v in request.headers.items()}, body))
+        if name == "stuck":
+            await self.let_go.wait()
         if name == "gone":
             return web.Response(status=410)
         if name == "flaky" and json.loads(body)["type"] == "job.completed" and self.failures_left:
@@ -132,3 +136,31 @@ async def test_an_app_hears_of_its_jobs_signed_retried_and_never_after_410(tmp_p
 async def _delivered(app: ClientApp, name: str, count: int) -> bool:
     await asyncio.sleep(0)
     return len(app.received[name]) >= count
+
+
+async def test_an_endpoint_that_never_answers_holds_up_neither_jobs_nor_other_endpoints(tmp_path, database_url,
+                                                                                         nats_url):
+    async with client_app() as (app, port):
+        base = f"http://127.0.0.1:{port}/hooks"
+        settings = stack_settings(tmp_path, database_url, nats_url, webhook_allow_hosts=f"127.0.0.1:{port}",
+                                  app_webhook_retry_s="0.2," * 20 + "0.2", app_webhook_timeout_s=30)
+        async with running_stack(settings) as stack:
+            for name in ("stuck", "quick"):
+                async with stack.session.post(f"{stack.url}/v1/webhook-endpoints", headers=stack.auth,
+                                              json={"url": f"{base}/{name}"}) as resp:
+                    assert resp.status == 201
+            jobs = await asyncio.gather(*(stack.create_job(params={"render_s": 0.1}) for _ in range(8)))
+            done = await asyncio.gather(*(stack.wait_terminal(j["id"]) for j in jobs))
+            # Every job's ending reaches the quick endpoint while the stuck one has answered nothing.
+            await wait_until(lambda: _completed(app, "quick", 8), within=30, what="every quick delivery")
+            stuck_so_far = len(app.received["stuck"])
+            app.let_go.set()
+
+    assert [j["status"] for j in done] == ["completed"] * 8
+    assert {e["data"]["id"] for e in app.events("quick") if e["type"] == "job.completed"} == {j["id"] for j in jobs}
+    assert 1 <= stuck_so_far <= 2 * 4  # a few at once to the stuck one, never one per event
+
+
+async def _completed(app: ClientApp, name: str, count: int) -> bool:
+    await asyncio.sleep(0)
+    return sum(e["type"] == "job.completed" for e in app.events(name)) >= count

@@ -36,6 +36,7 @@ log = logging.getLogger("vidjobs.gateway.appwebhooks")
 
 ALLOW_SETTING = "VIDJOBS_WEBHOOK_ALLOW_HOSTS"
 PER_URL_IN_FLIGHT = 4
+MAX_IN_FLIGHT = 64
 BATCH = 64
 CLAIM_SLACK_S = 30.0  # a claimed delivery comes due again this long after its attempt should have ended
 
@@ -92,7 +93,8 @@ _CLAIM = """
 WITH due AS (
     SELECT id FROM (
         SELECT id, row_number() OVER (PARTITION BY url ORDER BY next_attempt_at) AS nth
-        FROM webhook_deliveries WHERE status = 'pending' AND next_attempt_at <= clock_timestamp()
+        FROM webhook_deliveries
+        WHERE status = 'pending' AND next_attempt_at <= clock_timestamp() AND NOT (url = ANY ($4::text[]))
     ) d WHERE nth <= $2
     LIMIT $1
 )
@@ -121,6 +123,10 @@ JobBody = Callable[[str, str], Awaitable[bytes | None]]  # (account, job) -> the
 
 
 class Deliverer:
+    """Sends due deliveries, up to MAX_IN_FLIGHT at once and a few to one URL (PER_URL_IN_FLIGHT, or up to
+    twice that when a claim lands while some are under way), taking more as soon as any attempt ends: an
+    attempt hanging until its timeout holds its own place and nothing else."""
+
     def __init__(self, rt: Runtime, session: aiohttp.ClientSession, job_body: JobBody):
         self._rt = rt
         self._session = session
@@ -128,25 +134,53 @@ class Deliverer:
         self._wake = asyncio.Event()
         self._retries = rt.settings.app_webhook_retries()
         self._timeout_s = rt.settings.app_webhook_timeout_s
+        self._in_flight: dict[str, int] = {}  # url -> attempts under way
+        self._tasks: set[asyncio.Task] = set()
 
     def poke(self) -> None:
         self._wake.set()
 
     async def run(self) -> None:
-        while not self._rt.stop.is_set():
-            claimed = await self._claim()
-            if claimed:
-                await asyncio.gather(*(self._attempt(d) for d in claimed))
-                continue
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), 1.0)
-            except TimeoutError:
-                pass
+        try:
+            while not self._rt.stop.is_set():
+                self._wake.clear()
+                room = MAX_IN_FLIGHT - len(self._tasks)
+                for delivery in (await self._claim(min(room, BATCH)) if room > 0 else []):
+                    self._start(delivery)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 1.0)
+                except TimeoutError:
+                    pass
+        finally:
+            for task in self._tasks:
+                task.cancel()
 
-    async def _claim(self) -> list[Delivery]:
-        rows = await self._rt.pool.fetch(_CLAIM, BATCH, PER_URL_IN_FLIGHT, self._timeout_s + CLAIM_SLACK_S)
+    def _start(self, delivery: Delivery) -> None:
+        self._in_flight[delivery.url] = self._in_flight.get(delivery.url, 0) + 1
+        task = asyncio.create_task(self._attempt_safely(delivery))
+        self._tasks.add(task)
+
+        def done(_: asyncio.Task) -> None:
+            self._tasks.discard(task)
+            left = self._in_flight.pop(delivery.url, 1) - 1
+            if left:
+                self._in_flight[delivery.url] = left
+            self._wake.set()  # a place came free
+
+        task.add_done_callback(done)
+
+    async def _claim(self, limit: int) -> list[Delivery]:
+        full = [url for url, n in self._in_flight.items() if n >= PER_URL_IN_FLIGHT]
+        rows = await self._rt.pool.fetch(_CLAIM, limit, PER_URL_IN_FLIGHT, self._timeout_s + CLAIM_SLACK_S, full)
         return [msgspec.convert(dict(r), Delivery) for r in rows if r["secret"] is not None]
+
+    async def _attempt_safely(self, delivery: Delivery) -> None:
+        try:
+            await self._attempt(delivery)
+        except Exception as exc:
+            # Its claim runs out and it comes due again; nothing is lost.
+            log.warning("webhook delivery could not be settled; it will be tried again",
+                        extra={"delivery_id": delivery.id, "job_id": delivery.job_id, "error": repr(exc)})
 
     async def _attempt(self, delivery: Delivery) -> None:
         requestids.use(None)
