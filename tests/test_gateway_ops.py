@@ -85,6 +85,10 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
         "model", "prompt", "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image",
         "params", "metadata", "webhook_url", "webhook_events"}
     assert set(schemas["ErrorBody"]["properties"]) == {"code", "message", "retryable", "request_id"}
+    undescribed = [f"{name}.{field}" for name, schema in schemas.items()
+                   for field, prop in schema.get("properties", {}).items()
+                   if "description" not in prop and not any("description" in s for s in prop.get("anyOf", []))]
+    assert undescribed == []  # a field's comment in the code is its description
     codes = set(schemas["ErrorBody"]["properties"]["code"]["enum"])
     assert {"invalid_input", "quota_exhausted", "rate_limited", "not_found", "limit_reached"} <= codes
     for path, ops in doc["paths"].items():

@@ -54,9 +54,9 @@ DEFAULT_MESSAGES: dict[ErrorCode, str] = {
 class JobError(msgspec.Struct, frozen=True):
     """The `error` object of a job, as stored and as shown."""
 
-    code: ErrorCode
-    message: str
-    retryable: bool
+    code: ErrorCode  # what kind of failure: one of a small, fixed set
+    message: str  # what happened and what to do, in words
+    retryable: bool  # whether the same request may succeed later
 
     @classmethod
     def of(cls, code: ErrorCode, message: str | None = None) -> JobError:

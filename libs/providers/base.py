@@ -62,8 +62,8 @@ ALL_RESOLUTIONS = ("480p", "720p", "1080p")
 
 
 class Format(msgspec.Struct, frozen=True):
-    aspect_ratio: str
-    resolution: str
+    aspect_ratio: str  # 16:9, 9:16 or 1:1
+    resolution: str  # 480p, 720p or 1080p
     durations_s: list[int] | None = None  # the lengths it renders in this format, where fewer than the model's
 
 

@@ -38,13 +38,18 @@ def _type(schema: dict[str, Any]) -> str:
     return str(kind) + (f" ({schema['format']})" if "format" in schema else "")
 
 
+def _note(param: dict[str, Any]) -> str:
+    schema = param["schema"]
+    return param.get("description") or schema.get("description") or next(
+        (s["description"] for s in schema.get("anyOf", []) if "description" in s), "")
+
+
 def _operation(method: str, path: str, op: dict[str, Any]) -> list[str]:
     lines = [f"### `{method.upper()} {path}`", "", op["summary"] + ("" if op["security"] else " (no API key)"), ""]
     params = op.get("parameters", [])
     if params:
         lines += ["| parameter | in | type | |", "|---|---|---|---|"]
-        lines += [f"| `{p['name']}` | {p['in']} | {_type(p['schema'])} | {p.get('description', '')} |"
-                  for p in params]
+        lines += [f"| `{p['name']}` | {p['in']} | {_type(p['schema'])} | {_note(p)} |" for p in params]
         lines.append("")
     body = op.get("requestBody", {}).get("content", {})
     for media, spec in body.items():
@@ -67,7 +72,10 @@ def _schema(name: str, schema: dict[str, Any]) -> list[str]:
     required = set(schema.get("required", []))
     lines += ["| field | type | |", "|---|---|---|"]
     for field, prop in schema["properties"].items():
-        note = prop.get("description", "") or ("" if field in required else "optional")
+        note = prop.get("description") or next((s["description"] for s in prop.get("anyOf", [])
+                                                if "description" in s), "")
+        if field not in required:
+            note = f"{note} (optional)" if note else "optional"
         lines.append(f"| `{field}` | {_type(prop)} | {note} |")
     return [*lines, ""]
 

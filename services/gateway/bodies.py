@@ -41,17 +41,22 @@ Resolution = Literal["480p", "720p", "1080p"]
 class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/jobs`."""
 
-    model: Model
-    prompt: Prompt
+    model: Model  # `<provider>/<model>` or a model alias; GET /v1/models lists them
+    prompt: Prompt  # what to render
+    # seconds of video, 1-60 (a model may round up to a length it makes)
     duration_s: Annotated[int, Meta(ge=1, le=60)] = 5
-    aspect_ratio: AspectRatio = "16:9"
-    resolution: Resolution = "720p"
+    aspect_ratio: AspectRatio = "16:9"  # 16:9, 9:16 or 1:1
+    resolution: Resolution = "720p"  # 480p, 720p or 1080p
+    # the same seed and request render alike, where the model takes one
     seed: Annotated[int, Meta(ge=0, le=2**32 - 1)] | None = None
+    # what not to render, where the model takes one
     negative_prompt: Annotated[str, Meta(max_length=MAX_PROMPT_CHARS)] | None = None
-    input_image: UploadId | None = None
-    params: dict[str, Any] = {}
-    metadata: Metadata = {}
+    input_image: UploadId | None = None  # an upload id (POST /v1/uploads): render from this first frame
+    params: dict[str, Any] = {}  # the provider's own extras, checked by its adapter
+    metadata: Metadata = {}  # your own labels: returned with the job and filterable
+    # an URL of your app that hears of this job (signed with GET /v1/account/webhook-secret)
     webhook_url: WebhookUrl | None = None
+    # which events go to webhook_url; default job.completed, job.failed, job.canceled
     webhook_events: Annotated[list[AppEvent], Meta(min_length=1)] | None = None
 
     def to_request(self) -> JobRequest:
@@ -64,71 +69,71 @@ class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class JobOutputs(msgspec.Struct, kw_only=True):
     video_url: str | None  # null once the job expired: the original was removed
-    thumbnail_url: str
-    preview_url: str | None
+    thumbnail_url: str  # a JPEG poster frame; signed and expiring
+    preview_url: str | None  # a short low-resolution clip of its start; null once expired
     expires_at: datetime  # when these links stop working; read the job again for fresh ones
     retained_until: datetime  # when the original is removed (the job becomes `expired`)
-    duration_s: float
-    width: int
-    height: int
-    bytes: int
-    sha256: str
-    thumbnail_width: int | None
-    thumbnail_height: int | None
-    preview_width: int | None
-    preview_height: int | None
-    preview_duration_s: float | None
+    duration_s: float  # of the stored video
+    width: int  # of the stored video, in pixels
+    height: int  # of the stored video, in pixels
+    bytes: int  # of the stored video
+    sha256: str  # of the stored video, hex
+    thumbnail_width: int | None  # pixels
+    thumbnail_height: int | None  # pixels
+    preview_width: int | None  # pixels
+    preview_height: int | None  # pixels
+    preview_duration_s: float | None  # seconds of the low-resolution preview clip
 
 
 class Cost(msgspec.Struct, kw_only=True):
-    estimated_credits: int
-    actual_credits: int | None
+    estimated_credits: int  # reserved when the job was created, and the most it can cost
+    actual_credits: int | None  # charged when it ended; null until then
 
 
 class JobUrls(msgspec.Struct, kw_only=True):
     """Where to read, cancel and follow the job."""
 
-    get: str
-    cancel: str
-    stream: str
+    get: str  # this job
+    cancel: str  # POST here to cancel it
+    stream: str  # its Server-Sent Events
 
 
 class JobOut(msgspec.Struct, kw_only=True):
     """A job as every read shows it: where it stands, what was asked for, and when things happened."""
 
-    id: str
-    status: JobStatus
-    stage: Stage
-    model: str
-    prompt: str
-    created_at: datetime
-    updated_at: datetime
-    attempt: int
-    queue_position: int | None
+    id: str  # job_...
+    status: JobStatus  # where it is in its lifecycle
+    stage: Stage  # what a person is shown: queued, submitted, rendering, downloading, ready, failed, canceled, expired
+    model: str  # the model it renders with (an alias resolved)
+    prompt: str  # as asked
+    created_at: datetime  # when it was created
+    updated_at: datetime  # when anything about it last changed
+    attempt: int  # which render attempt (a transient failure is retried as a new one)
+    queue_position: int | None  # its place among the account's waiting jobs while it waits, or in the provider's queue
     queue_reason: str | None  # why a queued job is not submitted yet (a paused or busy provider)
-    progress: float | None
-    error: JobError | None
-    outputs: JobOutputs | None
-    cost: Cost
+    progress: float | None  # the provider's own progress figure, 0-1, where it gives one
+    error: JobError | None  # why it failed; null unless it did
+    outputs: JobOutputs | None  # the stored render; null until it is ready
+    cost: Cost  # credits reserved and charged
     # The request as it was accepted (an alias resolved in `model`).
-    duration_s: int
-    aspect_ratio: str
-    resolution: str
-    seed: int | None
-    negative_prompt: str | None
-    input_image: str | None
-    params: dict[str, Any]
-    metadata: dict[str, str]
+    duration_s: int  # as asked
+    aspect_ratio: str  # as asked
+    resolution: str  # as asked
+    seed: int | None  # as asked
+    negative_prompt: str | None  # as asked
+    input_image: str | None  # as asked
+    params: dict[str, Any]  # as asked
+    metadata: dict[str, str]  # your labels, as given
     started_at: datetime | None  # when the provider accepted its current attempt
     completed_at: datetime | None  # when it reached its ending: completed, failed or canceled
     deadline_at: datetime | None  # when its current stage gives up
     retry_at: datetime | None  # while retrying: when the next attempt is queued
-    urls: JobUrls
+    urls: JobUrls  # where to read, cancel and follow it
 
 
 class JobList(msgspec.Struct, kw_only=True):
-    data: list[JobOut]
-    next_cursor: str | None
+    data: list[JobOut]  # newest first
+    next_cursor: str | None  # pass as `cursor` for the next page; null on the last
     has_more: bool  # whether another page follows (then `next_cursor` fetches it)
 
 
@@ -137,26 +142,26 @@ class ListQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     has that key with that value (several: all of them)."""
 
     status: Annotated[str, Meta(description="one status or several, comma-separated")] | None = None
-    model: Model | None = None
+    model: Model | None = None  # only jobs of this model
     created_after: datetime | None = None  # jobs created at or after this time
     created_before: datetime | None = None  # jobs created before this time
-    limit: Annotated[int, Meta(ge=1, le=100)] = 20
-    cursor: str | None = None
+    limit: Annotated[int, Meta(ge=1, le=100)] = 20  # jobs per page, 1-100
+    cursor: str | None = None  # next_cursor of the previous page
 
 
 class TransitionOut(msgspec.Struct, kw_only=True):
     from_: JobStatus | None = msgspec.field(name="from")  # None for creation
-    to: JobStatus
-    at: datetime
-    reason: str
+    to: JobStatus  # the status it moved to
+    at: datetime  # when
+    reason: str  # why, in words
 
 
 class Trail(msgspec.Struct, kw_only=True):
-    data: list[TransitionOut]
+    data: list[TransitionOut]  # oldest first
 
 
 class Credits(msgspec.Struct, kw_only=True):
-    balance: int
+    balance: int  # credits the account holds
     reserved: int  # held for jobs that have not finished
     available: int  # balance - reserved: what new jobs may use
 
@@ -171,7 +176,7 @@ class Limits(msgspec.Struct, kw_only=True):
     request_burst: int  # requests one key may make at once after a quiet spell
     max_queued_jobs: int  # jobs that may wait for a slot at once; creating more answers 429
     max_open_streams: int  # event streams open at once (per gateway replica)
-    max_open_streams_per_key: int
+    max_open_streams_per_key: int  # event streams open at once per API key (per gateway replica)
     max_uploads_per_day: int  # image uploads per UTC day, deleted ones included
     max_body_bytes: int  # a JSON request body
     max_upload_bytes: int  # an uploaded image
@@ -180,10 +185,10 @@ class Limits(msgspec.Struct, kw_only=True):
 class AccountOut(msgspec.Struct, kw_only=True):
     """Answer of `GET /v1/account`."""
 
-    id: str
-    name: str
-    credits: Credits
-    limits: Limits
+    id: str  # acct_...
+    name: str  # the account's name
+    credits: Credits  # balance, reserved and available
+    limits: Limits  # the limits in force
     spent_today: int  # credits committed today (UTC), as the daily cap counts them
     active_jobs: int  # jobs not finished yet, waiting ones included
     queued_jobs: int  # of those, waiting for a slot
@@ -193,47 +198,47 @@ class AccountOut(msgspec.Struct, kw_only=True):
 class LedgerQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Query string of `GET /v1/account/ledger`."""
 
-    limit: Annotated[int, Meta(ge=1, le=100)] = 20
-    cursor: str | None = None
+    limit: Annotated[int, Meta(ge=1, le=100)] = 20  # entries per page, 1-100
+    cursor: str | None = None  # next_cursor of the previous page
 
 
 class LedgerEntryOut(msgspec.Struct, kw_only=True):
     """One change of the account's balance or reservation, and what it left."""
 
-    id: int
-    kind: LedgerKind
-    job_id: str | None
-    balance_change: int
-    reserved_change: int
-    balance_after: int
-    reserved_after: int
-    note: str
-    at: datetime
+    id: int  # its place in the ledger
+    kind: LedgerKind  # what changed the balance or reservation
+    job_id: str | None  # the job it concerns, if any
+    balance_change: int  # credits
+    reserved_change: int  # credits
+    balance_after: int  # credits
+    reserved_after: int  # credits
+    note: str  # why, in words
+    at: datetime  # when
 
 
 class LedgerPage(msgspec.Struct, kw_only=True):
     data: list[LedgerEntryOut]  # newest first
-    next_cursor: str | None
+    next_cursor: str | None  # pass as `cursor` for the next page; null on the last
 
 
 class WebhookAck(msgspec.Struct, kw_only=True):
-    received: bool
+    received: bool  # the callback was taken
     duplicate: bool  # this delivery was stored before
     # False for a callback that names no render of ours: acknowledged, so the sender stops, and dropped.
     stored: bool = True
 
 
 class Health(msgspec.Struct, kw_only=True):
-    status: str
+    status: str  # ok, or why not
 
 
 class UploadOut(msgspec.Struct, kw_only=True):
     """Answer of `POST /v1/uploads`: the stored image, upright and stripped of metadata."""
 
     id: Annotated[str, Meta(description="name it as a job's `input_image`")]
-    width: int
-    height: int
-    content_type: Literal["image/png", "image/jpeg", "image/webp"]
+    width: int  # pixels
+    height: int  # pixels
+    content_type: Literal["image/png", "image/jpeg", "image/webp"]  # as sniffed from the bytes
     bytes: int  # of the stored (re-encoded) image
 
 
@@ -241,30 +246,30 @@ class ModelOut(msgspec.Struct, kw_only=True):
     """A model this deployment renders with: what it takes, and its price by resolution."""
 
     id: str  # what a job's `model` names
-    provider: str
+    provider: str  # the provider it renders at
     aliases: list[str]  # model aliases that send some of their jobs here (rollout routing)
-    durations_s: list[int]
+    durations_s: list[int]  # the clip lengths it renders
     rounds_up: bool  # a length under the longest that is not listed is rendered as the next one listed
-    formats: list[Format]
-    formats_with_image: list[Format] | None
+    formats: list[Format]  # the (aspect ratio, resolution) pairs it renders
+    formats_with_image: list[Format] | None  # the pairs it renders from an input image, where they differ
     input_image: str  # none | optional | required
-    negative_prompt: bool
-    seed: bool
+    negative_prompt: bool  # whether it takes one
+    seed: bool  # whether it takes one
     credits_per_second: dict[str, float | None]  # resolution -> price on the current rate card (null: unpriced)
 
 
 class ModelList(msgspec.Struct, kw_only=True):
-    data: list[ModelOut]
-    rate_card_version: int
+    data: list[ModelOut]  # every model, by provider
+    rate_card_version: int  # the card the prices come from
 
 
 class EstimateOut(msgspec.Struct, kw_only=True):
     """What `POST /v1/jobs` with this body would reserve, without creating anything."""
 
     model: str  # the model it would render with (an alias resolved, as a create would this time)
-    estimated_credits: int
-    credits_per_second: float
-    rate_card_version: int
+    estimated_credits: int  # what a create would reserve
+    credits_per_second: float  # the price
+    rate_card_version: int  # the card the price comes from
     available_credits: int  # the account's balance less what running jobs have reserved
     affordable: bool  # whether a create would be accepted as far as credit goes (daily caps aside)
 
@@ -272,20 +277,21 @@ class EstimateOut(msgspec.Struct, kw_only=True):
 class EndpointIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/webhook-endpoints`."""
 
-    url: WebhookUrl
+    url: WebhookUrl  # an https URL of your app
+    # which events it hears; default all four
     events: Annotated[list[AppEvent], Meta(min_length=1)] = msgspec.field(
         default_factory=lambda: ["job.completed", "job.failed", "job.canceled", "job.stage"])
-    description: Annotated[str, Meta(max_length=200)] = ""
+    description: Annotated[str, Meta(max_length=200)] = ""  # your own note
 
 
 class EndpointOut(msgspec.Struct, kw_only=True):
-    id: str
-    url: str
-    events: list[str]
-    description: str
-    created_at: datetime
+    id: str  # whe_...
+    url: str  # where deliveries go
+    events: list[str]  # which events it hears
+    description: str  # your own note
+    created_at: datetime  # when it was registered
     disabled_at: datetime | None  # it answered 410 Gone; nothing more is sent to it
-    disabled_reason: str | None
+    disabled_reason: str | None  # why it was disabled
 
 
 class EndpointCreated(EndpointOut, kw_only=True):
@@ -293,28 +299,29 @@ class EndpointCreated(EndpointOut, kw_only=True):
 
 
 class EndpointList(msgspec.Struct, kw_only=True):
-    data: list[EndpointOut]
+    data: list[EndpointOut]  # oldest first
 
 
 class AttemptOut(msgspec.Struct, kw_only=True):
-    at: datetime
+    at: datetime  # when it was sent
     status: int | None  # the HTTP status your endpoint answered; null when it did not answer
-    error: str | None
-    ms: int
+    error: str | None  # what went wrong when no answer came
+    ms: int  # how long the attempt took
 
 
 class DeliveryOut(msgspec.Struct, kw_only=True):
     id: str  # its webhook-id header: the same on every attempt
-    job_id: str
-    event_type: str
+    job_id: str  # the job it tells of
+    event_type: str  # job.completed, job.failed, job.canceled or job.stage
+    # pending (more attempts to come), delivered, failed (schedule used up) or disabled (410)
     status: Literal["pending", "delivered", "failed", "disabled"]
-    next_attempt_at: datetime | None
-    created_at: datetime
-    attempts: list[AttemptOut]
+    next_attempt_at: datetime | None  # when it is tried next, while pending
+    created_at: datetime  # when the move happened
+    attempts: list[AttemptOut]  # every attempt, oldest first
 
 
 class DeliveryList(msgspec.Struct, kw_only=True):
-    data: list[DeliveryOut]
+    data: list[DeliveryOut]  # newest first
 
 
 class WebhookSecretOut(msgspec.Struct, kw_only=True):

@@ -39,14 +39,14 @@ CodeName = Literal[tuple(c.value for c in (*ErrorCode, *GatewayCode))]  # type: 
 
 
 class ErrorBody(msgspec.Struct, frozen=True):
-    code: CodeName
-    message: str
-    retryable: bool
+    code: CodeName  # what kind of error: one of a small, fixed set
+    message: str  # what went wrong and what to do, naming the field at fault
+    retryable: bool  # whether the same request may succeed later (after Retry-After, if given)
     request_id: str | None = None  # the X-Request-Id of the request, to quote when asking about it
 
 
 class ErrorOut(msgspec.Struct, frozen=True):
-    error: ErrorBody
+    error: ErrorBody  # every error answer has this one shape
 
 
 class ApiError(Exception):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import http
+import inspect
 import re
+import typing
 from typing import Any
 
 import msgspec
@@ -79,9 +81,73 @@ def _operation(route: Route, schema_of: dict[type, Any], components: dict[str, A
     return op
 
 
+_FIELD = re.compile(r"^\s+(\w+)\s*:([^#]*)(?:#\s*(.+))?$")
+_COMMENT = re.compile(r"^\s+#\s*(.+)$")
+
+
+def _field_notes(cls: type) -> dict[str, str]:
+    """What the code says each field means: its trailing comment, or the comment line just above it, in the
+    class or a base. The document's descriptions are the lines a reader of the code sees."""
+    notes: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        above = None
+        for line in source.splitlines():
+            if (comment := _COMMENT.match(line)) is not None:
+                above = comment[1].strip()
+                continue
+            if (field := _FIELD.match(line)) is not None and (note := field[3] or above):
+                notes[field[1]] = note.strip()
+            above = None
+    return notes
+
+
+def _describe(components: dict[str, Any], structs: list[type]) -> None:
+    seen: dict[str, type] = {}
+    stack = list(structs)
+    while stack:
+        cls = stack.pop()
+        if cls.__name__ in seen:
+            continue
+        seen[cls.__name__] = cls
+        try:
+            hints = typing.get_type_hints(cls, include_extras=True)
+        except (NameError, TypeError):
+            hints = {}
+        for hint in hints.values():
+            stack += [t for t in _struct_types(hint) if t.__name__ not in seen]
+    for name, cls in seen.items():
+        props = components.get(name, {}).get("properties", {})
+        for field, note in _field_notes(cls).items():
+            target = props.get(msgspec.structs.fields(cls) and _encoded_name(cls, field), {})
+            if target is not None and "description" not in target and field in _field_names(cls):
+                target["description"] = note
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in msgspec.structs.fields(cls)}
+
+
+def _encoded_name(cls: type, field: str) -> str:
+    return next((f.encode_name for f in msgspec.structs.fields(cls) if f.name == field), field)
+
+
+def _struct_types(hint: Any) -> list[type]:
+    """The Struct classes a field's type names, however nested (a list of them, one or None)."""
+    if isinstance(hint, str):
+        return []
+    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+        return [hint]
+    return [t for arg in typing.get_args(hint) for t in _struct_types(arg)]
+
+
 def document(routes: list[Route]) -> dict[str, Any]:
     structs = _structs(routes)
     schemas, components = msgspec.json.schema_components(structs, ref_template=_REF)
+    _describe(components, structs)
     schema_of = dict(zip(structs, schemas, strict=True))
     paths: dict[str, dict[str, Any]] = {}
     for route in routes:
