@@ -96,6 +96,9 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
             for status, answer in op["responses"].items():
                 assert "X-Request-Id" in answer["headers"], (method, path, status)
                 assert ("RateLimit" in answer["headers"]) == bool(op["security"]), (method, path, status)
+    stream = doc["paths"]["/v1/jobs/{job_id}/stream"]["get"]["responses"]["200"]["content"]["text/event-stream"]
+    assert stream["itemSchema"] == {"$ref": "#/components/schemas/JobOut"}
+    assert doc["servers"] and schemas["CreateJob"]["properties"]["prompt"]["examples"]
     create = doc["paths"]["/v1/jobs"]["post"]["responses"]
     assert "Idempotent-Replayed" in create["200"]["headers"] and "Retry-After" in create["429"]["headers"]
     assert set(schemas["JobStatus"]["enum"]) == {"pending", "submitted", "processing", "retrying", "downloading",

@@ -23,11 +23,13 @@ MAX_PROMPT_CHARS = 2000
 Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9._:/-]*$", max_length=128,
                             description="`<provider>/<model name>`", examples=["fake/default"])]
 # `\S` (searched, not matched): a prompt of only spaces is as empty as no prompt.
-Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S")]
+Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S",
+                             examples=["a red fox in snow"])]
 UploadId = Annotated[str, Meta(pattern=r"^upl_[0-9a-z]{1,64}$", description="an id from POST /v1/uploads")]
 AppEvent = Literal["job.completed", "job.failed", "job.canceled", "job.stage"]
 DEFAULT_JOB_EVENTS = ["job.completed", "job.failed", "job.canceled"]
-WebhookUrl = Annotated[str, Meta(min_length=1, max_length=2048, description="an https URL of your app")]
+WebhookUrl = Annotated[str, Meta(min_length=1, max_length=2048, description="an https URL of your app",
+                                  examples=["https://app.example/hooks/vidjobs"])]
 MAX_METADATA_KEYS = 16
 MetadataKey = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_.-]{1,40}$")]
 Metadata = Annotated[dict[MetadataKey, Annotated[str, Meta(max_length=256)]], Meta(

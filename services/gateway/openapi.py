@@ -25,9 +25,19 @@ def _structs(routes: list[Route]) -> list[type]:
     return found
 
 
+# An event stream's items: `event: job` with the job as its data, on connect and on every change (the
+# `itemSchema` of sequential media, as OpenAPI 3.2 spells it).
+_EVENT_STREAM = {"schema": {"type": "string", "description": "Server-Sent Events: `event: job` and `data: "
+                                                             "<the job as JSON>` on connect and on every change; "
+                                                             "the stream closes once the job is terminal"},
+                 "itemSchema": {"$ref": _REF.format(name="JobOut")}}
+
+
 def _content(spec: ResponseSpec, schema_of: dict[type, Any]) -> dict[str, Any]:
     if isinstance(spec, type):
         return {"application/json": {"schema": schema_of[spec]}}
+    if spec == "text/event-stream":
+        return {spec: _EVENT_STREAM}
     return {spec: {"schema": {"type": "string"}}} if spec else {}
 
 
@@ -157,6 +167,8 @@ def document(routes: list[Route]) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "vidjobs", "version": "1", "description": "AI video render jobs, end to end."},
+        # Relative: the document is served by the gateway it describes, wherever that is reached.
+        "servers": [{"url": "/", "description": "the gateway serving this document"}],
         "paths": paths,
         "components": {
             "schemas": components,
