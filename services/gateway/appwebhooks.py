@@ -141,12 +141,23 @@ class Deliverer:
         self._wake.set()
 
     async def run(self) -> None:
+        failures = 0
         try:
             while not self._rt.stop.is_set():
                 self._wake.clear()
-                room = MAX_IN_FLIGHT - len(self._tasks)
-                for delivery in (await self._claim(min(room, BATCH)) if room > 0 else []):
-                    self._start(delivery)
+                try:
+                    room = MAX_IN_FLIGHT - len(self._tasks)
+                    for delivery in (await self._claim(min(room, BATCH)) if room > 0 else []):
+                        self._start(delivery)
+                    failures = 0
+                except Exception as exc:
+                    # A database restarting or failing over: the deliveries wait in their rows meanwhile.
+                    failures += 1
+                    delay = min(0.5 * 2 ** min(failures, 6), 10.0)
+                    log.warning("could not claim webhook deliveries; retrying",
+                                extra={"error": repr(exc), "delay_s": delay})
+                    await asyncio.sleep(delay)
+                    continue
                 try:
                     await asyncio.wait_for(self._wake.wait(), 1.0)
                 except TimeoutError:
