@@ -32,6 +32,7 @@ async def test_no_operation_answers_5xx_or_off_its_schema(tmp_path, database_url
             "--workers", "2",
             "-H", f"Authorization: Bearer {stack.key}", "--exclude-path", SKIPPED, "--request-timeout", "10",
             "--report", "ndjson", "--report-ndjson-path", str(report),
+            cwd=tmp_path,  # where it keeps its cache
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         out, _ = await proc.communicate()
     text = out.decode(errors="replace")
