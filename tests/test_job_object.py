@@ -129,3 +129,21 @@ async def test_each_filter_is_served_by_its_index(h):
     assert "jobs_metadata" in by_metadata, by_metadata
     for found in (by_status, by_model, by_metadata):
         assert '"Seq Scan"' not in found
+
+
+async def test_a_nul_character_anywhere_is_refused_naming_where(h):
+    """PostgreSQL text cannot hold NUL: it is refused at the edge with the field named, never a 500."""
+    key = await h.key()
+    prompt_status, prompt = await h.post_job(key, prompt="a fox\u0000")
+    label_status, label = await h.post_job(key, metadata={"k": "v\u0000"})
+    params_status, params = await h.post_job(key, params={"note": ["x\u0000"]})
+    query_status, query = await h.get(key, "/v1/jobs?model=fake/default%00")
+    filter_status, filtered = await h.get(key, "/v1/jobs?metadata.k=%00")
+
+    assert (prompt_status, label_status, params_status, query_status, filter_status) == (422, 422, 422, 400, 400)
+    assert_error(prompt, "invalid_input", "prompt", "NUL")
+    assert_error(label, "invalid_input", "metadata.k", "NUL")
+    assert_error(params, "invalid_input", "params.note[0]", "NUL")
+    assert_error(query, "invalid_input", "model", "NUL")
+    assert_error(filtered, "invalid_input", "metadata.k", "NUL")
+    assert await h.count("SELECT count(*) FROM jobs") == 0

@@ -65,16 +65,34 @@ async def read_json(request: web.Request, kind: type[T], max_bytes: int) -> T:
         raise ApiError(415, GatewayCode.UNSUPPORTED_MEDIA_TYPE, "send the body as application/json")
     raw = await read_body(request, max_bytes)
     try:
-        return msgspec.json.decode(raw, type=kind)
+        decoded = msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
         raise invalid(field_message(exc)) from exc
     except msgspec.DecodeError as exc:
         raise invalid(f"body is not valid JSON: {exc}", status=400) from exc
+    if b"\\u0000" in raw and (where := nul_in(msgspec.to_builtins(decoded))) is not None:
+        raise invalid(f"{where}: contains a NUL character (\\u0000), which no text here may hold")
+    return decoded
+
+
+def nul_in(value: object, path: str = "") -> str | None:
+    """The path of the first string holding a NUL character (PostgreSQL text cannot hold one), or None."""
+    if isinstance(value, str):
+        return (path or "body") if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and "\x00" in key:
+            return f"{path}.{key!r}".lstrip(".")
+        if (found := nul_in(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")) is not None:
+            return found.lstrip(".")
+    return None
 
 
 def read_query(query: Mapping[str, str], kind: type[T]) -> T:
     if len(query) != len(set(query)):
         raise invalid("each query parameter may be given once", status=400)
+    if (where := nul_in(dict(query))) is not None:
+        raise invalid(f"{where}: contains a NUL character (%00), which no parameter may hold", status=400)
     try:
         return msgspec.convert(dict(query), kind, strict=False)
     except msgspec.ValidationError as exc:

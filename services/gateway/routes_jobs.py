@@ -32,7 +32,7 @@ from services.gateway.bodies import (
     Trail,
     TransitionOut,
 )
-from services.gateway.decoding import read_json, read_query
+from services.gateway.decoding import nul_in, read_json, read_query
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from services.gateway.routing import Route, json_response
 from services.gateway.state import Gateway, gateway
@@ -209,6 +209,8 @@ def metadata_filter(query: Mapping[str, str]) -> dict[str, str]:
     """`metadata.<key>=<value>` parameters: the jobs must carry every one of these pairs."""
     wanted = {name.removeprefix(METADATA_PARAM): value for name, value in query.items()
               if name.startswith(METADATA_PARAM)}
+    if (where := nul_in(wanted)) is not None:
+        raise invalid(f"metadata.{where}: contains a NUL character (%00), which no parameter may hold", status=400)
     try:
         return msgspec.convert(wanted, Metadata)
     except msgspec.ValidationError as exc:
