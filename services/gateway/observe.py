@@ -1,12 +1,18 @@
-"""Request metrics. Labels are bounded: the route's name from the table (never the raw path, which holds job
-ids), the method, and the status code."""
+"""Request metrics and the access log: one line per request (who asked what, how it was answered, how long it
+took) and counters whose labels are bounded: the route's name from the table (never the raw path, which holds
+job ids), the method, and the status code."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 from aiohttp import web
 from prometheus_client import Counter, Histogram
+
+from services.gateway.state import ACCOUNT
+
+log = logging.getLogger("vidjobs.access")
 
 REQUESTS = Counter("vidjobs_http_requests_total", "HTTP requests answered by the gateway",
                    ["route", "method", "status"])
@@ -36,5 +42,10 @@ async def metrics_middleware(request: web.Request, handler) -> web.StreamRespons
     finally:
         method = request.method if request.method in _METHODS else "other"
         route = route_label(request)
+        took = time.perf_counter() - started
         REQUESTS.labels(route, method, str(status)).inc()
-        LATENCY.labels(route, method).observe(time.perf_counter() - started)
+        LATENCY.labels(route, method).observe(took)
+        account = request.get(ACCOUNT)
+        log.info("request", extra={"method": request.method, "route": route, "path": request.path,
+                                   "status": status, "ms": round(took * 1000, 1),
+                                   "account_id": account.id if account is not None else None})
