@@ -141,14 +141,18 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
 
 
 async def _in_transaction(conn: asyncpg.Connection, job: JobRow, from_status: JobStatus, to: JobStatus,
-                          follow_ups: frozenset[FollowUp]) -> list[Event]:
-    """The move's follow-ups that write (states.FOLLOW_UPS); returns the events they send."""
+                          follow_ups: frozenset[FollowUp], apps_listen: bool) -> list[Event]:
+    """The move's follow-ups that write or send (states.FOLLOW_UPS); returns the events they send."""
+    sent: list[Event] = []
     if FollowUp.SETTLE_CREDIT in follow_ups:
         await settle_credit(conn, job, to.value,
                             rendered=from_status is JobStatus.DOWNLOADING and to is JobStatus.CANCELED)
     if FollowUp.FREE_SLOT in follow_ups:
-        return list(await slot_wakeup(conn, job.provider))
-    return []
+        sent += await slot_wakeup(conn, job.provider)
+    if FollowUp.TELL_APPS in follow_ups and apps_listen:
+        sent.append(AppEventDue(job_id=job.id, types=app_events(from_status, to),
+                                key=f"{job.id}:{to.value}:{job.updated_at.timestamp():.6f}"))
+    return sent
 
 
 async def transition(
@@ -179,11 +183,8 @@ async def transition(
         )
         job = row_to_job(row)
         follow_ups = FOLLOW_UPS[from_status, to]
-        freed = await _in_transaction(conn, job, from_status, to, follow_ups)
-        if FollowUp.TELL_APPS in follow_ups and row["apps_listen"]:
-            freed.append(AppEventDue(job_id=job_id, types=app_events(from_status, to),
-                                     key=f"{job_id}:{to.value}:{job.updated_at.timestamp():.6f}"))
-        await outbox.add(conn, [*freed, *emit])
+        sent = await _in_transaction(conn, job, from_status, to, follow_ups, row["apps_listen"])
+        await outbox.add(conn, [*sent, *emit])
         changes.note(job_id, to.value, job.updated_at)
     metrics.TRANSITIONS.labels(to.value).inc()
     if FollowUp.ROUTE_OUTCOME in follow_ups and job.route is not None:
