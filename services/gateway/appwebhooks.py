@@ -31,6 +31,7 @@ from libs.common.events import AppEventDue
 from libs.common.runtime import Runtime
 from libs.providers import webhooks
 from libs.providers.http import retry_after
+from services.gateway.errors import invalid
 
 log = logging.getLogger("vidjobs.gateway.appwebhooks")
 
@@ -293,6 +294,14 @@ async def check_endpoint_url(url: str, hosts: frozenset[str]) -> None:
     except OSError as exc:
         raise UnsafeEndpoint(f"We refused to deliver webhooks to {host}: the name does not resolve ({exc}).") from exc
     checker.check_resolved(host, port, found)
+
+
+async def checked_url(url: str, settings_hosts: frozenset[str], field: str) -> None:
+    """check_endpoint_url as the API answers it: a 422 naming `field` and what to do."""
+    try:
+        await check_endpoint_url(url, settings_hosts)
+    except UnsafeEndpoint as err:
+        raise invalid(f"{field}: {err}") from err
 
 
 def new_endpoint_id() -> str:

@@ -20,7 +20,7 @@ from services.gateway.bodies import (
     WebhookSecretOut,
 )
 from services.gateway.decoding import read_json
-from services.gateway.errors import ErrorOut, invalid, not_found
+from services.gateway.errors import ErrorOut, not_found
 from services.gateway.routing import Route, json_response
 from services.gateway.state import gateway
 from services.gateway.tenant import tenant
@@ -28,13 +28,6 @@ from services.gateway.tenant import tenant
 ENDPOINT_ID = re.compile(r"^whe_[0-9a-z]{1,64}$")
 DELIVERY_ID = re.compile(r"^msg_[0-9a-z]{1,64}$")
 DELIVERIES_SHOWN = 100
-
-
-async def checked_url(request: web.Request, url: str, field: str) -> None:
-    try:
-        await appwebhooks.check_endpoint_url(url, gateway(request).settings.allowed_webhook_hosts())
-    except appwebhooks.UnsafeEndpoint as err:
-        raise invalid(f"{field}: {err}") from err
 
 
 def _endpoint_id(request: web.Request) -> str:
@@ -46,7 +39,7 @@ def _endpoint_id(request: web.Request) -> str:
 
 async def create_endpoint(request: web.Request) -> web.Response:
     body = await read_json(request, EndpointIn, gateway(request).settings.max_body_bytes)
-    await checked_url(request, body.url, "url")
+    await appwebhooks.checked_url(body.url, gateway(request).settings.allowed_webhook_hosts(), "url")
     endpoint, secret = await tenant(request).add_endpoint(body.url, sorted(set(body.events)), body.description)
     created = EndpointCreated(**msgspec.structs.asdict(endpoint), secret=secret)
     return json_response(created, status=201, headers={"Location": f"/v1/webhook-endpoints/{endpoint.id}"})

@@ -66,13 +66,6 @@ async def check_input_image(owner: Tenant, request: JobRequest) -> None:
                       "POST /v1/uploads and name the id it answers")
 
 
-async def check_webhook_url(gw: Gateway, url: str) -> None:
-    try:
-        await appwebhooks.check_endpoint_url(url, gw.settings.allowed_webhook_hosts())
-    except appwebhooks.UnsafeEndpoint as err:
-        raise invalid(f"webhook_url: {err}") from err
-
-
 def _job_events(body: CreateJob) -> list[str] | None:
     if body.webhook_url is None:
         return None
@@ -131,14 +124,29 @@ async def _replayed(conn: asyncpg.Connection, owner: Tenant, job_id: str) -> Own
     return job
 
 
-async def create_job(request: web.Request) -> web.Response:
+class Checked(msgspec.Struct, frozen=True):
+    body: CreateJob
+    request: JobRequest  # what the provider is asked for, an alias resolved
+    route: str | None  # the alias it was chosen through
+
+
+async def checked_create(request: web.Request) -> Checked:
+    """A create's body with every check a create makes before it writes anything (an estimate makes them too)."""
     gw, owner = gateway(request), tenant(request)
     body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
     job_request, route = routed(body.to_request(), gw.settings)
     check_provider(gw.adapters, job_request)
     await check_input_image(owner, job_request)
     if body.webhook_url is not None:
-        await check_webhook_url(gw, body.webhook_url)
+        await appwebhooks.checked_url(body.webhook_url, gw.settings.allowed_webhook_hosts(), "webhook_url")
+    return Checked(body, job_request, route)
+
+
+async def create_job(request: web.Request) -> web.Response:
+    gw, owner = gateway(request), tenant(request)
+    checked = await checked_create(request)
+    body, job_request, route = checked.body, checked.request, checked.route
+    if body.webhook_url is not None:
         await owner.webhook_secret()  # made now, so its deliveries can be signed
     key = idempotency.key_from(request)
     try:
@@ -154,11 +162,8 @@ async def create_job(request: web.Request) -> web.Response:
 
 async def estimate_job(request: web.Request) -> web.Response:
     """The create's checks and price, without its writes: nothing is reserved, queued or remembered."""
-    gw, owner = gateway(request), tenant(request)
-    body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
-    job_request, _ = routed(body.to_request(), gw.settings)
-    check_provider(gw.adapters, job_request)
-    await check_input_image(owner, job_request)
+    owner = tenant(request)
+    job_request = (await checked_create(request)).request
     card = await owner.rate_card()
     try:
         price = ratecard.price_of(card, job_request.model, job_request.resolution)
