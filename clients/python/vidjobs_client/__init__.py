@@ -1,0 +1,41 @@
+"""A Python client for the vidjobs API.
+
+    from vidjobs_client import Client
+
+    with Client("http://127.0.0.1:8080", api_key="vj_...") as vj:
+        job = vj.create_job("fake/default", "a red fox in snow", duration_s=5)
+        job = vj.wait(job.id, on_change=lambda j: print(j.stage))
+        if job.succeeded:
+            vj.download(job, "fox.mp4")  # checked against the job's sha256
+
+`AsyncClient` (from `vidjobs_client.aio`, also exported here) has the same methods, awaitable.
+"""
+
+from vidjobs_client.aio import AsyncClient
+from vidjobs_client.client import Client
+from vidjobs_client.errors import (
+    APIError,
+    AuthenticationError,
+    ChecksumMismatch,
+    ConfigurationError,
+    Conflict,
+    ConnectionFailed,
+    InsufficientCredits,
+    InvalidRequest,
+    JobNotReady,
+    NotFound,
+    RateLimited,
+    Unavailable,
+    VidjobsError,
+    WaitTimeout,
+)
+from vidjobs_client.models import TERMINAL, Account, Estimate, Job, JobPage, Model, Transition, Upload
+from vidjobs_client.retrying import RetryPolicy
+
+__version__ = "0.1.0"
+__all__ = [
+    "TERMINAL", "APIError", "Account", "AsyncClient", "AuthenticationError", "ChecksumMismatch", "Client",
+    "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "InsufficientCredits", "InvalidRequest", "Job",
+    "JobNotReady", "JobPage", "Model", "NotFound", "RateLimited", "RetryPolicy", "Transition", "Unavailable",
+    "Upload", "VidjobsError", "WaitTimeout",
+]

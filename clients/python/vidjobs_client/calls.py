@@ -1,0 +1,185 @@
+"""Each API operation as a value: method, path, query, body and the type its answer decodes to.
+
+The sync and async clients send the same `Call`s, so what an operation is lives here once and each client only
+moves bytes. `replayable` says whether sending a call twice does no harm, which decides whether it may be
+retried after a connection broke mid-request.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import msgspec
+
+from vidjobs_client import models
+from vidjobs_client.errors import APIError, error_class
+
+T = TypeVar("T")
+Query = list[tuple[str, str | int | float | bool | None]]  # as httpx takes it
+_IMAGE_TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".webp": "image/webp"}
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    method: str
+    path: str
+    answer: type[T] | None  # None: the answer has no body (204, 202)
+    query: Query = field(default_factory=list)
+    body: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    replayable: bool = True
+
+
+def decode(call: Call[T], content: bytes) -> T:
+    if call.answer is None:
+        return None  # type: ignore[return-value]  # a Call[None] by construction
+    return msgspec.json.decode(content, type=call.answer)
+
+
+def retry_after_s(headers: Mapping[str, str]) -> float | None:
+    try:
+        return max(0.0, float(headers["Retry-After"]))
+    except (KeyError, ValueError):
+        return None
+
+
+def api_error(status: int, headers: Mapping[str, str], content: bytes) -> APIError:
+    """The API's error answer as an exception; an answer that is not the API's JSON still becomes one."""
+    try:
+        body = msgspec.json.decode(content, type=dict[str, Any])["error"]
+        code, message = str(body["code"]), str(body["message"])
+        retryable, request_id = bool(body.get("retryable")), body.get("request_id")
+    except (msgspec.DecodeError, KeyError, TypeError):
+        code, message = "http_error", content[:200].decode(errors="replace").strip() or f"HTTP {status}"
+        retryable, request_id = status in (429, 502, 503, 504), None
+    return error_class(status)(status, code, message, retryable=retryable,
+                               request_id=request_id or headers.get("X-Request-Id"),
+                               retry_after_s=retry_after_s(headers))
+
+
+def _json(value: object) -> bytes:
+    return msgspec.json.encode(value)
+
+
+def _time(value: datetime | str) -> str:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _job(job_id: str) -> str:
+    return f"/v1/jobs/{quote(job_id, safe='')}"
+
+
+def new_idempotency_key() -> str:
+    return "idem_" + secrets.token_hex(16)
+
+
+def create_job(model: str, prompt: str, options: models.JobOptions, idempotency_key: str | None) -> Call[models.Job]:
+    # A generated key makes a create safe to send again after a lost answer: the API answers the same job.
+    key = idempotency_key or new_idempotency_key()
+    return Call("POST", "/v1/jobs", models.Job, body=_json({"model": model, "prompt": prompt, **options}),
+                headers={"Content-Type": "application/json", "Idempotency-Key": key})
+
+
+def estimate(model: str, prompt: str, options: models.JobOptions) -> Call[models.Estimate]:
+    return Call("POST", "/v1/estimates", models.Estimate, body=_json({"model": model, "prompt": prompt, **options}),
+                headers={"Content-Type": "application/json"})
+
+
+def get_job(job_id: str) -> Call[models.Job]:
+    return Call("GET", _job(job_id), models.Job)
+
+
+def list_jobs(filters: models.ListFilter, cursor: str | None = None) -> Call[models.JobPage]:
+    query: Query = []
+    if "status" in filters:
+        status = filters["status"]
+        query.append(("status", status if isinstance(status, str) else ",".join(status)))
+    if "model" in filters:
+        query.append(("model", filters["model"]))
+    for name in ("created_after", "created_before"):
+        if name in filters:
+            query.append((name, _time(filters[name])))
+    query += [(f"metadata.{key}", value) for key, value in filters.get("metadata", {}).items()]
+    if "limit" in filters:
+        query.append(("limit", str(filters["limit"])))
+    if cursor:
+        query.append(("cursor", cursor))
+    return Call("GET", "/v1/jobs", models.JobPage, query=query)
+
+
+def cancel_job(job_id: str) -> Call[models.Job]:
+    return Call("POST", _job(job_id) + "/cancel", models.Job)  # cancelling twice is cancelling once
+
+
+def delete_job(job_id: str) -> Call[None]:
+    return Call("DELETE", _job(job_id), None)
+
+
+def job_events(job_id: str) -> Call[models.Trail]:
+    return Call("GET", _job(job_id) + "/events", models.Trail)
+
+
+def stream_path(job_id: str) -> str:
+    return _job(job_id) + "/stream"
+
+
+def image_type(path: Path) -> str:
+    return _IMAGE_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+
+
+def upload(image: bytes, content_type: str) -> Call[models.Upload]:
+    # Not replayable: a second upload is a second stored image (and counts against the daily cap).
+    return Call("POST", "/v1/uploads", models.Upload, body=image, headers={"Content-Type": content_type},
+                replayable=False)
+
+
+def account() -> Call[models.Account]:
+    return Call("GET", "/v1/account", models.Account)
+
+
+def ledger(limit: int | None = None, cursor: str | None = None) -> Call[models.LedgerPage]:
+    query: Query = [("limit", str(limit))] if limit else []
+    return Call("GET", "/v1/account/ledger", models.LedgerPage, query=query + ([("cursor", cursor)] if cursor else []))
+
+
+def webhook_secret() -> Call[models.WebhookSecret]:
+    return Call("GET", "/v1/account/webhook-secret", models.WebhookSecret)
+
+
+def list_models() -> Call[models.ModelList]:
+    return Call("GET", "/v1/models", models.ModelList)
+
+
+def create_webhook_endpoint(url: str, events: list[str] | None, description: str) -> Call[models.WebhookEndpoint]:
+    body: dict[str, object] = {"url": url, "description": description}
+    if events is not None:
+        body["events"] = events
+    return Call("POST", "/v1/webhook-endpoints", models.WebhookEndpoint, body=_json(body),
+                headers={"Content-Type": "application/json"}, replayable=False)
+
+
+def list_webhook_endpoints() -> Call[models.EndpointList]:
+    return Call("GET", "/v1/webhook-endpoints", models.EndpointList)
+
+
+def _endpoint(endpoint_id: str) -> str:
+    return f"/v1/webhook-endpoints/{quote(endpoint_id, safe='')}"
+
+
+def delete_webhook_endpoint(endpoint_id: str) -> Call[None]:
+    return Call("DELETE", _endpoint(endpoint_id), None)
+
+
+def deliveries(endpoint_id: str) -> Call[models.DeliveryList]:
+    return Call("GET", _endpoint(endpoint_id) + "/deliveries", models.DeliveryList)
+
+
+def retry_delivery(endpoint_id: str, delivery_id: str) -> Call[None]:
+    return Call("POST", f"{_endpoint(endpoint_id)}/deliveries/{quote(delivery_id, safe='')}/retry", None)

@@ -1,0 +1,229 @@
+"""The synchronous client. `vidjobs_client.aio.AsyncClient` has the same methods, awaitable."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, TypeVar, Unpack
+
+import httpx
+
+from vidjobs_client import calls, connection, models
+from vidjobs_client.calls import Call, api_error, decode
+from vidjobs_client.downloads import CHUNK, Download, Part, source, target_path
+from vidjobs_client.errors import WaitTimeout
+from vidjobs_client.following import READ_TIMEOUT_S, Follower, StreamEnded, StreamRefused
+from vidjobs_client.retrying import RetryPolicy
+
+T = TypeVar("T")
+
+
+class Client:
+    """A connection to the vidjobs API.
+
+    `base_url` and `api_key` default to `VIDJOBS_URL` and `VIDJOBS_API_KEY`. Refusals the API marks retryable
+    (429, 503) and connections that fail are retried as `retry` says; anything else raises an `APIError` whose
+    `code` is the API's error code. Use it as a context manager, or call `close()`.
+    """
+
+    def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout_s: float = 30.0,
+                 retry: RetryPolicy | None = None, http: httpx.Client | None = None) -> None:
+        self.base_url, self._key = connection.resolve(base_url, api_key)
+        self._retry = retry or RetryPolicy()
+        self._http = http or httpx.Client(base_url=self.base_url, timeout=timeout_s,
+                                          headers={"User-Agent": connection.USER_AGENT})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _send(self, call: Call[T]) -> T:
+        headers = connection.request_headers(call, self._key)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                resp = self._http.request(call.method, call.path, params=call.query, content=call.body,
+                                          headers=headers)
+            except httpx.TransportError as exc:
+                wait = self._retry.after_failure(call, attempt, exc)
+            else:
+                if resp.is_success:
+                    return decode(call, resp.content)
+                wait = self._retry.after_refusal(call, attempt, api_error(resp.status_code, resp.headers,
+                                                                          resp.content))
+            time.sleep(wait)
+
+    # Jobs
+
+    def create_job(self, model: str, prompt: str, *, idempotency_key: str | None = None,
+                   **options: Unpack[models.JobOptions]) -> models.Job:
+        """Create a render job. An idempotency key is generated unless given, so a retried create never
+        makes a second job."""
+        return self._send(calls.create_job(model, prompt, options, idempotency_key))
+
+    def estimate(self, model: str, prompt: str, **options: Unpack[models.JobOptions]) -> models.Estimate:
+        """What creating this job would reserve, checked as a create is, without creating anything."""
+        return self._send(calls.estimate(model, prompt, options))
+
+    def get_job(self, job_id: str) -> models.Job:
+        """One job, as it stands."""
+        return self._send(calls.get_job(job_id))
+
+    def list_jobs(self, cursor: str | None = None, **filters: Unpack[models.ListFilter]) -> models.JobPage:
+        """One page of the account's jobs, newest first; pass `next_cursor` for the next."""
+        return self._send(calls.list_jobs(filters, cursor))
+
+    def iter_jobs(self, **filters: Unpack[models.ListFilter]) -> Iterator[models.Job]:
+        """Every job that matches, newest first, fetching pages as they are needed."""
+        cursor = None
+        while True:
+            page = self.list_jobs(cursor, **filters)
+            yield from page.data
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def cancel_job(self, job_id: str) -> models.Job:
+        """Cancel a job; one already finished is answered unchanged."""
+        return self._send(calls.cancel_job(job_id))
+
+    def delete_job(self, job_id: str) -> None:
+        """Delete a job and its files."""
+        self._send(calls.delete_job(job_id))
+
+    def job_events(self, job_id: str) -> list[models.Transition]:
+        """The job's audit trail, oldest first."""
+        return self._send(calls.job_events(job_id)).data
+
+    def stream_job(self, job_id: str, *, timeout_s: float | None = None) -> Iterator[models.Job]:
+        """The job now and at every change until it finishes, reconnecting when the connection drops.
+
+        Raises `WaitTimeout` if it has not finished within `timeout_s`."""
+        follower = Follower(job_id, self._retry)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            try:
+                yield from self._connection(follower, deadline)
+                return
+            except httpx.TransportError as exc:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise WaitTimeout(f"job {job_id} did not finish within {timeout_s} s") from exc
+                wait = follower.dropped(exc)
+            except StreamEnded:
+                wait = follower.dropped(None)
+            except StreamRefused as refused:
+                wait = follower.refused(refused.error)
+            time.sleep(wait)
+
+    def _connection(self, follower: Follower, deadline: float | None) -> Iterator[models.Job]:
+        """Events of one connection; returns when the job finished, raises `StreamEnded` if the stream ended first."""
+        read_s = READ_TIMEOUT_S if deadline is None else max(0.01, min(READ_TIMEOUT_S, deadline - time.monotonic()))
+        timeout = httpx.Timeout(self._http.timeout.connect, read=read_s)
+        headers = {**connection.request_headers(follower.call, self._key), "Accept": "text/event-stream"}
+        with self._http.stream("GET", follower.call.path, headers=headers, timeout=timeout) as resp:
+            if not resp.is_success:
+                raise StreamRefused(api_error(resp.status_code, resp.headers, resp.read()))
+            follower.connected()
+            for line in resp.iter_lines():
+                if (job := follower.line(line)) is not None:
+                    yield job
+                    if job.finished:
+                        return
+        raise StreamEnded
+
+    def wait(self, job_id: str, *, timeout_s: float | None = None,
+             on_change: Callable[[models.Job], None] | None = None) -> models.Job:
+        """Follow the job until it finishes and return it as it ended (completed, failed, canceled or
+        expired). `on_change` sees every state on the way."""
+        for job in self.stream_job(job_id, timeout_s=timeout_s):
+            if on_change is not None:
+                on_change(job)
+            if job.finished:
+                return job
+        raise AssertionError("the stream ends only with a finished job")
+
+    def download(self, job: models.Job | str, dest: str | Path | None = None, *, part: Part = "video",
+                 on_progress: Callable[[int, int | None], None] | None = None) -> Path:
+        """Save the job's video (or `part="thumbnail"` / `"preview"`) to `dest` (a file, or a folder for
+        `<job id>.mp4`) and return its path. The video is checked against the job's sha256 and size; a
+        mismatch raises `ChecksumMismatch` and keeps nothing."""
+        job = self.get_job(job) if isinstance(job, str) else job
+        load = Download(job, part, target_path(job, dest, part))
+        with load.partial.open("wb") as out:
+            self._fetch(load, out, on_progress)
+        load.check()
+        load.partial.replace(load.target)
+        return load.target
+
+    def _fetch(self, load: Download, out: BinaryIO, on_progress: Callable[[int, int | None], None] | None) -> None:
+        url, attempt = source(load.job, load.part), 0
+        while True:
+            attempt += 1
+            try:
+                with self._http.stream("GET", url, headers=load.range_header()) as resp:
+                    if resp.status_code in (401, 403, 404) and not load.refreshed:
+                        load.refreshed, url = True, source(self.get_job(load.job.id), load.part)
+                        continue  # a signed URL that expired: read the job for fresh ones
+                    if not resp.is_success:
+                        raise api_error(resp.status_code, resp.headers, resp.read())
+                    if not load.answered(resp.status_code, resp.headers.get("Content-Length")):
+                        out.seek(0)
+                        out.truncate()
+                    for chunk in resp.iter_bytes(CHUNK):
+                        out.write(chunk)
+                        load.add(chunk)
+                        if on_progress is not None:
+                            on_progress(load.written, load.total)
+                return
+            except httpx.TransportError as exc:
+                time.sleep(self._retry.after_failure(Call("GET", url, None), attempt, exc))
+
+    # Uploads, account, models, webhooks
+
+    def upload(self, image: str | Path | bytes, content_type: str | None = None) -> models.Upload:
+        """Upload a PNG, JPEG or WebP image; name its id as a job's `input_image`."""
+        if isinstance(image, bytes):
+            return self._send(calls.upload(image, content_type or "application/octet-stream"))
+        path = Path(image)
+        return self._send(calls.upload(path.read_bytes(), content_type or calls.image_type(path)))
+
+    def account(self) -> models.Account:
+        """The account: credit, limits in force and jobs under way."""
+        return self._send(calls.account())
+
+    def ledger(self, *, limit: int | None = None, cursor: str | None = None) -> models.LedgerPage:
+        """One page of the account's credit ledger, newest first."""
+        return self._send(calls.ledger(limit, cursor))
+
+    def list_models(self) -> list[models.Model]:
+        """The models this deployment renders with, what each takes and its price."""
+        return self._send(calls.list_models()).data
+
+    def webhook_secret(self) -> str:
+        """The secret that signs deliveries to the `webhook_url` a job names."""
+        return self._send(calls.webhook_secret()).secret
+
+    def create_webhook_endpoint(self, url: str, *, events: list[str] | None = None,
+                                description: str = "") -> models.WebhookEndpoint:
+        """Register an endpoint of your app; its `secret` is in this answer only."""
+        return self._send(calls.create_webhook_endpoint(url, events, description))
+
+    def list_webhook_endpoints(self) -> list[models.WebhookEndpoint]:
+        return self._send(calls.list_webhook_endpoints()).data
+
+    def delete_webhook_endpoint(self, endpoint_id: str) -> None:
+        self._send(calls.delete_webhook_endpoint(endpoint_id))
+
+    def deliveries(self, endpoint_id: str) -> list[models.Delivery]:
+        """What was delivered to an endpoint, newest first, with every attempt."""
+        return self._send(calls.deliveries(endpoint_id)).data
+
+    def retry_delivery(self, endpoint_id: str, delivery_id: str) -> None:
+        self._send(calls.retry_delivery(endpoint_id, delivery_id))

@@ -1,0 +1,266 @@
+"""The API's objects as typed values (msgspec Structs), decoded straight from its JSON answers.
+
+Fields the API may add later are ignored rather than refused, so an older client keeps working against a newer
+server. Statuses are plain strings for the same reason; `TERMINAL` names the ones a job never leaves.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypedDict
+
+import msgspec
+
+TERMINAL = frozenset({"completed", "failed", "canceled", "expired"})
+STAGES = ("queued", "submitted", "rendering", "downloading", "ready")
+
+
+class _Model(msgspec.Struct):
+    """Every model takes keyword arguments only (set on each class: msgspec does not inherit it)."""
+
+
+class JobError(_Model, kw_only=True):
+    code: str
+    message: str
+    retryable: bool = False
+
+
+class Outputs(_Model, kw_only=True):
+    video_url: str | None
+    thumbnail_url: str
+    preview_url: str | None = None
+    expires_at: datetime
+    retained_until: datetime | None = None
+    duration_s: float
+    width: int
+    height: int
+    bytes: int
+    sha256: str
+    thumbnail_width: int | None = None
+    thumbnail_height: int | None = None
+    preview_width: int | None = None
+    preview_height: int | None = None
+    preview_duration_s: float | None = None
+
+
+class Cost(_Model, kw_only=True):
+    estimated_credits: int
+    actual_credits: int | None = None
+
+
+class JobUrls(_Model, kw_only=True):
+    get: str
+    cancel: str
+    stream: str
+
+
+class Job(_Model, kw_only=True):
+    id: str
+    status: str
+    stage: str
+    model: str
+    prompt: str
+    created_at: datetime
+    updated_at: datetime
+    attempt: int = 1
+    queue_position: int | None = None
+    queue_reason: str | None = None
+    progress: float | None = None
+    error: JobError | None = None
+    outputs: Outputs | None = None
+    cost: Cost
+    duration_s: int | None = None
+    aspect_ratio: str | None = None
+    resolution: str | None = None
+    seed: int | None = None
+    negative_prompt: str | None = None
+    input_image: str | None = None
+    params: dict[str, Any] = {}
+    metadata: dict[str, str] = {}
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    deadline_at: datetime | None = None
+    retry_at: datetime | None = None
+    urls: JobUrls | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the job reached a status it never leaves."""
+        return self.status in TERMINAL
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "completed"
+
+
+class JobPage(_Model, kw_only=True):
+    data: list[Job]
+    next_cursor: str | None = None
+    has_more: bool = False
+
+
+class Transition(_Model, kw_only=True, rename={"from_": "from"}):
+    from_: str | None
+    to: str
+    at: datetime
+    reason: str
+
+
+class Trail(_Model, kw_only=True):
+    data: list[Transition]
+
+
+class Upload(_Model, kw_only=True):
+    id: str
+    width: int
+    height: int
+    content_type: str
+    bytes: int
+
+
+class Credits(_Model, kw_only=True):
+    balance: int
+    reserved: int
+    available: int
+
+
+class Limits(_Model, kw_only=True):
+    concurrent_jobs: int
+    daily_spend_cap: int | None = None
+    max_job_credits: int | None = None
+    requests_per_s: float
+    request_burst: int
+    max_queued_jobs: int
+    max_open_streams: int
+    max_open_streams_per_key: int
+    max_uploads_per_day: int
+    max_body_bytes: int
+    max_upload_bytes: int
+
+
+class Account(_Model, kw_only=True):
+    id: str
+    name: str
+    credits: Credits
+    limits: Limits
+    spent_today: int
+    active_jobs: int
+    queued_jobs: int
+    uploads_today: int
+
+
+class LedgerEntry(_Model, kw_only=True):
+    id: int
+    kind: str
+    job_id: str | None = None
+    balance_change: int
+    reserved_change: int
+    balance_after: int
+    reserved_after: int
+    note: str
+    at: datetime
+
+
+class LedgerPage(_Model, kw_only=True):
+    data: list[LedgerEntry]
+    next_cursor: str | None = None
+
+
+class Format(_Model, kw_only=True):
+    aspect_ratio: str
+    resolution: str
+    durations_s: list[int] | None = None
+
+
+class Model(_Model, kw_only=True):
+    id: str
+    provider: str
+    aliases: list[str] = []
+    durations_s: list[int]
+    rounds_up: bool = False
+    formats: list[Format]
+    formats_with_image: list[Format] | None = None
+    input_image: str
+    negative_prompt: bool
+    seed: bool
+    credits_per_second: dict[str, float | None] = {}
+
+
+class ModelList(_Model, kw_only=True):
+    data: list[Model]
+    rate_card_version: int
+
+
+class Estimate(_Model, kw_only=True):
+    model: str
+    estimated_credits: int
+    credits_per_second: float
+    rate_card_version: int
+    available_credits: int
+    affordable: bool
+
+
+class WebhookEndpoint(_Model, kw_only=True):
+    id: str
+    url: str
+    events: list[str]
+    description: str = ""
+    created_at: datetime
+    disabled_at: datetime | None = None
+    disabled_reason: str | None = None
+    secret: str | None = None  # only in the answer that registered it
+
+
+class EndpointList(_Model, kw_only=True):
+    data: list[WebhookEndpoint]
+
+
+class Attempt(_Model, kw_only=True):
+    at: datetime
+    status: int | None = None
+    error: str | None = None
+    ms: int
+
+
+class Delivery(_Model, kw_only=True):
+    id: str
+    job_id: str
+    event_type: str
+    status: str
+    next_attempt_at: datetime | None = None
+    created_at: datetime
+    attempts: list[Attempt]
+
+
+class DeliveryList(_Model, kw_only=True):
+    data: list[Delivery]
+
+
+class WebhookSecret(_Model, kw_only=True):
+    secret: str
+
+
+class JobOptions(TypedDict, total=False):
+    """What a job may ask for besides its model and prompt (the API's `CreateJob` body)."""
+
+    duration_s: int
+    aspect_ratio: str
+    resolution: str
+    seed: int | None
+    negative_prompt: str | None
+    input_image: str | None
+    params: dict[str, Any]
+    metadata: dict[str, str]
+    webhook_url: str | None
+    webhook_events: list[str] | None
+
+
+class ListFilter(TypedDict, total=False):
+    """Which jobs `list_jobs` and `iter_jobs` return (the query of `GET /v1/jobs`)."""
+
+    status: str | list[str]
+    model: str
+    created_after: datetime | str
+    created_before: datetime | str
+    metadata: dict[str, str]
+    limit: int

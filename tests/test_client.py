@@ -1,0 +1,214 @@
+"""The Python client (clients/python) against the real stack: a render followed to the end and downloaded with
+its checksum checked, a cancel, errors that carry the API's code and request id, a 429 waited out, a dropped
+stream resumed across a gateway crash, paging, uploads; and the client's models kept in step with the API's own
+OpenAPI document, its types checked, and nothing of the server imported."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import hashlib
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from cli.embedded import free_port
+from libs.common.settings import Settings
+from services.gateway.app import route_table
+from services.gateway.openapi import document
+from tests import imagefiles
+from tests.stack import demo_key, running_stack, stack_settings
+from vidjobs_client import (
+    AsyncClient,
+    AuthenticationError,
+    ChecksumMismatch,
+    Client,
+    ConnectionFailed,
+    InvalidRequest,
+    JobNotReady,
+    NotFound,
+    RateLimited,
+    RetryPolicy,
+    models,
+)
+
+CLIENT_DIR = Path(__file__).parents[1] / "clients" / "python" / "vidjobs_client"
+STAGES = ["queued", "submitted", "rendering", "downloading", "ready"]
+
+
+@pytest.fixture
+def settings(tmp_path, database_url, nats_url):
+    return stack_settings(tmp_path, database_url, nats_url)
+
+
+def _in_order(seen: list[str]) -> bool:
+    positions = [STAGES.index(stage) for stage in seen]
+    return positions == sorted(positions) and seen[-1] == "ready"
+
+
+async def test_a_render_is_followed_to_the_end_and_downloaded_with_its_checksum(settings, tmp_path):
+    async with running_stack(settings) as stack:
+        def render() -> tuple[models.Job, models.Job, list[str], Path, list[models.Job]]:
+            with Client(stack.url, stack.key) as vj:
+                created = vj.create_job("fake/default", "a red fox in snow", duration_s=2,
+                                        params={"render_s": 1}, metadata={"shot": "1"})
+                stages: list[str] = []
+                done = vj.wait(created.id, timeout_s=60, on_change=lambda job: stages.append(job.stage))
+                path = vj.download(done, tmp_path)
+                twice = [vj.create_job("fake/default", "once", idempotency_key="fox-1", duration_s=1)
+                         for _ in range(2)]
+                return created, done, stages, path, twice
+
+        created, done, stages, path, twice = await asyncio.to_thread(render)
+        assert created.stage == "queued" and created.metadata == {"shot": "1"} and created.cost.estimated_credits > 0
+        assert done.status == "completed" and done.succeeded and done.outputs is not None
+        assert _in_order(stages), stages
+        assert path == tmp_path / f"{done.id}.mp4"
+        data = path.read_bytes()
+        assert hashlib.sha256(data).hexdigest() == done.outputs.sha256 and len(data) == done.outputs.bytes
+        assert not list(tmp_path.glob("*.part"))
+        # The same idempotency key answers the same job rather than a second one.
+        assert twice[0].id == twice[1].id
+
+        # Bytes that are not the file the job states are refused and not kept.
+        wrong = msgspec.structs.replace(done, outputs=msgspec.structs.replace(done.outputs, sha256="0" * 64))
+        with Client(stack.url, stack.key) as vj, pytest.raises(ChecksumMismatch, match="nothing was kept"):
+            await asyncio.to_thread(vj.download, wrong, tmp_path / "wrong.mp4")
+        assert not (tmp_path / "wrong.mp4").exists() and not (tmp_path / "wrong.mp4.part").exists()
+
+
+async def test_the_async_client_cancels_and_says_there_is_nothing_to_download(settings, tmp_path):
+    async with running_stack(settings) as stack, AsyncClient(stack.url, stack.key) as vj:
+        job = await vj.create_job("fake/default", "never ends", duration_s=1, params={"scenario": "hang"})
+        seen: list[str] = []
+        async for state in vj.stream_job(job.id):
+            seen.append(state.stage)
+            if state.stage == "rendering":
+                canceled = await vj.cancel_job(job.id)
+                assert canceled.status == "canceled"
+        assert seen[0] == "queued" and seen[-1] == "canceled", seen
+        assert (await vj.wait(job.id)).status == "canceled"  # an ended job: one event, then the stream closes
+        with pytest.raises(JobNotReady, match="canceled"):
+            await vj.download(job.id, tmp_path)
+        trail = await vj.job_events(job.id)
+        assert [t.to for t in trail][-1] == "canceled" and trail[0].from_ is None
+        await vj.delete_job(job.id)
+        with pytest.raises(NotFound) as gone:
+            await vj.get_job(job.id)
+        assert gone.value.code == "not_found" and gone.value.request_id and gone.value.status == 404
+
+
+async def test_errors_carry_the_code_the_message_and_the_request_id(settings):
+    async with running_stack(settings) as stack, AsyncClient(stack.url, stack.key) as vj:
+        with pytest.raises(InvalidRequest) as bad:
+            await vj.create_job("fake/default", "a fox", duration_s=600)
+        assert bad.value.code == "invalid_input" and "duration_s" in bad.value.message
+        assert bad.value.request_id and bad.value.request_id in str(bad.value)
+        async with AsyncClient(stack.url, "vj_not_a_key") as stranger:
+            with pytest.raises(AuthenticationError):
+                await stranger.account()
+        estimate = await vj.estimate("fake/default", "a fox", duration_s=4)
+        assert estimate.affordable and estimate.estimated_credits > 0
+        assert (await vj.account()).credits.available > 0
+
+
+async def test_a_429_is_waited_out_as_retry_after_says(settings):
+    statuses: list[int] = []
+
+    async def record(resp: httpx.Response) -> None:
+        statuses.append(resp.status_code)
+
+    hooks = {"response": [record]}
+    key = await demo_key(settings.database_url, requests_per_s=2.0, request_burst=1)
+    async with running_stack(settings, key=key) as stack:
+        job = await stack.create_job()
+        async with AsyncClient(stack.url, key, http=httpx.AsyncClient(base_url=stack.url, event_hooks=hooks)) as vj:
+            jobs = [await vj.get_job(job["id"]) for _ in range(4)]
+        assert [j.id for j in jobs] == [job["id"]] * 4
+        assert 429 in statuses and statuses.count(200) == 4, statuses
+        # With no retries left, the refusal reaches the caller with what it said.
+        async with AsyncClient(stack.url, key, retry=RetryPolicy(attempts=1)) as impatient:
+            with pytest.raises(RateLimited) as limited:
+                for _ in range(4):
+                    await impatient.get_job(job["id"])
+        assert limited.value.code == "rate_limited" and limited.value.retry_after_s and limited.value.retryable
+
+
+async def test_a_stream_resumes_across_a_gateway_crash(settings):
+    async with running_stack(settings) as stack, AsyncClient(stack.url, stack.key) as vj:
+        job = await vj.create_job("fake/default", "slow fox", duration_s=1, params={"render_s": 6})
+        seen: list[str] = []
+        async for state in vj.stream_job(job.id, timeout_s=90):
+            seen.append(state.stage)
+            if len(seen) == 1:
+                await stack.supervisor.stop("gateway", sig=signal.SIGKILL, restart=True)
+        assert seen[-1] == "ready" and _in_order(seen), seen
+
+
+async def test_pages_filters_and_uploads(settings, tmp_path):
+    image = tmp_path / "frame.png"
+    image.write_bytes(imagefiles.noise_png(64))
+    async with running_stack(settings) as stack, AsyncClient(stack.url, stack.key) as vj:
+        upload = await vj.upload(image)
+        assert upload.id.startswith("upl_") and upload.content_type == "image/png" and upload.width == 64
+        made = [await vj.create_job("fake/default", f"fox {i}", duration_s=1, input_image=upload.id if i == 0 else None,
+                                    params={"scenario": "hang"}, metadata={"batch": "b1"}) for i in range(5)]
+        assert made[0].input_image == upload.id
+        listed = [job.id async for job in vj.iter_jobs(limit=2, metadata={"batch": "b1"})]
+        assert listed == [job.id for job in reversed(made)]
+        page = await vj.list_jobs(limit=2, status=["pending", "submitted", "processing"])
+        assert len(page.data) == 2 and page.next_cursor and page.has_more
+        assert [m.id for m in await vj.list_models()]  # the models the deployment renders with
+
+
+def test_a_connection_that_cannot_be_made_fails_after_the_policy_s_tries():
+    tries: list[str] = []
+    hooks = {"request": [lambda req: tries.append(req.url.path)]}
+    url = f"http://127.0.0.1:{free_port()}"
+    policy = RetryPolicy(attempts=3, backoff_s=0.01)
+    with Client(url, "vj_x", retry=policy, http=httpx.Client(base_url=url, event_hooks=hooks)) as vj:
+        with pytest.raises(ConnectionFailed, match="after 3 tries"):
+            vj.get_job("job_x")
+    assert tries == ["/v1/jobs/job_x"] * 3
+
+
+# Each client model and the API schema it decodes: the same fields, so neither drifts from the other.
+_SCHEMAS = {
+    models.Job: "JobOut", models.Outputs: "JobOutputs", models.Cost: "Cost", models.JobError: "JobError",
+    models.JobUrls: "JobUrls", models.JobPage: "JobList", models.Transition: "TransitionOut",
+    models.Upload: "UploadOut", models.Account: "AccountOut", models.Credits: "Credits", models.Limits: "Limits",
+    models.LedgerEntry: "LedgerEntryOut", models.LedgerPage: "LedgerPage", models.Model: "ModelOut",
+    models.Format: "Format", models.ModelList: "ModelList", models.Estimate: "EstimateOut",
+    models.WebhookEndpoint: "EndpointCreated", models.Delivery: "DeliveryOut", models.Attempt: "AttemptOut",
+    models.WebhookSecret: "WebhookSecretOut", models.EndpointList: "EndpointList",
+    models.DeliveryList: "DeliveryList", models.Trail: "Trail",
+}
+
+
+def test_the_client_models_have_the_fields_the_api_documents():
+    schemas = document(route_table(Settings(fake_provider="on")))["components"]["schemas"]
+    for struct, name in _SCHEMAS.items():
+        encoded = {field.encode_name for field in msgspec.structs.fields(struct)}
+        assert encoded == set(schemas[name]["properties"]), (struct.__name__, name)
+    create = set(schemas["CreateJob"]["properties"]) - {"model", "prompt"}
+    assert set(models.JobOptions.__annotations__) == create
+    listing = {"status", "model", "created_after", "created_before", "limit"}
+    assert set(models.ListFilter.__annotations__) == listing | {"metadata"}
+
+
+def test_the_client_is_type_checked_and_imports_nothing_of_the_server():
+    result = subprocess.run([sys.executable, "-m", "mypy", "--strict", str(CLIENT_DIR)], capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    allowed = {"vidjobs_client", "httpx", "msgspec"} | sys.stdlib_module_names
+    for source in CLIENT_DIR.glob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            for name in names:
+                assert name.split(".")[0] in allowed, f"{source.name} imports {name}"
