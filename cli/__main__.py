@@ -1,4 +1,5 @@
-"""The `vidjobs` command: `up` runs the stack; the rest are operator commands (implemented in cli/admin.py)."""
+"""The `vidjobs` command: `up` runs the stack; `render`, `jobs`, `account`, `models` and `login` talk to the API
+(cli/render.py); the rest are operator commands on the database (cli/admin.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from cli import admin
+from cli import admin, render
+from cli.exitcodes import EPILOG, Exit
 from libs.common import db
 from libs.common.errors import ConfigError, StoreError
 from libs.common.settings import Settings, load
@@ -64,8 +66,10 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vidjobs", description="AI video render jobs, end to end.")
+    parser = argparse.ArgumentParser(prog="vidjobs", description="AI video render jobs, end to end.", epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"vidjobs {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    render.add_commands(sub, EPILOG)
     up = sub.add_parser("up", help="run the whole stack in the foreground on embedded defaults")
     up.add_argument("--data-dir", help="where state is kept (VIDJOBS_DATA_DIR, default ./.vidjobs)")
     up.add_argument("--port", type=int, help="gateway port (VIDJOBS_HTTP_PORT, default 8080)")
@@ -254,15 +258,26 @@ def _rates_set(args: argparse.Namespace, settings: Settings) -> int:
     return _admin(settings, partial(admin.set_rates, card=card))
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vidjobs")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if not getattr(args, "needs_settings", True):
+            return args.handler(args)  # the commands that talk to the API need none of the services' settings
         return args.handler(args, load())
     except (ConfigError, StoreError) as exc:
         print(f"vidjobs: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ longest wait are bounded: past them the error reaches the caller.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,8 @@ class RetryPolicy:
     # A stream that drops is reopened this many times in a row (about 30 s of backoff: a gateway restart)
     # before following the job gives up; a connection that delivers an event starts the count again.
     reconnects: int = 8
+    # Told the reason and the wait before each retry (a CLI says why it pauses); None: retry quietly.
+    on_retry: Callable[[str, float], None] | None = None
 
     def _backoff(self, attempt: int) -> float:
         return min(self.max_backoff_s, self.backoff_s * 2.0 ** (attempt - 1)) * random.uniform(0.5, 1.0)
@@ -42,11 +45,16 @@ class RetryPolicy:
         wait = error.retry_after_s if error.retry_after_s is not None else self._backoff(attempt)
         if wait > self.max_retry_after_s:
             raise error
-        return wait
+        return self._told(f"{error.code} (HTTP {error.status})", wait)
 
     def after_failure(self, call: Call[Any], attempt: int, failure: httpx.TransportError) -> float:
         """Seconds to wait before the next try, or raise `ConnectionFailed` when there is none."""
         if attempt >= self.attempts or not (call.replayable or isinstance(failure, _NEVER_SENT)):
             raise ConnectionFailed(f"{call.method} {call.path}: {type(failure).__name__}: {failure or 'no answer'}"
                                    f" (after {attempt} {'try' if attempt == 1 else 'tries'})") from failure
-        return self._backoff(attempt)
+        return self._told(f"{type(failure).__name__} on {call.method} {call.path}", self._backoff(attempt))
+
+    def _told(self, reason: str, wait: float) -> float:
+        if self.on_retry is not None:
+            self.on_retry(reason, wait)
+        return wait

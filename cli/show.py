@@ -1,0 +1,161 @@
+"""How the commands that talk to the API show things: tables and a live stage line for a person at a
+terminal (on stderr, so stdout stays clean), JSON with `--json`, and plain, quiet lines when piped."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from datetime import datetime
+from types import TracebackType
+
+import msgspec
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    SpinnerColumn,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+from vidjobs_client.models import STAGES, Job
+
+# What a person can do about each way a job fails; the job's own message says what happened.
+WHAT_TO_DO = {
+    "content_rejected": "change the prompt (or the input image) and render again",
+    "provider_unavailable": "the provider could not take it; render again later",
+    "timeout": "the render took too long; render again, perhaps shorter",
+    "download_failed": "the finished render could not be copied; render again",
+    "verification_failed": "the finished render was not a usable video; render again",
+    "quota_exhausted": "the account is out of credit: `vidjobs account` shows it",
+    "rate_limited": "too much at once; render again in a moment",
+    "canceled": "it was canceled; render again if you still want it",
+    "invalid_input": "the request was refused as it stands; the message names what to change",
+    "internal": "something failed on our side; quote the job id when asking about it",
+}
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+def interactive() -> bool:
+    """Whether a person watches: live displays go to stderr only when it is a terminal."""
+    return sys.stderr.isatty()
+
+
+def json_line(value: object) -> None:
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+    sys.stdout.flush()
+
+
+def spans(numbers: list[int]) -> str:
+    """1,2,3,5,8,9 as 1-3,5,8-9."""
+    runs: list[list[int]] = []
+    for n in sorted(numbers):
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in runs)
+
+
+def _when(at: datetime | None) -> str:
+    return at.astimezone().strftime("%Y-%m-%d %H:%M:%S") if at else "-"
+
+
+def _credits(job: Job) -> str:
+    actual = job.cost.actual_credits
+    return f"{actual} credits" if actual is not None else f"≤{job.cost.estimated_credits} credits"
+
+
+def stages(job: Job) -> str:
+    """The stage line: where the job is, among the stages it passes through."""
+    if job.stage not in STAGES:
+        return f"[bold red]{job.stage}[/]"
+    parts = []
+    for stage in STAGES:
+        if stage == job.stage:
+            extra = f" {job.progress:.0%}" if job.progress is not None and stage == "rendering" else ""
+            place = f" #{job.queue_position}" if job.queue_position and stage == "queued" else ""
+            parts.append(f"[bold cyan]{stage}{extra}{place}[/]")
+        else:
+            parts.append(f"[dim]{stage}[/]")
+    return " › ".join(parts)
+
+
+def failure(job: Job) -> str:
+    if job.error is None:
+        return f"job {job.id} {job.status}"
+    hint = WHAT_TO_DO.get(job.error.code, "render again, or quote the job id when asking about it")
+    return f"job {job.id} {job.status}: {job.error.code}: {job.error.message}\n  what to do: {hint}"
+
+
+def job_details(job: Job) -> None:
+    rows = [("id", job.id), ("status", f"{job.status} ({job.stage})"), ("model", job.model),
+            ("prompt", job.prompt), ("cost", _credits(job)), ("created", _when(job.created_at)),
+            ("completed", _when(job.completed_at))]
+    if job.error:
+        rows.append(("error", f"{job.error.code}: {job.error.message}"))
+    if job.outputs:
+        o = job.outputs
+        rows += [("video", f"{o.width}x{o.height}, {o.duration_s:g} s, {o.bytes} bytes, sha256 {o.sha256}"),
+                 ("video url", o.video_url or "(expired)"), ("links expire", _when(o.expires_at))]
+    table = Table.grid(padding=(0, 2))
+    for name, value in rows:
+        table.add_row(f"[dim]{name}[/]", escape(value))
+    out.print(table)
+
+
+def job_table(jobs: Iterable[Job]) -> None:
+    table = Table("ID", "STATUS", "STAGE", "MODEL", "COST", "CREATED", "PROMPT", box=None, pad_edge=False)
+    for job in jobs:
+        prompt = job.prompt if len(job.prompt) <= 40 else job.prompt[:39] + "…"
+        table.add_row(job.id, job.status, job.stage, job.model, _credits(job), _when(job.created_at), escape(prompt))
+    out.print(table)
+
+
+class StageLine:
+    """A live line on the terminal: spinner, stages, the provider's progress, time elapsed."""
+
+    def __init__(self, job_id: str) -> None:
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.fields[job]}"), TextColumn("{task.description}"),
+                                  BarColumn(bar_width=20), TaskProgressColumn(), TimeElapsedColumn(), console=err)
+        self._task: TaskID = self._progress.add_task("", total=1.0, job=job_id)
+
+    def __enter__(self) -> StageLine:
+        self._progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._progress.stop()
+
+    def update(self, job: Job) -> None:
+        # A render without the provider's own figure pulses rather than claiming 0 %.
+        total = None if job.stage == "rendering" and job.progress is None else 1.0
+        done = 1.0 if job.stage == "ready" else job.progress or 0.0
+        self._progress.update(self._task, description=stages(job), completed=done, total=total)
+
+
+class Transfer:
+    """A download's progress bar on the terminal."""
+
+    def __init__(self, name: str) -> None:
+        self._progress = Progress(TextColumn(f"downloading {escape(name)}"), BarColumn(bar_width=30),
+                                  DownloadColumn(), TransferSpeedColumn(), console=err)
+        self._task: TaskID = self._progress.add_task("", total=None)
+
+    def __enter__(self) -> Transfer:
+        self._progress.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._progress.stop()
+
+    def update(self, done: int, total: int | None) -> None:
+        self._progress.update(self._task, completed=done, total=total)
