@@ -113,10 +113,15 @@ def job_details(job: Job) -> None:
 
 
 def job_table(jobs: Iterable[Job]) -> None:
-    table = Table("ID", "STATUS", "STAGE", "MODEL", "COST", "CREATED", "PROMPT", box=None, pad_edge=False)
-    for job in jobs:
-        prompt = job.prompt if len(job.prompt) <= 40 else job.prompt[:39] + "…"
-        table.add_row(job.id, job.status, job.stage, job.model, _credits(job), _when(job.created_at), escape(prompt))
+    rows = [[job.id, job.status, job.stage, job.model, _credits(job), _when(job.created_at), escape(job.prompt)]
+            for job in jobs]
+    names = ["ID", "STATUS", "STAGE", "MODEL", "COST", "CREATED", "PROMPT"]
+    table = Table(box=None, pad_edge=False)
+    for i, name in enumerate(names[:-1]):  # these are shown whole (an id is copied); the prompt gives way
+        table.add_column(name, no_wrap=True, min_width=max([len(name)] + [len(row[i]) for row in rows]))
+    table.add_column(names[-1], overflow="ellipsis", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
 
 

@@ -11,6 +11,7 @@ import hashlib
 import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -212,3 +213,18 @@ def test_the_client_is_type_checked_and_imports_nothing_of_the_server():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
             for name in names:
                 assert name.split(".")[0] in allowed, f"{source.name} imports {name}"
+
+
+def test_the_client_builds_alone_with_only_its_own_dependencies(tmp_path):
+    """`pip install ./clients/python` gives the client and nothing of the server."""
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path),
+                            str(CLIENT_DIR.parent)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    [wheel] = tmp_path.glob("vidjobs_client-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        packages = {name.split("/")[0] for name in archive.namelist() if not name.startswith("vidjobs_client-")}
+        metadata = archive.read(next(n for n in archive.namelist() if n.endswith("METADATA"))).decode()
+        assert "vidjobs_client/py.typed" in archive.namelist()
+    assert packages == {"vidjobs_client"}
+    requires = sorted(line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist"))
+    assert requires == ["httpx==0.28.1", "msgspec==0.23.0"]
