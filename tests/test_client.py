@@ -203,7 +203,12 @@ def test_the_client_models_have_the_fields_the_api_documents():
     assert set(models.ListFilter.__annotations__) == listing | {"metadata"}
 
 
-def test_the_client_is_type_checked_and_imports_nothing_of_the_server():
+def test_the_client_is_documented_type_checked_and_imports_nothing_of_the_server():
+    for client in (Client, AsyncClient):
+        public = [name for name in vars(client) if not name.startswith("_")]
+        assert not [name for name in public if not getattr(client, name).__doc__], client
+    assert sorted(name for name in vars(Client) if not name.startswith("_")) == \
+        sorted(name for name in vars(AsyncClient) if not name.startswith("_") and name not in ("__aenter__",))
     result = subprocess.run([sys.executable, "-m", "mypy", "--strict", str(CLIENT_DIR)], capture_output=True,
                             text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -36,6 +36,7 @@ class AsyncClient:
                                           headers={"User-Agent": connection.USER_AGENT})
 
     async def close(self) -> None:
+        """Close the connections this client opened."""
         await self._http.aclose()
 
     async def __aenter__(self) -> AsyncClient:
@@ -223,9 +224,11 @@ class AsyncClient:
         return await self._send(calls.create_webhook_endpoint(url, events, description))
 
     async def list_webhook_endpoints(self) -> list[models.WebhookEndpoint]:
+        """Your webhook endpoints, oldest first."""
         return (await self._send(calls.list_webhook_endpoints())).data
 
     async def delete_webhook_endpoint(self, endpoint_id: str) -> None:
+        """Remove an endpoint; nothing more is sent to it."""
         await self._send(calls.delete_webhook_endpoint(endpoint_id))
 
     async def deliveries(self, endpoint_id: str) -> list[models.Delivery]:
@@ -233,6 +236,7 @@ class AsyncClient:
         return (await self._send(calls.deliveries(endpoint_id))).data
 
     async def retry_delivery(self, endpoint_id: str, delivery_id: str) -> None:
+        """Send a delivery again now."""
         await self._send(calls.retry_delivery(endpoint_id, delivery_id))
 
 

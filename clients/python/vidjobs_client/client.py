@@ -35,6 +35,7 @@ class Client:
                                           headers={"User-Agent": connection.USER_AGENT})
 
     def close(self) -> None:
+        """Close the connections this client opened."""
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -216,9 +217,11 @@ class Client:
         return self._send(calls.create_webhook_endpoint(url, events, description))
 
     def list_webhook_endpoints(self) -> list[models.WebhookEndpoint]:
+        """Your webhook endpoints, oldest first."""
         return self._send(calls.list_webhook_endpoints()).data
 
     def delete_webhook_endpoint(self, endpoint_id: str) -> None:
+        """Remove an endpoint; nothing more is sent to it."""
         self._send(calls.delete_webhook_endpoint(endpoint_id))
 
     def deliveries(self, endpoint_id: str) -> list[models.Delivery]:
@@ -226,4 +229,5 @@ class Client:
         return self._send(calls.deliveries(endpoint_id)).data
 
     def retry_delivery(self, endpoint_id: str, delivery_id: str) -> None:
+        """Send a delivery again now."""
         self._send(calls.retry_delivery(endpoint_id, delivery_id))
