@@ -29,7 +29,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-from libs.common import events, faults, metrics, requestids
+from libs.common import events, faults, metrics, requestids, tracing
 from libs.common.errors import GiveUp, Redeliver
 from libs.common.events import Event, WorkEvent
 
@@ -255,7 +255,9 @@ async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
     # This task handles this one message: the request that caused it is the request being worked on.
     requestids.use((msg.headers or {}).get(requestids.MESSAGE_HEADER))
     try:
-        await spec.handler(event, Delivery(attempt=tries.before + 1, subject=msg.subject))
+        with tracing.handling_span(f"handle {spec.durable}", **{"messaging.destination.name": msg.subject,
+                                   "vidjobs.job_id": job_id, "vidjobs.attempt": tries.before + 1}):
+            await spec.handler(event, Delivery(attempt=tries.before + 1, subject=msg.subject))
     except GiveUp as hopeless:
         await _dead_letter(js, spec, msg, event, f"gave up: {hopeless}")
         return

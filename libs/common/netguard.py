@@ -32,6 +32,7 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
+from libs.common import tracing
 from libs.common.errors import ErrorCode, MediaError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -271,4 +272,4 @@ def guarded_session(allowed_hosts: Iterable[str], *, lookup: AbstractResolver | 
     guard = DownloadGuard(frozenset(h.strip().lower() for h in allowed_hosts if h.strip()), purpose)
     connector = aiohttp.TCPConnector(resolver=GuardedResolver(guard, lookup), use_dns_cache=False)
     return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
-                                 middlewares=(guard.middleware,))
+                                 middlewares=(guard.middleware,), trace_configs=tracing.client_trace_configs())

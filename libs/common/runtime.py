@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from libs.common import bus, changes, db, faults, logs
+from libs.common import bus, changes, db, faults, logs, tracing
 from libs.common.errors import ConfigError, ErrorCode, JobError
 from libs.common.events import Event
 from libs.common.outbox import Relay
@@ -231,9 +231,12 @@ def run_worker(name: str, main: WorkerMain) -> None:
         print(f"vidjobs {name}: {exc}", file=sys.stderr)
         sys.exit(2)
     logs.setup(name, level=settings.log_level, fmt=settings.log_format)
+    tracing.setup(name)
     try:
         code = uvloop.run(_serve(name, settings, main))
     except ConfigError as exc:
         log.error(str(exc))
         code = 2
+    finally:
+        tracing.shutdown()
     sys.exit(code)

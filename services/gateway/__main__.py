@@ -10,7 +10,7 @@ import sys
 import uvloop
 from aiohttp import web
 
-from libs.common import logs
+from libs.common import logs, tracing
 from libs.common.errors import ConfigError
 from libs.common.settings import Settings, load
 from services.gateway.app import create_app
@@ -53,11 +53,14 @@ def main() -> None:
         print(f"vidjobs gateway: {exc}", file=sys.stderr)
         sys.exit(2)
     logs.setup("gateway", level=settings.log_level, fmt=settings.log_format)
+    tracing.setup("gateway")
     try:
         code = uvloop.run(serve(settings))
     except ConfigError as exc:
         log.error(str(exc))
         code = 2
+    finally:
+        tracing.shutdown()
     sys.exit(code)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from libs.common import requestids
+from libs.common import requestids, tracing
 
 REQUEST_ID = web.RequestKey("request_id", str)
 
@@ -16,7 +16,13 @@ async def request_id_middleware(request: web.Request, handler) -> web.StreamResp
     request_id = requestids.accept(request.headers.get(requestids.HEADER))
     request[REQUEST_ID] = request_id
     requestids.use(request_id)  # this request's task and what it starts; aiohttp runs each in its own
-    return await handler(request)
+    route = request.match_info.route.name or "unmatched"
+    with tracing.request_span(f"{request.method} {route}", request_id, **{"http.request.method": request.method,
+                              "http.route": route, "vidjobs.request_id": request_id}) as span:
+        response = await handler(request)
+        if span is not None:
+            span.set_attribute("http.response.status_code", response.status)
+        return response
 
 
 async def stamp_request_id(request: web.Request, response: web.StreamResponse) -> None:

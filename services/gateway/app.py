@@ -13,7 +13,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from libs.common import bus, events, netguard
+from libs.common import bus, events, netguard, tracing
 from libs.common.bus import Delivery
 from libs.common.events import AppEventDue
 from libs.common.runtime import Runtime, consumer, every, health_app, open_runtime
@@ -91,7 +91,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(storage.close)
         rt = await stack.enter_async_context(open_runtime("gateway", settings))
         session = await stack.enter_async_context(
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROVIDER_TIMEOUT_S)))
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROVIDER_TIMEOUT_S),
+                                  trace_configs=tracing.client_trace_configs()))
         adapters = build_adapters(settings, session)
         for adapter in adapters.values():
             stack.push_async_callback(adapter.close)

@@ -20,7 +20,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, jobs, metrics, netguard
+from libs.common import bus, events, jobs, metrics, netguard, tracing
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
 from libs.common.events import AssetsDeleteRequested, DownloadRequested
@@ -61,7 +61,8 @@ async def main(rt: Runtime) -> None:
     try:
         # Adapters talk to configured API base URLs; render URLs come from providers' answers and go through
         # a session of their own that refuses anything but public addresses (and the allowed hosts).
-        async with (aiohttp.ClientSession(timeout=SESSION_TIMEOUT) as session,
+        async with (aiohttp.ClientSession(timeout=SESSION_TIMEOUT, trace_configs=tracing.client_trace_configs())
+                    as session,
                     netguard.guarded_session(rt.settings.allowed_download_hosts(), timeout=SESSION_TIMEOUT) as fetch):
             copier = Copier(session=fetch, storage=storage, max_bytes=rt.settings.max_download_bytes,
                             transcoder=transcoder, preview=preview_spec(rt.settings))

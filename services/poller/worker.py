@@ -10,7 +10,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, faults, jobs, metrics, requestids
+from libs.common import bus, events, faults, jobs, metrics, requestids, tracing
 from libs.common.bus import Delivery
 from libs.common.errors import ProviderError, Redeliver
 from libs.common.events import CancelRequested, InboxReceived, PollRequested
@@ -37,7 +37,8 @@ class Context:
 
 
 async def main(rt: Runtime) -> None:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)) as session:
+    timeout = aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, trace_configs=tracing.client_trace_configs()) as session:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
                       signals=SignalContext(rt=rt, policies=Policies(rt.settings)))
         inbox = consumer(rt, "poller-inbox", events.INBOX, partial(on_inbox, ctx), concurrency=16)

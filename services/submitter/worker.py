@@ -20,7 +20,7 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter
 
-from libs.common import bus, events, faults, jobs, metrics, outbox, uploads
+from libs.common import bus, events, faults, jobs, metrics, outbox, tracing, uploads
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, ProviderError, Redeliver
 from libs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
@@ -61,8 +61,9 @@ async def main(rt: Runtime) -> None:
     async with contextlib.AsyncExitStack() as stack:
         storage = open_storage(rt.settings)
         stack.push_async_callback(storage.close)
+        timeout = aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)
         session = await stack.enter_async_context(
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)))
+            aiohttp.ClientSession(timeout=timeout, trace_configs=tracing.client_trace_configs()))
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
                       policies=Policies(rt.settings), storage=storage)
         # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
