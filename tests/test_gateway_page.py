@@ -12,19 +12,22 @@ import os
 import re
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from PIL import Image
 
 from libs.common.errors import ErrorCode, JobError
+from libs.common.settings import Settings
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate
 from libs.providers.fake.render import ClipSpec, encode
 from tests.support import wait_until
-from tests.test_gateway_harness import drive, gateway_settings, running_gateway, store_outputs
+from tests.test_gateway_harness import Harness, drive, gateway_settings, running_gateway, store_outputs
 
 CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None)
 if CHROMIUM is None and os.environ.get("CI"):
@@ -38,6 +41,7 @@ class Browser:
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
         self._ws = ws
         self._ids = itertools.count(1)
+        self._events: list[dict] = []  # DevTools events that arrived while a reply was awaited
 
     async def send(self, method: str, **params: Any) -> dict:
         call_id = next(self._ids)
@@ -47,7 +51,22 @@ class Browser:
             if reply.get("id") == call_id:
                 assert "error" not in reply, reply
                 return reply["result"]
+            if "method" in reply:
+                self._events.append(reply)
         raise AssertionError("the browser closed the DevTools connection")
+
+    async def event(self, method: str, within: float = 10) -> dict:
+        """The next DevTools event named `method` (its domain must be enabled)."""
+        async with asyncio.timeout(within):
+            while True:
+                for found in self._events:
+                    if found["method"] == method:
+                        self._events.remove(found)
+                        return found["params"]
+                msg = await self._ws.receive()
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                if "method" in (event := json.loads(msg.data)):
+                    self._events.append(event)
 
     async def js(self, expression: str) -> Any:
         result = await self.send("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
@@ -63,6 +82,22 @@ class Browser:
     async def open(self, url: str) -> None:
         await self.send("Page.navigate", url=url)
         await self.until("document.readyState === 'complete'", "the page to load")
+
+    async def sign_in(self, base_url: str, key: str) -> None:
+        """The page, opened with `key` already saved, as on a person's second visit."""
+        await self.open(base_url + "/")
+        await self.js(f"localStorage.setItem('vidjobs.key', {json.dumps(key)})")
+        await self.open(base_url + "/")
+
+    async def choose_file(self, selector: str, path: Path) -> None:
+        """Set a file on a file input as a person choosing it would (the page sees a change event)."""
+        found = await self.send("Runtime.evaluate", expression=f"document.querySelector({json.dumps(selector)})")
+        await self.send("DOM.setFileInputFiles", files=[str(path)], objectId=found["result"]["objectId"])
+
+    async def press_enter(self) -> None:
+        for kind in ("keyDown", "keyUp"):
+            await self.send("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
+                            windowsVirtualKeyCode=13, **({"text": "\r"} if kind == "keyDown" else {}))
 
 
 async def _devtools_url(proc: asyncio.subprocess.Process) -> str:
@@ -94,9 +129,27 @@ async def browser(tmp_path: Path) -> AsyncIterator[Browser]:
         await proc.wait()
 
 
+@asynccontextmanager
+async def _gateway(settings: Settings) -> AsyncIterator[Harness]:
+    async with running_gateway(settings) as harness:
+        yield harness
+        # These tests leave no work in flight that must finish, and the gateway's exit otherwise waits out
+        # NATS's default 30 s drain whenever a pull request of its app-events consumer is left unanswered.
+        harness.gw.rt.nc.options["drain_timeout"] = 2
+
+
 @pytest.fixture
 async def h(tmp_path, database_url, nats_url):
-    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
+    async with _gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
+        yield harness
+
+
+@pytest.fixture
+async def h_runway(tmp_path, database_url, nats_url):
+    """A gateway that also offers Runway's models (listed from the adapter's tables; nothing is sent to Runway)."""
+    settings = gateway_settings(tmp_path, database_url, nats_url, runway_api_key="rw-test",
+                                runway_url="http://runway.invalid")
+    async with _gateway(settings) as harness:
         yield harness
 
 
@@ -107,6 +160,8 @@ def _jpeg() -> bytes:
 
 
 CURRENT_STAGE = "document.querySelector('#stages li.current')?.dataset.stage"
+# The stages a screen reader is told are the current step: exactly the one shown as current.
+STEP = "[...document.querySelectorAll('#stages li[aria-current=\"step\"]')].map(li => li.dataset.stage)"
 
 
 async def test_a_person_renders_and_watches_the_stages_live(h, browser):
@@ -126,11 +181,16 @@ async def test_a_person_renders_and_watches_the_stages_live(h, browser):
                           (JobStatus.DOWNLOADING, "downloading")]:
         await drive(h.pool, job_id, status)
         await browser.until(f"{CURRENT_STAGE} === '{stage}'", f"the page to show {stage}")
+        assert await browser.js(STEP) == [stage]
     outputs = await store_outputs(h, account_id, job_id, video=encode(ClipSpec(320, 180, 1.0, 7)),
                                   thumbnail=_jpeg())
-    await drive(h.pool, job_id, JobStatus.COMPLETED, update=JobUpdate(outputs=outputs))
+    await drive(h.pool, job_id, JobStatus.COMPLETED, update=JobUpdate(outputs=outputs, actual_credits=30))
 
     await browser.until(f"{CURRENT_STAGE} === 'ready'", "the page to show ready")
+    assert await browser.js(STEP) == ["ready"]
+    estimated = (await h.get(key, f"/v1/jobs/{job_id}"))[1]["cost"]["estimated_credits"]
+    assert await browser.until("document.getElementById('job-cost').textContent", "the cost") == (
+        f"Cost: 30 credits charged ({estimated} were reserved).")
     # The browser fetched the video and thumbnail through their signed URLs.
     await browser.until("document.getElementById('video').readyState >= 1", "the video's metadata to load")
     await browser.until("document.getElementById('thumbnail').naturalWidth === 64", "the thumbnail to load")
@@ -158,4 +218,117 @@ async def test_a_failure_shows_its_message(h, browser):
 
     shown = await browser.until("document.getElementById('job-error').textContent", "the error message")
     assert shown == error.message
+    assert await browser.js("document.getElementById('job-error-code').textContent") == "content_rejected"
+    assert "Change the prompt" in await browser.js("document.getElementById('job-advice').textContent")
     assert await browser.js("document.getElementById('cancel').hidden") is True
+
+
+def _png(path: Path, size: tuple[int, int] = (96, 54)) -> Path:
+    Image.new("RGB", size, (40, 120, 200)).save(path, "PNG")
+    return path
+
+
+async def _completed(h: Harness, account_id: str, key: str, prompt: str) -> dict:
+    """A job that rendered, with a real thumbnail and a real (playable) preview in storage."""
+    _, job = await h.post_job(key, prompt=prompt)
+    outputs = await store_outputs(h, account_id, job["id"], video=encode(ClipSpec(320, 180, 1.0, 7)),
+                                  thumbnail=_jpeg())
+    preview_key = outputs.video_key.replace("video.mp4", "preview.mp4")
+    await h.gw.storage.put_bytes(preview_key, encode(ClipSpec(160, 90, 1.0, 7)), "video/mp4")
+    outputs = msgspec.structs.replace(outputs, preview_key=preview_key, preview_width=160, preview_height=90,
+                                      preview_duration_s=1.0)
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED, JobStatus.PROCESSING, JobStatus.DOWNLOADING,
+                JobStatus.COMPLETED, update=JobUpdate(outputs=outputs, actual_credits=10))
+    return (await h.get(key, f"/v1/jobs/{job['id']}"))[1]
+
+
+def _item(job_id: str) -> str:
+    return f"document.querySelector('#jobs li[data-id=\"{job_id}\"]')"
+
+
+LISTED = "document.querySelectorAll('#jobs li').length"
+
+
+async def _select(browser: Browser, select_id: str, value: str) -> None:
+    """Pick `value` in a <select>, as a person would (the page hears the change)."""
+    await browser.js(f"(s => {{ s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); }})"
+                     f"(document.getElementById({json.dumps(select_id)}))")
+
+
+async def _render(browser: Browser, prompt: str, *, previous: str = "") -> str:
+    """Press Render with `prompt`; the id of the new job the page then shows (not `previous`)."""
+    await browser.js(f"document.getElementById('prompt').value = {json.dumps(prompt)};"
+                     "document.getElementById('job-form').requestSubmit()")
+    title = "document.getElementById('job-title').textContent"
+    return await browser.until(f"{title}.match(/^job_/) && {title} !== '{previous}' && {title}", "the job to appear")
+
+
+async def test_an_image_is_uploaded_previewed_and_sent_as_input_image(h, browser, tmp_path):
+    account_id, key = await h.account()
+    await browser.sign_in(h.settings.gateway_url, key)
+
+    await browser.choose_file("#image", _png(tmp_path / "start.png"))
+    await browser.until("document.getElementById('image-preview').naturalWidth === 96", "the preview")
+    assert await browser.until("document.getElementById('image-status').textContent.startsWith('uploaded') && "
+                               "document.getElementById('image-status').textContent", "the upload") == (
+        "uploaded (96×54)")
+    job_id = await _render(browser, "the picture, moving")
+
+    upload_id = await h.pool.fetchval("SELECT id FROM uploads WHERE account_id = $1", account_id)
+    assert upload_id.startswith("upl_")
+    assert (await h.get(key, f"/v1/jobs/{job_id}"))[1]["input_image"] == upload_id
+
+
+async def test_a_refused_image_says_why_and_nothing_is_rendered(h, browser, tmp_path):
+    account_id, key = await h.account()
+    await browser.sign_in(h.settings.gateway_url, key)
+    fake = tmp_path / "not-really.png"
+    fake.write_text("this is text, not a picture")
+
+    await browser.choose_file("#image", fake)
+    status = await browser.until("document.getElementById('image-status').textContent.startsWith('not accepted') "
+                                 "&& document.getElementById('image-status').textContent", "the refusal")
+    await browser.js("document.getElementById('prompt').value = 'x';"
+                     "document.getElementById('job-form').requestSubmit()")
+
+    shown = await browser.until("document.getElementById('form-error').textContent", "the form's error")
+    assert shown.startswith("The image was not accepted:") and status.removeprefix("not accepted: ") in shown
+    assert await h.count("SELECT count(*) FROM jobs WHERE account_id = $1", account_id) == 0
+
+
+async def test_the_model_picker_offers_what_each_model_renders(h_runway, browser):
+    h = h_runway
+    _, key = await h.account()
+    listed = [m["id"] for m in (await h.get(key, "/v1/models"))[1]["data"]]
+    await browser.sign_in(h.settings.gateway_url, key)
+
+    options = "[...document.getElementById('model').options].map(o => o.value)"
+    assert await browser.until(f"{options}.length > 1 && {options}", "the models") == listed
+    assert "runway/veo3" in listed and "fake-poll/default" in listed
+    # Runway's veo3 renders 8-second clips only and takes no seed.
+    await _select(browser, "model", "runway/veo3")
+    assert await browser.js("[...document.getElementById('duration').options].map(o => o.value)") == ["8"]
+    assert await browser.js("document.getElementById('seed').disabled") is True
+
+    await _select(browser, "model", "fake-poll/default")
+    assert await browser.js("document.getElementById('duration').options.length") == 60
+    job_id = await _render(browser, "polled")
+    assert (await h.get(key, f"/v1/jobs/{job_id}"))[1]["model"] == "fake-poll/default"
+
+
+async def test_seed_and_negative_prompt_are_sent_and_empty_means_none(h, browser):
+    _, key = await h.account()
+    await browser.sign_in(h.settings.gateway_url, key)
+    await browser.until("document.getElementById('model').options.length > 1", "the models")
+
+    await browser.js("document.getElementById('seed').value = '42';"
+                     "document.getElementById('negative-prompt').value = 'blurry, text'")
+    seeded = await _render(browser, "with a seed")
+    await browser.js("document.getElementById('seed').value = '';"
+                     "document.getElementById('negative-prompt').value = ''")
+    plain = await _render(browser, "without", previous=seeded)
+
+    job = (await h.get(key, f"/v1/jobs/{seeded}"))[1]
+    assert (job["seed"], job["negative_prompt"]) == (42, "blurry, text")
+    job = (await h.get(key, f"/v1/jobs/{plain}"))[1]
+    assert (job["seed"], job["negative_prompt"]) == (None, None)
