@@ -123,7 +123,10 @@ async def browser(tmp_path: Path) -> AsyncIterator[Browser]:
             async with session.get(f"{http_base}/json/list") as resp:
                 page = next(t for t in await resp.json() if t["type"] == "page")
             async with session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                yield Browser(ws)
+                tab = Browser(ws)
+                # A headless tab never has the window's focus, and without it focus() fires no focus events.
+                await tab.send("Emulation.setFocusEmulationEnabled", enabled=True)
+                yield tab
     finally:
         proc.kill()
         await proc.wait()
@@ -332,3 +335,110 @@ async def test_seed_and_negative_prompt_are_sent_and_empty_means_none(h, browser
     assert (job["seed"], job["negative_prompt"]) == (42, "blurry, text")
     job = (await h.get(key, f"/v1/jobs/{plain}"))[1]
     assert (job["seed"], job["negative_prompt"]) == (None, None)
+
+
+async def test_the_list_pages_with_more_and_filters_by_status(h, browser):
+    _, key = await h.account(concurrency=20)
+    created = [(await h.post_job(key, prompt=f"job {n}"))[1]["id"] for n in range(12)]
+    await drive(h.pool, created[0], JobStatus.FAILED, update=JobUpdate(error=JobError.of(ErrorCode.TIMEOUT)))
+    await browser.sign_in(h.settings.gateway_url, key)
+
+    assert await browser.until(f"{LISTED} === 10 && {LISTED}", "the first page") == 10
+    await browser.js("document.getElementById('more').click()")
+    await browser.until(f"{LISTED} === 12", "the second page")
+    shown = await browser.js("[...document.querySelectorAll('#jobs li')].map(li => li.dataset.id)")
+    assert shown == created[::-1]  # newest first, each once
+    assert await browser.js("document.getElementById('more').hidden") is True
+
+    await _select(browser, "status-filter", "failed")
+    await browser.until(f"{LISTED} === 1", "only the failed job")
+    assert await browser.js(f"!!{_item(created[0])}")
+    await _select(browser, "status-filter", "completed")
+    await browser.until("!document.getElementById('jobs-empty').hidden", "no completed jobs")
+    assert await browser.js(LISTED) == 0
+
+
+async def test_delete_asks_first_then_removes_the_job(h, browser):
+    _, key = await h.account()
+    _, kept = await h.post_job(key, prompt="kept")
+    _, doomed = await h.post_job(key, prompt="doomed")
+    await browser.sign_in(h.settings.gateway_url, key)
+    await browser.until(f"{LISTED} === 2", "the list")
+    await browser.send("Page.enable")
+    press_delete = f"setTimeout(() => {_item(doomed['id'])}.querySelector('.delete').click())"
+
+    # Declining the confirmation leaves everything as it was.
+    await browser.js(press_delete)
+    await browser.event("Page.javascriptDialogOpening")
+    await browser.send("Page.handleJavaScriptDialog", accept=False)
+    assert await browser.js(LISTED) == 2
+    assert (await h.get(key, f"/v1/jobs/{doomed['id']}"))[0] == 200
+
+    await browser.js(press_delete)
+    assert doomed["id"] in (await browser.event("Page.javascriptDialogOpening"))["message"]
+    await browser.send("Page.handleJavaScriptDialog", accept=True)
+    await browser.until(f"{LISTED} === 1", "the job to leave the list")
+    assert await browser.js(f"!!{_item(kept['id'])}")
+    assert (await h.get(key, f"/v1/jobs/{doomed['id']}"))[0] == 404
+
+
+async def test_completed_jobs_show_a_thumbnail_a_hover_preview_and_a_download(h, browser):
+    account_id, key = await h.account()
+    job = await _completed(h, account_id, key, "a finished fox")
+    await browser.sign_in(h.settings.gateway_url, key)
+    item = _item(job["id"])
+    await browser.until(f"{item}?.querySelector('.thumb img')?.naturalWidth === 64", "the thumbnail to load")
+
+    # The download link fetches the stored video itself.
+    link = await browser.js(f"({{href: {item}.querySelector('a.download').href, "
+                            f"name: {item}.querySelector('a.download').getAttribute('download')}})")
+    assert link["name"] == f"{job['id']}.mp4"
+    assert link["href"].split("?")[0] == job["outputs"]["video_url"].split("?")[0]
+    fetched = await browser.js(f"fetch({json.dumps(link['href'])}).then(r => r.arrayBuffer()).then(b => b.byteLength)")
+    assert fetched == job["outputs"]["bytes"]
+
+    # Keyboard focus plays the preview, muted, in place; leaving stops it.
+    await browser.js(f"{item}.querySelector('.open').focus()")
+    preview = f"{item}.querySelector('.thumb video')"
+    await browser.until(f"{preview} && !{preview}.paused && {preview}.currentTime > 0", "the preview to play")
+    assert await browser.js(f"[{preview}.muted, {preview}.src.split('?')[0]]") == [
+        True, job["outputs"]["preview_url"].split("?")[0]]
+    await browser.js(f"{item}.querySelector('.open').blur()")
+    await browser.until(f"{preview}.paused", "the preview to stop")
+    # So does the mouse.
+    box = await browser.js(f"(r => [r.x + r.width / 2, r.y + r.height / 2])({item}.querySelector('.thumb')"
+                           ".getBoundingClientRect())")
+    await browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=box[0], y=box[1])
+    await browser.until(f"!{preview}.paused", "the preview to play under the mouse")
+    await browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=0, y=0)
+    await browser.until(f"{preview}.paused", "the preview to stop when the mouse leaves")
+
+    # Enter on the focused item opens the job.
+    await browser.js(f"{item}.querySelector('.open').focus()")
+    await browser.press_enter()
+    await browser.until(f"document.getElementById('job-title').textContent === '{job['id']}'", "the job to open")
+    shown = await browser.js("document.getElementById('download').getAttribute('href')")
+    assert shown.split("?")[0] == job["outputs"]["video_url"].split("?")[0]  # signed afresh on each read
+
+
+async def test_a_failed_job_says_what_to_do_and_is_still_there_after_returning(h, browser):
+    _, key = await h.account()
+    _, job = await h.post_job(key)
+    error = JobError.of(ErrorCode.TIMEOUT)  # retryable: the advice is to try again
+    await drive(h.pool, job["id"], JobStatus.FAILED, update=JobUpdate(error=error))
+    await browser.sign_in(h.settings.gateway_url, key)
+    await browser.until(f"!!{_item(job['id'])}", "the list")
+    await browser.js(f"{_item(job['id'])}.querySelector('.open').click()")
+    await browser.until("document.getElementById('job-error-code').textContent === 'timeout'", "the error code")
+
+    await browser.open("about:blank")
+    await browser.open(h.settings.gateway_url + "/")
+
+    await browser.until(f"document.getElementById('job-title').textContent === '{job['id']}'", "the job again")
+    shown = await browser.until("document.getElementById('job-error-code').textContent === 'timeout' && "
+                                "[document.getElementById('job-error').textContent, "
+                                "document.getElementById('job-advice').textContent]", "the failure again")
+    assert shown[0] == error.message
+    assert shown[1].startswith("The render ran past its deadline. Try again")
+    assert await browser.js(f"{CURRENT_STAGE} ?? null") is None
+    assert await browser.js(STEP) == []
