@@ -12,19 +12,22 @@ import os
 import re
 import shutil
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 from PIL import Image
 
 from libs.common.errors import ErrorCode, JobError
+from libs.common.settings import Settings
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate
 from libs.providers.fake.render import ClipSpec, encode
 from tests.support import wait_until
-from tests.test_gateway_harness import drive, gateway_settings, running_gateway, store_outputs
+from tests.test_gateway_harness import Harness, drive, gateway_settings, running_gateway, store_outputs
 
 CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None)
 if CHROMIUM is None and os.environ.get("CI"):
@@ -38,6 +41,7 @@ class Browser:
     def __init__(self, ws: aiohttp.ClientWebSocketResponse):
         self._ws = ws
         self._ids = itertools.count(1)
+        self._events: list[dict] = []  # DevTools events that arrived while a reply was awaited
 
     async def send(self, method: str, **params: Any) -> dict:
         call_id = next(self._ids)
@@ -47,7 +51,22 @@ class Browser:
             if reply.get("id") == call_id:
                 assert "error" not in reply, reply
                 return reply["result"]
+            if "method" in reply:
+                self._events.append(reply)
         raise AssertionError("the browser closed the DevTools connection")
+
+    async def event(self, method: str, within: float = 10) -> dict:
+        """The next DevTools event named `method` (its domain must be enabled)."""
+        async with asyncio.timeout(within):
+            while True:
+                for found in self._events:
+                    if found["method"] == method:
+                        self._events.remove(found)
+                        return found["params"]
+                msg = await self._ws.receive()
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                if "method" in (event := json.loads(msg.data)):
+                    self._events.append(event)
 
     async def js(self, expression: str) -> Any:
         result = await self.send("Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True)
@@ -63,6 +82,22 @@ class Browser:
     async def open(self, url: str) -> None:
         await self.send("Page.navigate", url=url)
         await self.until("document.readyState === 'complete'", "the page to load")
+
+    async def sign_in(self, base_url: str, key: str) -> None:
+        """The page, opened with `key` already saved, as on a person's second visit."""
+        await self.open(base_url + "/")
+        await self.js(f"localStorage.setItem('vidjobs.key', {json.dumps(key)})")
+        await self.open(base_url + "/")
+
+    async def choose_file(self, selector: str, path: Path) -> None:
+        """Set a file on a file input as a person choosing it would (the page sees a change event)."""
+        found = await self.send("Runtime.evaluate", expression=f"document.querySelector({json.dumps(selector)})")
+        await self.send("DOM.setFileInputFiles", files=[str(path)], objectId=found["result"]["objectId"])
+
+    async def press_enter(self) -> None:
+        for kind in ("keyDown", "keyUp"):
+            await self.send("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
+                            windowsVirtualKeyCode=13, **({"text": "\r"} if kind == "keyDown" else {}))
 
 
 async def _devtools_url(proc: asyncio.subprocess.Process) -> str:
@@ -88,15 +123,36 @@ async def browser(tmp_path: Path) -> AsyncIterator[Browser]:
             async with session.get(f"{http_base}/json/list") as resp:
                 page = next(t for t in await resp.json() if t["type"] == "page")
             async with session.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                yield Browser(ws)
+                tab = Browser(ws)
+                # A headless tab never has the window's focus, and without it focus() fires no focus events.
+                await tab.send("Emulation.setFocusEmulationEnabled", enabled=True)
+                yield tab
     finally:
         proc.kill()
         await proc.wait()
 
 
+@asynccontextmanager
+async def _gateway(settings: Settings) -> AsyncIterator[Harness]:
+    async with running_gateway(settings) as harness:
+        yield harness
+        # These tests leave no work in flight that must finish, and the gateway's exit otherwise waits out
+        # NATS's default 30 s drain whenever a pull request of its app-events consumer is left unanswered.
+        harness.gw.rt.nc.options["drain_timeout"] = 2
+
+
 @pytest.fixture
 async def h(tmp_path, database_url, nats_url):
-    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
+    async with _gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
+        yield harness
+
+
+@pytest.fixture
+async def h_runway(tmp_path, database_url, nats_url):
+    """A gateway that also offers Runway's models (listed from the adapter's tables; nothing is sent to Runway)."""
+    settings = gateway_settings(tmp_path, database_url, nats_url, runway_api_key="rw-test",
+                                runway_url="http://runway.invalid")
+    async with _gateway(settings) as harness:
         yield harness
 
 
@@ -107,6 +163,8 @@ def _jpeg() -> bytes:
 
 
 CURRENT_STAGE = "document.querySelector('#stages li.current')?.dataset.stage"
+# The stages a screen reader is told are the current step: exactly the one shown as current.
+STEP = "[...document.querySelectorAll('#stages li[aria-current=\"step\"]')].map(li => li.dataset.stage)"
 
 
 async def test_a_person_renders_and_watches_the_stages_live(h, browser):
@@ -126,11 +184,16 @@ async def test_a_person_renders_and_watches_the_stages_live(h, browser):
                           (JobStatus.DOWNLOADING, "downloading")]:
         await drive(h.pool, job_id, status)
         await browser.until(f"{CURRENT_STAGE} === '{stage}'", f"the page to show {stage}")
+        assert await browser.js(STEP) == [stage]
     outputs = await store_outputs(h, account_id, job_id, video=encode(ClipSpec(320, 180, 1.0, 7)),
                                   thumbnail=_jpeg())
-    await drive(h.pool, job_id, JobStatus.COMPLETED, update=JobUpdate(outputs=outputs))
+    await drive(h.pool, job_id, JobStatus.COMPLETED, update=JobUpdate(outputs=outputs, actual_credits=30))
 
     await browser.until(f"{CURRENT_STAGE} === 'ready'", "the page to show ready")
+    assert await browser.js(STEP) == ["ready"]
+    estimated = (await h.get(key, f"/v1/jobs/{job_id}"))[1]["cost"]["estimated_credits"]
+    assert await browser.until("document.getElementById('job-cost').textContent", "the cost") == (
+        f"Cost: 30 credits charged ({estimated} were reserved).")
     # The browser fetched the video and thumbnail through their signed URLs.
     await browser.until("document.getElementById('video').readyState >= 1", "the video's metadata to load")
     await browser.until("document.getElementById('thumbnail').naturalWidth === 64", "the thumbnail to load")
@@ -158,4 +221,224 @@ async def test_a_failure_shows_its_message(h, browser):
 
     shown = await browser.until("document.getElementById('job-error').textContent", "the error message")
     assert shown == error.message
+    assert await browser.js("document.getElementById('job-error-code').textContent") == "content_rejected"
+    assert "Change the prompt" in await browser.js("document.getElementById('job-advice').textContent")
     assert await browser.js("document.getElementById('cancel').hidden") is True
+
+
+def _png(path: Path, size: tuple[int, int] = (96, 54)) -> Path:
+    Image.new("RGB", size, (40, 120, 200)).save(path, "PNG")
+    return path
+
+
+async def _completed(h: Harness, account_id: str, key: str, prompt: str) -> dict:
+    """A job that rendered, with a real thumbnail and a real (playable) preview in storage."""
+    _, job = await h.post_job(key, prompt=prompt)
+    outputs = await store_outputs(h, account_id, job["id"], video=encode(ClipSpec(320, 180, 1.0, 7)),
+                                  thumbnail=_jpeg())
+    preview_key = outputs.video_key.replace("video.mp4", "preview.mp4")
+    await h.gw.storage.put_bytes(preview_key, encode(ClipSpec(160, 90, 1.0, 7)), "video/mp4")
+    outputs = msgspec.structs.replace(outputs, preview_key=preview_key, preview_width=160, preview_height=90,
+                                      preview_duration_s=1.0)
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED, JobStatus.PROCESSING, JobStatus.DOWNLOADING,
+                JobStatus.COMPLETED, update=JobUpdate(outputs=outputs, actual_credits=10))
+    return (await h.get(key, f"/v1/jobs/{job['id']}"))[1]
+
+
+def _item(job_id: str) -> str:
+    return f"document.querySelector('#jobs li[data-id=\"{job_id}\"]')"
+
+
+LISTED = "document.querySelectorAll('#jobs li').length"
+
+
+async def _select(browser: Browser, select_id: str, value: str) -> None:
+    """Pick `value` in a <select>, as a person would (the page hears the change)."""
+    await browser.js(f"(s => {{ s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change')); }})"
+                     f"(document.getElementById({json.dumps(select_id)}))")
+
+
+async def _render(browser: Browser, prompt: str, *, previous: str = "") -> str:
+    """Press Render with `prompt`; the id of the new job the page then shows (not `previous`)."""
+    await browser.js(f"document.getElementById('prompt').value = {json.dumps(prompt)};"
+                     "document.getElementById('job-form').requestSubmit()")
+    title = "document.getElementById('job-title').textContent"
+    return await browser.until(f"{title}.match(/^job_/) && {title} !== '{previous}' && {title}", "the job to appear")
+
+
+async def test_an_image_is_uploaded_previewed_and_sent_as_input_image(h, browser, tmp_path):
+    account_id, key = await h.account()
+    await browser.sign_in(h.settings.gateway_url, key)
+
+    await browser.choose_file("#image", _png(tmp_path / "start.png"))
+    await browser.until("document.getElementById('image-preview').naturalWidth === 96", "the preview")
+    assert await browser.until("document.getElementById('image-status').textContent.startsWith('uploaded') && "
+                               "document.getElementById('image-status').textContent", "the upload") == (
+        "uploaded (96×54)")
+    job_id = await _render(browser, "the picture, moving")
+
+    upload_id = await h.pool.fetchval("SELECT id FROM uploads WHERE account_id = $1", account_id)
+    assert upload_id.startswith("upl_")
+    assert (await h.get(key, f"/v1/jobs/{job_id}"))[1]["input_image"] == upload_id
+
+
+async def test_a_refused_image_says_why_and_nothing_is_rendered(h, browser, tmp_path):
+    account_id, key = await h.account()
+    await browser.sign_in(h.settings.gateway_url, key)
+    fake = tmp_path / "not-really.png"
+    fake.write_text("this is text, not a picture")
+
+    await browser.choose_file("#image", fake)
+    status = await browser.until("document.getElementById('image-status').textContent.startsWith('not accepted') "
+                                 "&& document.getElementById('image-status').textContent", "the refusal")
+    await browser.js("document.getElementById('prompt').value = 'x';"
+                     "document.getElementById('job-form').requestSubmit()")
+
+    shown = await browser.until("document.getElementById('form-error').textContent", "the form's error")
+    assert shown.startswith("The image was not accepted:") and status.removeprefix("not accepted: ") in shown
+    assert await h.count("SELECT count(*) FROM jobs WHERE account_id = $1", account_id) == 0
+
+
+async def test_the_model_picker_offers_what_each_model_renders(h_runway, browser):
+    h = h_runway
+    _, key = await h.account()
+    listed = [m["id"] for m in (await h.get(key, "/v1/models"))[1]["data"]]
+    await browser.sign_in(h.settings.gateway_url, key)
+
+    options = "[...document.getElementById('model').options].map(o => o.value)"
+    assert await browser.until(f"{options}.length > 1 && {options}", "the models") == listed
+    assert "runway/veo3" in listed and "fake-poll/default" in listed
+    # Runway's veo3 renders 8-second clips only and takes no seed.
+    await _select(browser, "model", "runway/veo3")
+    assert await browser.js("[...document.getElementById('duration').options].map(o => o.value)") == ["8"]
+    assert await browser.js("document.getElementById('seed').disabled") is True
+
+    await _select(browser, "model", "fake-poll/default")
+    assert await browser.js("document.getElementById('duration').options.length") == 60
+    job_id = await _render(browser, "polled")
+    assert (await h.get(key, f"/v1/jobs/{job_id}"))[1]["model"] == "fake-poll/default"
+
+
+async def test_seed_and_negative_prompt_are_sent_and_empty_means_none(h, browser):
+    _, key = await h.account()
+    await browser.sign_in(h.settings.gateway_url, key)
+    await browser.until("document.getElementById('model').options.length > 1", "the models")
+
+    await browser.js("document.getElementById('seed').value = '42';"
+                     "document.getElementById('negative-prompt').value = 'blurry, text'")
+    seeded = await _render(browser, "with a seed")
+    await browser.js("document.getElementById('seed').value = '';"
+                     "document.getElementById('negative-prompt').value = ''")
+    plain = await _render(browser, "without", previous=seeded)
+
+    job = (await h.get(key, f"/v1/jobs/{seeded}"))[1]
+    assert (job["seed"], job["negative_prompt"]) == (42, "blurry, text")
+    job = (await h.get(key, f"/v1/jobs/{plain}"))[1]
+    assert (job["seed"], job["negative_prompt"]) == (None, None)
+
+
+async def test_the_list_pages_with_more_and_filters_by_status(h, browser):
+    _, key = await h.account(concurrency=20)
+    created = [(await h.post_job(key, prompt=f"job {n}"))[1]["id"] for n in range(12)]
+    await drive(h.pool, created[0], JobStatus.FAILED, update=JobUpdate(error=JobError.of(ErrorCode.TIMEOUT)))
+    await browser.sign_in(h.settings.gateway_url, key)
+
+    assert await browser.until(f"{LISTED} === 10 && {LISTED}", "the first page") == 10
+    await browser.js("document.getElementById('more').click()")
+    await browser.until(f"{LISTED} === 12", "the second page")
+    shown = await browser.js("[...document.querySelectorAll('#jobs li')].map(li => li.dataset.id)")
+    assert shown == created[::-1]  # newest first, each once
+    assert await browser.js("document.getElementById('more').hidden") is True
+
+    await _select(browser, "status-filter", "failed")
+    await browser.until(f"{LISTED} === 1", "only the failed job")
+    assert await browser.js(f"!!{_item(created[0])}")
+    await _select(browser, "status-filter", "completed")
+    await browser.until("!document.getElementById('jobs-empty').hidden", "no completed jobs")
+    assert await browser.js(LISTED) == 0
+
+
+async def test_delete_asks_first_then_removes_the_job(h, browser):
+    _, key = await h.account()
+    _, kept = await h.post_job(key, prompt="kept")
+    _, doomed = await h.post_job(key, prompt="doomed")
+    await browser.sign_in(h.settings.gateway_url, key)
+    await browser.until(f"{LISTED} === 2", "the list")
+    await browser.send("Page.enable")
+    press_delete = f"setTimeout(() => {_item(doomed['id'])}.querySelector('.delete').click())"
+
+    # Declining the confirmation leaves everything as it was.
+    await browser.js(press_delete)
+    await browser.event("Page.javascriptDialogOpening")
+    await browser.send("Page.handleJavaScriptDialog", accept=False)
+    assert await browser.js(LISTED) == 2
+    assert (await h.get(key, f"/v1/jobs/{doomed['id']}"))[0] == 200
+
+    await browser.js(press_delete)
+    assert doomed["id"] in (await browser.event("Page.javascriptDialogOpening"))["message"]
+    await browser.send("Page.handleJavaScriptDialog", accept=True)
+    await browser.until(f"{LISTED} === 1", "the job to leave the list")
+    assert await browser.js(f"!!{_item(kept['id'])}")
+    assert (await h.get(key, f"/v1/jobs/{doomed['id']}"))[0] == 404
+
+
+async def test_completed_jobs_show_a_thumbnail_a_hover_preview_and_a_download(h, browser):
+    account_id, key = await h.account()
+    job = await _completed(h, account_id, key, "a finished fox")
+    await browser.sign_in(h.settings.gateway_url, key)
+    item = _item(job["id"])
+    await browser.until(f"{item}?.querySelector('.thumb img')?.naturalWidth === 64", "the thumbnail to load")
+
+    # The download link fetches the stored video itself.
+    link = await browser.js(f"({{href: {item}.querySelector('a.download').href, "
+                            f"name: {item}.querySelector('a.download').getAttribute('download')}})")
+    assert link["name"] == f"{job['id']}.mp4"
+    assert link["href"].split("?")[0] == job["outputs"]["video_url"].split("?")[0]
+    fetched = await browser.js(f"fetch({json.dumps(link['href'])}).then(r => r.arrayBuffer()).then(b => b.byteLength)")
+    assert fetched == job["outputs"]["bytes"]
+
+    # Keyboard focus plays the preview, muted, in place; leaving stops it.
+    await browser.js(f"{item}.querySelector('.open').focus()")
+    preview = f"{item}.querySelector('.thumb video')"
+    await browser.until(f"{preview} && !{preview}.paused && {preview}.currentTime > 0", "the preview to play")
+    assert await browser.js(f"[{preview}.muted, {preview}.src.split('?')[0]]") == [
+        True, job["outputs"]["preview_url"].split("?")[0]]
+    await browser.js(f"{item}.querySelector('.open').blur()")
+    await browser.until(f"{preview}.paused", "the preview to stop")
+    # So does the mouse.
+    box = await browser.js(f"(r => [r.x + r.width / 2, r.y + r.height / 2])({item}.querySelector('.thumb')"
+                           ".getBoundingClientRect())")
+    await browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=box[0], y=box[1])
+    await browser.until(f"!{preview}.paused", "the preview to play under the mouse")
+    await browser.send("Input.dispatchMouseEvent", type="mouseMoved", x=0, y=0)
+    await browser.until(f"{preview}.paused", "the preview to stop when the mouse leaves")
+
+    # Enter on the focused item opens the job.
+    await browser.js(f"{item}.querySelector('.open').focus()")
+    await browser.press_enter()
+    await browser.until(f"document.getElementById('job-title').textContent === '{job['id']}'", "the job to open")
+    shown = await browser.js("document.getElementById('download').getAttribute('href')")
+    assert shown.split("?")[0] == job["outputs"]["video_url"].split("?")[0]  # signed afresh on each read
+
+
+async def test_a_failed_job_says_what_to_do_and_is_still_there_after_returning(h, browser):
+    _, key = await h.account()
+    _, job = await h.post_job(key)
+    error = JobError.of(ErrorCode.TIMEOUT)  # retryable: the advice is to try again
+    await drive(h.pool, job["id"], JobStatus.FAILED, update=JobUpdate(error=error))
+    await browser.sign_in(h.settings.gateway_url, key)
+    await browser.until(f"!!{_item(job['id'])}", "the list")
+    await browser.js(f"{_item(job['id'])}.querySelector('.open').click()")
+    await browser.until("document.getElementById('job-error-code').textContent === 'timeout'", "the error code")
+
+    await browser.open("about:blank")
+    await browser.open(h.settings.gateway_url + "/")
+
+    await browser.until(f"document.getElementById('job-title').textContent === '{job['id']}'", "the job again")
+    shown = await browser.until("document.getElementById('job-error-code').textContent === 'timeout' && "
+                                "[document.getElementById('job-error').textContent, "
+                                "document.getElementById('job-advice').textContent]", "the failure again")
+    assert shown[0] == error.message
+    assert shown[1].startswith("The render ran past its deadline. Try again")
+    assert await browser.js(f"{CURRENT_STAGE} ?? null") is None
+    assert await browser.js(STEP) == []

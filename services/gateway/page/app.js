@@ -8,12 +8,33 @@
 
 const STAGES = ["queued", "submitted", "rendering", "downloading", "ready"];
 const TERMINAL = new Set(["completed", "failed", "canceled", "expired"]);
+const ENDED_BADLY = new Set(["failed", "canceled", "expired"]);
 const KEY_STORE = "vidjobs.key";
 const JOB_STORE = "vidjobs.job";
+const PAGE_SIZE = 10;
+
+// What a person can do about each error code (libs/common/errors.py); the message says what happened.
+const ADVICE = {
+  rate_limited: "The provider was busy. Try again in a few minutes.",
+  provider_unavailable: "The provider was down. Try again later.",
+  timeout: "The render ran past its deadline. Try again, perhaps with a shorter clip.",
+  content_rejected: "Change the prompt (or the image) and render again; the same request will be refused again.",
+  invalid_input: "Fix the field the message names, then render again.",
+  quota_exhausted: "Add credit to the account, then render again.",
+  download_failed: "The render could not be saved. Try again.",
+  verification_failed: "The provider returned a broken file. Render again, or choose another model.",
+  canceled: "It was canceled. Render again if you still want it.",
+  internal: "Something broke on our side. Try again; if it keeps failing, contact support.",
+};
 
 const $ = (id) => document.getElementById(id);
 let following = null; // AbortController of the stream being read
 let pendingCreate = null; // {body, key}: a retried press of Render reuses its Idempotency-Key
+let models = new Map(); // id -> the model as GET /v1/models describes it
+let image = null; // {file, upload: Promise of the upload}: the chosen image, uploaded as soon as it is chosen
+let announced = ""; // the stage last read out, so progress updates do not repeat it
+let listGeneration = 0; // a reload of the list outdates any page still on its way
+let nextCursor = null;
 
 class ApiError extends Error {
   constructor(status, body) {
@@ -36,6 +57,10 @@ async function api(path, options = {}) {
   return body;
 }
 
+function jobPath(jobId) {
+  return `/v1/jobs/${encodeURIComponent(jobId)}`;
+}
+
 function randomKey() {
   if (crypto.randomUUID) return crypto.randomUUID();
   // randomUUID needs a secure context; getRandomValues does not.
@@ -47,6 +72,123 @@ function explain(err) {
   return err.message || String(err);
 }
 
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+// ---- models: what the form offers follows what the chosen model renders ---------------------------------
+
+function unique(values) {
+  return [...new Set(values)];
+}
+
+function fillSelect(select, values, preferred) {
+  // The person's choice survives a refill whenever the new model still offers it.
+  const keep = values.includes(select.value) ? select.value : values.includes(preferred) ? preferred : values[0];
+  select.replaceChildren(...values.map((v) => new Option(v, v)));
+  if (keep !== undefined) select.value = keep;
+}
+
+function formatsOf(model) {
+  return image && model.formats_with_image ? model.formats_with_image : model.formats;
+}
+
+function offerFormats(model) {
+  const formats = formatsOf(model);
+  fillSelect($("aspect-ratio"), unique(formats.map((f) => f.aspect_ratio)), "16:9");
+  const forRatio = formats.filter((f) => f.aspect_ratio === $("aspect-ratio").value);
+  fillSelect($("resolution"), unique(forRatio.map((f) => f.resolution)), "720p");
+  const format = forRatio.find((f) => f.resolution === $("resolution").value);
+  fillSelect($("duration"), (format?.durations_s || model.durations_s).map(String), "5");
+}
+
+function offerInputs(model) {
+  $("seed").disabled = !model.seed;
+  $("negative-prompt").disabled = !model.negative_prompt;
+  $("image").disabled = model.input_image === "none";
+  $("image").required = model.input_image === "required" && !image;
+  if (model.input_image === "none" && image) clearImage();
+  const need = { none: "(not taken by this model)", optional: "(optional)", required: "(required)" };
+  $("image-need").textContent = need[model.input_image] || "";
+}
+
+function describeModel(model) {
+  const parts = [];
+  if (!model.seed) parts.push("takes no seed");
+  if (!model.negative_prompt) parts.push("takes no negative prompt");
+  const price = model.credits_per_second[$("resolution").value];
+  if (price !== null && price !== undefined) parts.push(`${price} credits per second at ${$("resolution").value}`);
+  return parts.length ? `${model.id}: ${parts.join(" · ")}` : "";
+}
+
+function applyModel() {
+  const model = models.get($("model").value);
+  if (!model) return;
+  offerFormats(model);
+  offerInputs(model);
+  $("model-info").textContent = describeModel(model);
+}
+
+async function loadModels() {
+  try {
+    const list = await api("/v1/models");
+    models = new Map(list.data.map((m) => [m.id, m]));
+  } catch {
+    return; // the static choices stay; a create names any refusal precisely
+  }
+  fillSelect($("model"), [...models.keys()], "fake/default");
+  applyModel();
+}
+
+// ---- the input image ------------------------------------------------------------------------------------
+
+function showPreview(file) {
+  // A data: URL, because the page's CSP allows data: images and not blob: ones.
+  const reader = new FileReader();
+  reader.onload = () => {
+    if (image?.file !== file) return;
+    $("image-preview").src = reader.result;
+    $("image-preview").hidden = false;
+  };
+  reader.readAsDataURL(file);
+}
+
+function setImageStatus(text, isError = false) {
+  $("image-status").textContent = text;
+  $("image-status").classList.toggle("error", isError);
+}
+
+function chooseImage() {
+  const file = $("image").files[0];
+  if (!file) return clearImage();
+  const upload = api("/v1/uploads", {
+    method: "POST", headers: { "Content-Type": file.type || "application/octet-stream" }, body: file,
+  });
+  image = { file, upload };
+  $("image-preview").hidden = true;
+  $("image-clear").hidden = false;
+  showPreview(file);
+  setImageStatus("uploading…");
+  upload.then(
+    (up) => image?.upload === upload && setImageStatus(`uploaded (${up.width}×${up.height})`),
+    (err) => image?.upload === upload && setImageStatus(`not accepted: ${explain(err)}`, true),
+  );
+  applyModel();
+}
+
+function clearImage() {
+  image = null;
+  $("image").value = "";
+  $("image-preview").hidden = true;
+  $("image-preview").removeAttribute("src");
+  $("image-clear").hidden = true;
+  setImageStatus("");
+  applyModel();
+}
+
 // ---- the current job ----------------------------------------------------------------------------------
 
 function renderStages(job) {
@@ -56,6 +198,13 @@ function renderStages(job) {
     li.classList.toggle("done", reached >= 0 && i < reached);
     li.classList.toggle("current", i === reached);
     li.classList.toggle("stopped", reached < 0);
+    if (i === reached) li.setAttribute("aria-current", "step");
+    else li.removeAttribute("aria-current");
+  }
+  const said = `${job.id} ${job.stage}`;
+  if (said !== announced) {
+    announced = said;
+    $("stage-announce").textContent = `Stage: ${job.stage}`;
   }
 }
 
@@ -70,6 +219,33 @@ function statusLine(job) {
   return parts.join(" · ");
 }
 
+function costLine(cost) {
+  if (!cost) return "";
+  if (cost.actual_credits !== null && cost.actual_credits !== undefined) {
+    return `Cost: ${cost.actual_credits} credits charged (${cost.estimated_credits} were reserved).`;
+  }
+  return `Cost: up to ${cost.estimated_credits} credits reserved; the charge is settled when it ends.`;
+}
+
+function advice(job) {
+  if (job.error && ADVICE[job.error.code]) return ADVICE[job.error.code];
+  if (job.status === "expired") return "Its files were removed after the retention period. Render it again to get it back.";
+  if (job.status === "canceled") return ADVICE.canceled;
+  return job.error?.retryable ? "Try again." : "Change the request before trying again.";
+}
+
+function showProblem(message, code = "", what = "") {
+  $("job-failure").hidden = !message;
+  $("job-error").textContent = message;
+  $("job-error-code").textContent = code;
+  $("job-advice").textContent = what;
+}
+
+function renderFailure(job) {
+  if (!ENDED_BADLY.has(job.status)) return showProblem("");
+  showProblem(job.error ? job.error.message : job.status, job.error?.code || "", advice(job));
+}
+
 function renderResult(job) {
   const out = job.outputs;
   $("result").hidden = !out;
@@ -77,11 +253,16 @@ function renderResult(job) {
     $("video").removeAttribute("src");
     return;
   }
-  if ($("video").getAttribute("src") !== out.video_url) {
+  // An expired job keeps its thumbnail; its video is gone.
+  $("video").hidden = !out.video_url;
+  $("download").hidden = !out.video_url;
+  if (out.video_url && $("video").getAttribute("src") !== out.video_url) {
     $("video").src = out.video_url;
     $("video").poster = out.thumbnail_url;
-    $("thumbnail").src = out.thumbnail_url;
+    $("download").href = out.video_url;
+    $("download").download = `${job.id}.mp4`;
   }
+  if ($("thumbnail").getAttribute("src") !== out.thumbnail_url) $("thumbnail").src = out.thumbnail_url;
   const mb = (out.bytes / 1e6).toFixed(2);
   $("result-meta").textContent = `${out.width}×${out.height}, ${out.duration_s.toFixed(1)} s, ${mb} MB. ` +
     `Links valid until ${new Date(out.expires_at).toLocaleString()}.`;
@@ -93,8 +274,8 @@ function renderJob(job) {
   $("job-prompt").textContent = job.prompt;
   renderStages(job);
   $("job-status").textContent = statusLine(job);
-  const failed = ["failed", "canceled", "expired"].includes(job.status);
-  $("job-error").textContent = failed && job.error ? job.error.message : failed ? job.status : "";
+  $("job-cost").textContent = costLine(job.cost);
+  renderFailure(job);
   $("cancel").hidden = TERMINAL.has(job.status);
   renderResult(job);
   markInList(job);
@@ -103,10 +284,19 @@ function renderJob(job) {
 function showGone(jobId) {
   $("job-title").textContent = jobId;
   $("job-status").textContent = "";
-  $("job-error").textContent = "This job no longer exists (deleted, or it belongs to another key).";
+  $("job-cost").textContent = "";
+  showProblem("This job no longer exists (deleted, or it belongs to another key).");
   $("cancel").hidden = true;
   $("result").hidden = true;
   localStorage.removeItem(JOB_STORE);
+}
+
+function forget(jobId) {
+  if (localStorage.getItem(JOB_STORE) !== jobId) return;
+  if (following) following.abort();
+  following = null;
+  localStorage.removeItem(JOB_STORE);
+  $("job").hidden = true;
 }
 
 // ---- following a job over Server-Sent Events --------------------------------------------------------
@@ -131,7 +321,7 @@ function parseEvents(buffer, onEvent) {
 }
 
 async function readStream(jobId, signal) {
-  const resp = await fetch(`/v1/jobs/${encodeURIComponent(jobId)}/stream`, {
+  const resp = await fetch(`${jobPath(jobId)}/stream`, {
     headers: { Authorization: `Bearer ${apiKey()}`, Accept: "text/event-stream" },
     signal,
   });
@@ -145,7 +335,7 @@ async function readStream(jobId, signal) {
     buffer = parseEvents(buffer + value, (name, data) => {
       if (name !== "job") return;
       last = JSON.parse(data);
-      renderJob(last);
+      if (!signal.aborted) renderJob(last);
     });
   }
 }
@@ -159,17 +349,14 @@ async function follow(jobId) {
   while (!controller.signal.aborted) {
     try {
       const last = await readStream(jobId, controller.signal);
-      if (last && TERMINAL.has(last.status)) return refreshList();
+      if (last && TERMINAL.has(last.status)) return refreshAccount();
       // The stream ended early (server restart, or the job was deleted): look before reconnecting.
-      renderJob(await api(`/v1/jobs/${encodeURIComponent(jobId)}`));
+      renderJob(await api(jobPath(jobId)));
       delay = 1000;
     } catch (err) {
       if (controller.signal.aborted) return;
       if (err instanceof ApiError && err.status === 404) return showGone(jobId);
-      if (err instanceof ApiError && err.status === 401) {
-        $("job-error").textContent = explain(err);
-        return;
-      }
+      if (err instanceof ApiError && err.status === 401) return showProblem(explain(err));
       $("job-status").textContent = `connection lost; reconnecting in ${delay / 1000} s`;
       await new Promise((r) => setTimeout(r, delay));
       delay = Math.min(delay * 2, 15000);
@@ -179,41 +366,161 @@ async function follow(jobId) {
 
 // ---- recent jobs and the account ---------------------------------------------------------------------
 
+function listedItem(jobId) {
+  return document.querySelector(`#jobs li[data-id="${CSS.escape(jobId)}"]`);
+}
+
 function markInList(job) {
-  const li = document.querySelector(`#jobs li[data-id="${CSS.escape(job.id)}"]`);
-  if (!li) return;
-  li.querySelector(".badge").textContent = job.stage;
-  li.querySelector(".badge").dataset.stage = job.stage;
+  const li = listedItem(job.id);
+  if (!li || (li.dataset.stage === job.stage && li.dataset.outputs === String(!!job.outputs))) return;
+  // Replaced whole, so a job that just finished gains its thumbnail and links; focus stays on it.
+  const hadFocus = li.contains(document.activeElement);
+  const fresh = listItem(job);
+  li.replaceWith(fresh);
+  if (hadFocus) fresh.querySelector(".open").focus();
+}
+
+function previewOnHover(trigger, box, url) {
+  let video = null;
+  const play = () => {
+    if (!video) {
+      video = element("video", "preview");
+      video.muted = true;
+      video.defaultMuted = true;
+      video.loop = true;
+      video.playsInline = true;
+      video.src = url;
+      box.append(video);
+    }
+    box.classList.add("playing");
+    // A play() cut short by leaving again rejects; that is not an error worth showing.
+    video.play().catch(() => {});
+  };
+  const stop = () => {
+    box.classList.remove("playing");
+    if (video) video.pause();
+  };
+  trigger.addEventListener("mouseenter", play);
+  trigger.addEventListener("focus", play);
+  trigger.addEventListener("mouseleave", stop);
+  trigger.addEventListener("blur", stop);
+}
+
+function thumbnailBox(job, trigger) {
+  const box = element("span", "thumb");
+  const out = job.outputs;
+  if (!out) return box;
+  const img = element("img");
+  img.src = out.thumbnail_url;
+  img.alt = "";
+  img.loading = "lazy";
+  box.append(img);
+  if (out.preview_url) previewOnHover(trigger, box, out.preview_url);
+  return box;
+}
+
+function openButton(job) {
+  const button = element("button", "open");
+  button.type = "button";
+  const when = element("time", "muted small", new Date(job.created_at).toLocaleString());
+  when.dateTime = job.created_at;
+  const badge = element("span", "badge", job.stage);
+  badge.dataset.stage = job.stage;
+  const text = element("span", "text");
+  text.append(element("span", "prompt", job.prompt), when);
+  button.append(thumbnailBox(job, button), badge, text);
+  button.setAttribute("aria-label", `${job.stage}: ${job.prompt}, ${when.textContent}`);
+  return button;
+}
+
+function actions(job, li) {
+  const box = element("span", "actions");
+  if (job.outputs?.video_url) {
+    const link = element("a", "download", "Download");
+    link.href = job.outputs.video_url;
+    link.download = `${job.id}.mp4`;
+    box.append(link);
+  }
+  const remove = element("button", "delete secondary", "Delete");
+  remove.type = "button";
+  remove.setAttribute("aria-label", `Delete job ${job.id}`);
+  remove.addEventListener("click", () => deleteJob(job, li));
+  box.append(remove);
+  return box;
 }
 
 function listItem(job) {
-  const li = document.createElement("li");
+  const li = element("li");
   li.dataset.id = job.id;
-  const badge = document.createElement("span");
-  badge.className = "badge";
-  badge.textContent = job.stage;
-  badge.dataset.stage = job.stage;
-  const prompt = document.createElement("span");
-  prompt.className = "prompt";
-  prompt.textContent = job.prompt;
-  const when = document.createElement("time");
-  when.className = "muted small";
-  when.textContent = new Date(job.created_at).toLocaleString();
-  li.append(badge, prompt, when);
-  li.addEventListener("click", () => follow(job.id));
+  li.dataset.stage = job.stage;
+  li.dataset.outputs = String(!!job.outputs);
+  li.append(openButton(job), actions(job, li));
+  li.addEventListener("click", (event) => {
+    if (!event.target.closest(".actions")) follow(job.id);
+  });
   return li;
 }
 
-async function refreshList() {
-  if (!apiKey()) return;
+function listQuery() {
+  const params = new URLSearchParams({ limit: String(PAGE_SIZE) });
+  if ($("status-filter").value) params.set("status", $("status-filter").value);
+  return params;
+}
+
+async function loadJobs(more) {
+  if (!apiKey()) return [];
+  const generation = more ? listGeneration : ++listGeneration;
+  const params = listQuery();
+  if (more) params.set("cursor", nextCursor);
   try {
-    const page = await api("/v1/jobs?limit=10");
-    $("jobs").replaceChildren(...page.data.map(listItem));
-    $("jobs-empty").hidden = page.data.length > 0;
+    const page = await api(`/v1/jobs?${params}`);
+    if (generation !== listGeneration) return [];
+    // A job created since the first page was read may shift one onto the next page as well.
+    const items = page.data.filter((job) => !(more && listedItem(job.id))).map(listItem);
+    if (more) $("jobs").append(...items);
+    else $("jobs").replaceChildren(...items);
+    nextCursor = page.next_cursor;
+    $("more").hidden = !nextCursor;
+    $("jobs-empty").hidden = $("jobs").children.length > 0;
+    $("jobs-empty").textContent = $("status-filter").value ? "No jobs with this status." : "No jobs yet.";
+    $("jobs-error").textContent = "";
+    return items;
   } catch (err) {
-    $("jobs-empty").hidden = false;
-    $("jobs-empty").textContent = explain(err);
+    if (generation === listGeneration) $("jobs-error").textContent = explain(err);
+    return [];
   }
+}
+
+async function refreshList() {
+  await loadJobs(false);
+  refreshAccount();
+}
+
+async function loadMore() {
+  if (!nextCursor) return;
+  $("more").disabled = true;
+  const items = await loadJobs(true);
+  $("more").disabled = false;
+  // Keyboard users continue from the first job the button brought in, not from the top of the page.
+  if (items.length) items[0].querySelector(".open").focus();
+}
+
+async function deleteJob(job, li) {
+  if (!confirm(`Delete job ${job.id}? Its video and files are removed too.`)) return;
+  try {
+    await api(jobPath(job.id), { method: "DELETE" });
+  } catch (err) {
+    // Already gone is what was asked for.
+    if (!(err instanceof ApiError && err.status === 404)) {
+      $("jobs-error").textContent = explain(err);
+      return;
+    }
+  }
+  const next = li.nextElementSibling || li.previousElementSibling;
+  li.remove();
+  forget(job.id);
+  $("jobs-empty").hidden = $("jobs").children.length > 0;
+  (next?.querySelector(".open") || $("refresh")).focus();
   refreshAccount();
 }
 
@@ -229,25 +536,51 @@ async function refreshAccount() {
 
 // ---- forms --------------------------------------------------------------------------------------------
 
-async function createJob(event) {
-  event.preventDefault();
-  $("form-error").textContent = "";
-  const body = JSON.stringify({
-    model: $("model").value.trim(),
+function optionalText(id) {
+  const value = $(id).value.trim();
+  return $(id).disabled || value === "" ? null : value;
+}
+
+function requestBody(inputImage) {
+  const seed = optionalText("seed");
+  return JSON.stringify({
+    model: $("model").value,
     prompt: $("prompt").value,
     duration_s: Number($("duration").value),
     aspect_ratio: $("aspect-ratio").value,
     resolution: $("resolution").value,
+    seed: seed === null ? null : Number(seed),
+    negative_prompt: optionalText("negative-prompt"),
+    input_image: inputImage,
   });
+}
+
+async function uploadedImageId() {
+  if (!image) return null;
+  try {
+    return (await image.upload).id;
+  } catch (err) {
+    throw new Error(`The image was not accepted: ${explain(err)}`);
+  }
+}
+
+async function submit(body) {
   if (!pendingCreate || pendingCreate.body !== body) pendingCreate = { body, key: randomKey() };
+  const job = await api("/v1/jobs", {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "Idempotency-Key": pendingCreate.key },
+    body,
+  });
+  pendingCreate = null;
+  return job;
+}
+
+async function createJob(event) {
+  event.preventDefault();
+  $("form-error").textContent = "";
   $("render").disabled = true;
   try {
-    const job = await api("/v1/jobs", {
-      method: "POST",
-      headers: { "Content-Type": "application/json", "Idempotency-Key": pendingCreate.key },
-      body,
-    });
-    pendingCreate = null;
+    const job = await submit(requestBody(await uploadedImageId()));
     renderJob(job);
     refreshList();
     follow(job.id);
@@ -264,9 +597,9 @@ async function cancelJob() {
   const jobId = localStorage.getItem(JOB_STORE);
   if (!jobId) return;
   try {
-    renderJob(await api(`/v1/jobs/${encodeURIComponent(jobId)}/cancel`, { method: "POST" }));
+    renderJob(await api(`${jobPath(jobId)}/cancel`, { method: "POST" }));
   } catch (err) {
-    $("job-error").textContent = explain(err);
+    showProblem(explain(err));
   }
 }
 
@@ -279,6 +612,7 @@ function saveKey(event) {
 function start() {
   $("api-key").value = apiKey();
   if (!apiKey()) return;
+  loadModels();
   refreshList();
   const jobId = localStorage.getItem(JOB_STORE);
   if (jobId) {
@@ -290,7 +624,12 @@ function start() {
 document.addEventListener("DOMContentLoaded", () => {
   $("key-form").addEventListener("submit", saveKey);
   $("job-form").addEventListener("submit", createJob);
+  for (const id of ["model", "aspect-ratio", "resolution"]) $(id).addEventListener("change", applyModel);
+  $("image").addEventListener("change", chooseImage);
+  $("image-clear").addEventListener("click", clearImage);
   $("cancel").addEventListener("click", cancelJob);
   $("refresh").addEventListener("click", refreshList);
+  $("status-filter").addEventListener("change", refreshList);
+  $("more").addEventListener("click", loadMore);
   start();
 });
