@@ -132,3 +132,25 @@ async def _at_least(recorder: Recorder, job_id: str, n: int) -> bool:
 
 async def _dead(recorder: Recorder) -> bool:
     return bool(recorder.dead)
+
+
+async def test_a_consumer_stopped_mid_fetch_leaves_no_subscription_to_drain(nats_url):
+    """A service cancels its consumers at shutdown; a pull subscription left behind made the connection's
+    drain wait out its whole timeout (30 s by default) on every stop."""
+    nc = await nats.connect(nats_url, drain_timeout=3)
+    js = nc.jetstream()
+    await bus.ensure_streams(js)
+    spec = bus.ConsumerSpec(durable="test-stop", subject=SUBJECT, handler=Recorder(None).handle)
+    task = asyncio.create_task(bus.consume(js, spec, asyncio.Event()))
+    before = len(nc._subs)
+    await wait_until(lambda: _more(nc, before), within=10, what="the consumer to subscribe")
+    await asyncio.sleep(0.2)  # inside a fetch
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert len(nc._subs) == before
+    await nc.drain()
+
+
+async def _more(nc, before: int) -> bool:
+    return len(nc._subs) > before

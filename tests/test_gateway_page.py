@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ import pytest
 from PIL import Image
 
 from libs.common.errors import ErrorCode, JobError
-from libs.common.settings import Settings
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate
 from libs.providers.fake.render import ClipSpec, encode
@@ -132,18 +130,9 @@ async def browser(tmp_path: Path) -> AsyncIterator[Browser]:
         await proc.wait()
 
 
-@asynccontextmanager
-async def _gateway(settings: Settings) -> AsyncIterator[Harness]:
-    async with running_gateway(settings) as harness:
-        yield harness
-        # These tests leave no work in flight that must finish, and the gateway's exit otherwise waits out
-        # NATS's default 30 s drain whenever a pull request of its app-events consumer is left unanswered.
-        harness.gw.rt.nc.options["drain_timeout"] = 2
-
-
 @pytest.fixture
 async def h(tmp_path, database_url, nats_url):
-    async with _gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as harness:
         yield harness
 
 
@@ -152,7 +141,7 @@ async def h_runway(tmp_path, database_url, nats_url):
     """A gateway that also offers Runway's models (listed from the adapter's tables; nothing is sent to Runway)."""
     settings = gateway_settings(tmp_path, database_url, nats_url, runway_api_key="rw-test",
                                 runway_url="http://runway.invalid")
-    async with _gateway(settings) as harness:
+    async with running_gateway(settings) as harness:
         yield harness
 
 

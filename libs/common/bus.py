@@ -182,6 +182,17 @@ async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event)
     psub = await _subscribe(js, spec, stop)
     backstop = await js._nc.subscribe(f"{MAX_DELIVERIES_ADVISORY}.{WORK_STREAM}.{spec.durable}",
                                       cb=partial(_on_max_deliveries, js, spec))
+    try:
+        await _pull(spec, psub, stop, js)
+    finally:
+        # Also when cancelled mid-fetch: a pull subscription left open makes the connection's drain at exit
+        # wait out its whole timeout.
+        with contextlib.suppress(Exception):
+            await psub.unsubscribe()
+            await backstop.unsubscribe()
+
+
+async def _pull(spec: ConsumerSpec, psub: Any, stop: asyncio.Event, js: JetStreamContext) -> None:
     slots = asyncio.Semaphore(spec.concurrency)
     inflight: set[asyncio.Task] = set()
     while not stop.is_set():
@@ -206,9 +217,6 @@ async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event)
             task.add_done_callback(inflight.discard)
     if inflight:
         await asyncio.wait(inflight, timeout=spec.ack_wait_s)
-    with contextlib.suppress(Exception):
-        await psub.unsubscribe()
-        await backstop.unsubscribe()
 
 
 async def _heartbeat(msg: Msg, every: float) -> None:
