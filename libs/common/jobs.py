@@ -17,7 +17,7 @@ from libs.common.events import (
     RecoveryDue,
     SlotFreed,
 )
-from libs.common.states import RENDERING, TERMINAL, JobStatus
+from libs.common.states import RENDERING, SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus, sql
 
 # A waiting job's message looks at it again within this long, whatever it waits for.
 WAIT_LOOK_S = 30.0
@@ -171,7 +171,7 @@ async def slot_wakeup(conn: asyncpg.Connection, provider: str) -> list[SlotFreed
     for one (the partial index jobs_provider_waiting). A job queued after this look sends its own message,
     and one that lost the race to this commit looks again within `WAIT_LOOK_S`."""
     waits = await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND status = 'pending' AND deleted_at IS NULL)",
+        f"SELECT EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL)",
         provider)
     return [SlotFreed(provider=provider)] if waits else []
 
@@ -179,7 +179,8 @@ async def slot_wakeup(conn: asyncpg.Connection, provider: str) -> list[SlotFreed
 async def waiting(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
     """How many of the account's jobs wait for a slot (the partial index jobs_account_waiting)."""
     return await conn.fetchval(
-        "SELECT count(*) FROM jobs WHERE account_id = $1 AND status = 'pending' AND deleted_at IS NULL", account_id)
+        f"SELECT count(*) FROM jobs WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL",
+        account_id)
 
 
 def owed_sql(delivered: str, rendered: str = "false") -> str:
@@ -219,8 +220,8 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
     row = await conn.fetchrow(
         f"""
         UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL,
-            actual_credits = CASE WHEN status IN ('completed', 'failed', 'canceled', 'expired') THEN actual_credits
-                                  ELSE {owed_sql("false", "status = 'downloading'")} END
+            actual_credits = CASE WHEN status IN {SQL_TERMINAL} THEN actual_credits
+                                  ELSE {owed_sql("false", f"status = {sql(JobStatus.DOWNLOADING)}")} END
         WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
         RETURNING *
         """,
@@ -244,12 +245,12 @@ async def set_wait_reason(conn: asyncpg.Connection, job_id: str, reason: str) ->
     """Say why a queued job is not submitted yet (not a status change; the next transition clears it), and
     that its message is alive: `waited_at` tells the recovery check not to publish another."""
     row = await conn.fetchrow(
-        """
+        f"""
         UPDATE jobs j SET wait_reason = $2, waited_at = clock_timestamp(),
                           updated_at = CASE WHEN o.reason IS DISTINCT FROM $2 THEN clock_timestamp()
                                             ELSE j.updated_at END
         FROM (SELECT id, wait_reason AS reason FROM jobs WHERE id = $1) AS o
-        WHERE j.id = o.id AND j.status = 'pending' AND j.deleted_at IS NULL
+        WHERE j.id = o.id AND j.status = {SQL_PENDING} AND j.deleted_at IS NULL
         RETURNING j.updated_at, o.reason IS DISTINCT FROM $2 AS changed
         """,
         job_id, reason,
@@ -266,9 +267,9 @@ def message_alive(job: JobRow, now: datetime) -> bool:
 async def record_queue_position(conn: asyncpg.Connection, job_id: str, position: int) -> None:
     """Store a submitted job's place in its provider's queue, as the provider reported it."""
     at = await conn.fetchval(
-        """
+        f"""
         UPDATE jobs SET provider_queue_position = $2, updated_at = clock_timestamp()
-        WHERE id = $1 AND status = 'submitted' AND deleted_at IS NULL
+        WHERE id = $1 AND status = {sql(JobStatus.SUBMITTED)} AND deleted_at IS NULL
           AND provider_queue_position IS DISTINCT FROM $2
         RETURNING updated_at
         """,
@@ -281,9 +282,9 @@ async def record_queue_position(conn: asyncpg.Connection, job_id: str, position:
 async def record_progress(conn: asyncpg.Connection, job_id: str, progress: float) -> bool:
     """Store a provider's own progress figure for a rendering job (not a status change)."""
     row = await conn.fetchrow(
-        """
+        f"""
         UPDATE jobs SET progress = $2, updated_at = clock_timestamp()
-        WHERE id = $1 AND status = 'processing' AND deleted_at IS NULL
+        WHERE id = $1 AND status = {sql(JobStatus.PROCESSING)} AND deleted_at IS NULL
           AND (progress IS NULL OR progress < $2)
         RETURNING updated_at
         """,
@@ -298,10 +299,10 @@ async def record_progress(conn: asyncpg.Connection, job_id: str, progress: float
 async def reschedule_recovery(conn: asyncpg.Connection, job_id: str, delay_s: float) -> datetime | None:
     """Push a live job's next recovery check out by `delay_s` and stage its message."""
     due = await conn.fetchval(
-        """
+        f"""
         UPDATE jobs SET recover_at = clock_timestamp() + make_interval(secs => $2)
         WHERE id = $1 AND deleted_at IS NULL
-          AND status NOT IN ('completed', 'failed', 'canceled', 'expired')
+          AND status NOT IN {SQL_TERMINAL}
         RETURNING recover_at
         """,
         job_id, delay_s,
@@ -317,10 +318,10 @@ async def record_provider_cost(
     """Store what the provider reported billing for the job's current render (not a status change; the
     charge is settled when the job ends). A report about an earlier attempt's render changes nothing."""
     await conn.execute(
-        """
+        f"""
         UPDATE jobs SET provider_cost_credits = $2
         WHERE id = $1 AND attempt = $3 AND provider_job_id IS NOT DISTINCT FROM $4::text AND deleted_at IS NULL
-          AND status NOT IN ('completed', 'failed', 'canceled', 'expired')
+          AND status NOT IN {SQL_TERMINAL}
         """,
         job_id, credits_owed, attempt, provider_job_id,
     )

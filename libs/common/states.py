@@ -49,6 +49,23 @@ LEGAL: dict[JobStatus, frozenset[JobStatus]] = {
 }
 
 # The endings that settle a job's credit (expiry comes after completion, which already did).
+def sql(statuses: JobStatus | frozenset[JobStatus]) -> str:
+    """Statuses written into SQL text: `'pending'`, or `('submitted', 'processing')`.
+
+    Constants rather than `$n` parameters where a partial index serves the query: PostgreSQL uses a partial
+    index (jobs_account_waiting: `WHERE status = 'pending'`) only when the query's own predicate implies the
+    index's, which a parameter in a generic plan never does. Spelled from the enum, so a status has one
+    spelling in the code."""
+    if isinstance(statuses, JobStatus):
+        return f"'{statuses.value}'"
+    return "(" + ", ".join(f"'{s.value}'" for s in JobStatus if s in statuses) + ")"
+
+
+SQL_PENDING = sql(S.PENDING)
+SQL_RENDERING = sql(RENDERING)
+SQL_TERMINAL = sql(TERMINAL)
+
+
 BILLED_ENDINGS: frozenset[JobStatus] = frozenset({S.COMPLETED, S.FAILED, S.CANCELED})
 
 

@@ -28,6 +28,7 @@ from libs.common.states import (
     JobStatus,
     app_events,
     sources_of,
+    sql,
 )
 
 log = logging.getLogger("vidjobs.transitions")
@@ -98,8 +99,9 @@ def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
 
 
 # `status` is the row's status before this move: a render the provider finished is owed when the owner cancels.
-_ACTUAL_SQL = "actual_credits = " + owed_sql("$3::job_status = 'completed'",
-                                             "prev.status = 'downloading' AND $3::job_status = 'canceled'")
+_ACTUAL_SQL = "actual_credits = " + owed_sql(
+    f"$3::job_status = {sql(JobStatus.COMPLETED)}",
+    f"prev.status = {sql(JobStatus.DOWNLOADING)} AND $3::job_status = {sql(JobStatus.CANCELED)}")
 
 
 # Whether any webhook of the job's app would hear of a move: its own URL, or one of its account's endpoints.

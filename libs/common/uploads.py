@@ -12,6 +12,8 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
+from libs.common.states import SQL_TERMINAL
+
 
 class UploadRow(msgspec.Struct, kw_only=True, frozen=True):
     id: str
@@ -70,7 +72,7 @@ async def expire_unused(conn: asyncpg.Connection | asyncpg.Pool, older_than_s: f
     """Mark uploads older than `older_than_s` deleted, unless a live job still needs its image; returns how
     many. Their objects become orphans, which the media service's sweep removes."""
     status = await conn.execute(
-        """
+        f"""
         UPDATE uploads SET deleted_at = clock_timestamp()
         WHERE id IN (
             SELECT u.id FROM uploads u
@@ -78,7 +80,7 @@ async def expire_unused(conn: asyncpg.Connection | asyncpg.Pool, older_than_s: f
               AND NOT EXISTS (
                   SELECT 1 FROM jobs j
                   WHERE j.request->>'input_image' = u.id AND j.deleted_at IS NULL
-                    AND j.status NOT IN ('completed', 'failed', 'canceled', 'expired'))
+                    AND j.status NOT IN {SQL_TERMINAL})
             ORDER BY u.created_at LIMIT $2
             FOR UPDATE SKIP LOCKED)
         """,

@@ -16,7 +16,7 @@ import msgspec
 from libs.common import ids
 from libs.common.credits import grant
 from libs.common.errors import StoreError
-from libs.common.states import TERMINAL
+from libs.common.states import SQL_TERMINAL, TERMINAL
 
 KEY_PREFIX = "vj_"
 
@@ -116,10 +116,10 @@ async def fetch(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> Acc
 
 async def active_jobs(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
     return await conn.fetchval(
-        """
+        f"""
         SELECT count(*) FROM jobs
         WHERE account_id = $1 AND deleted_at IS NULL
-          AND status NOT IN ('completed', 'failed', 'canceled', 'expired')
+          AND status NOT IN {SQL_TERMINAL}
         """,
         account_id,
     )

@@ -22,7 +22,7 @@ from libs.common.credits import Entry
 from libs.common.errors import ErrorCode, JobError
 from libs.common.jobs import JobRow, row_to_job
 from libs.common.runtime import Runtime
-from libs.common.states import TERMINAL, JobStatus
+from libs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from libs.common.transitions import JobUpdate, transition
 from libs.common.uploads import UploadRow
 from services.gateway import accounts, appwebhooks
@@ -49,11 +49,11 @@ class AccountState(msgspec.Struct, frozen=True, kw_only=True):
 
 # A waiting job is pending and not deleted (the partial index jobs_account_waiting); its place is 1 + the
 # account's waiting jobs created before it, in (created_at, id) order.
-_ONE_JOB = """
+_ONE_JOB = f"""
 SELECT j.*,
-       CASE WHEN j.status = 'pending' THEN (
+       CASE WHEN j.status = {SQL_PENDING} THEN (
            SELECT count(*) FROM jobs w
-           WHERE w.account_id = $2 AND w.status = 'pending' AND w.deleted_at IS NULL
+           WHERE w.account_id = $2 AND w.status = {SQL_PENDING} AND w.deleted_at IS NULL
              AND (w.created_at, w.id) <= (j.created_at, j.id))
        END AS waiting_position
 FROM jobs j
@@ -66,14 +66,14 @@ WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 # page. What serves it: jobs_account_listing (account, newest first) alone or with a time range;
 # jobs_account_status_listing with a status; jobs_account_model_listing with a model; jobs_metadata (GIN,
 # containment) with a metadata filter.
-_JOB_PAGE = """
+_JOB_PAGE = f"""
 WITH waiting AS MATERIALIZED (
     SELECT id, row_number() OVER (ORDER BY created_at, id) AS position
-    FROM jobs WHERE account_id = $1 AND status = 'pending' AND deleted_at IS NULL
+    FROM jobs WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL
 )
 SELECT j.*, w.position AS waiting_position
 FROM jobs j LEFT JOIN waiting w ON w.id = j.id
-WHERE j.account_id = $1 AND j.deleted_at IS NULL {filters}
+WHERE j.account_id = $1 AND j.deleted_at IS NULL {{filters}}
 ORDER BY j.created_at DESC, j.id DESC
 LIMIT $2
 """
@@ -118,9 +118,9 @@ _ACCOUNT = f"""
 SELECT {accounts.columns("a")},
        (SELECT count(*) FROM jobs j
         WHERE j.account_id = $1 AND j.deleted_at IS NULL
-          AND j.status NOT IN ('completed', 'failed', 'canceled', 'expired')) AS active_jobs,
+          AND j.status NOT IN {SQL_TERMINAL}) AS active_jobs,
        (SELECT count(*) FROM jobs j
-        WHERE j.account_id = $1 AND j.deleted_at IS NULL AND j.status = 'pending') AS queued_jobs
+        WHERE j.account_id = $1 AND j.deleted_at IS NULL AND j.status = {SQL_PENDING}) AS queued_jobs
 FROM accounts a WHERE a.id = $1
 """
 

@@ -15,16 +15,16 @@ from functools import partial
 from libs.common import uploads
 from libs.common.events import AssetsDeleteRequested
 from libs.common.runtime import Runtime, every
-from libs.common.states import JobStatus
+from libs.common.states import JobStatus, sql
 from libs.common.transitions import transition
 
 log = logging.getLogger("vidjobs.reaper")
 
 BATCH = 200
 
-_DUE = """
+_DUE = f"""
     SELECT id FROM jobs
-    WHERE status = 'completed' AND deleted_at IS NULL
+    WHERE status = {sql(JobStatus.COMPLETED)} AND deleted_at IS NULL
       AND updated_at < clock_timestamp() - make_interval(secs => $1)
     ORDER BY updated_at LIMIT $2
     FOR UPDATE SKIP LOCKED

@@ -21,6 +21,7 @@ import msgspec
 
 from libs.common import jobs, platform
 from libs.common.jobs import JobRow
+from libs.common.states import SQL_PENDING, SQL_RENDERING
 from services.submitter import limits
 
 MAX_PATIENCE_S = jobs.WAIT_LOOK_S
@@ -57,10 +58,10 @@ async def account_load(conn: asyncpg.Connection, account_id: str, claim_ttl_s: f
     """(renders in flight for the account, its cap). In flight: submitted or rendering at any provider, or
     a call to a provider that has not answered yet."""
     row = await conn.fetchrow(
-        """
+        f"""
         SELECT a.concurrent_jobs AS cap,
                (SELECT count(*) FROM jobs j
-                WHERE j.account_id = $1 AND j.status IN ('submitted', 'processing') AND j.deleted_at IS NULL)
+                WHERE j.account_id = $1 AND j.status IN {SQL_RENDERING} AND j.deleted_at IS NULL)
              + (SELECT count(*) FROM provider_submissions s JOIN jobs j ON j.id = s.job_id
                 WHERE j.account_id = $1 AND s.answered_at IS NULL
                   AND s.claimed_at > clock_timestamp() - make_interval(secs => $2)) AS busy
@@ -71,7 +72,7 @@ async def account_load(conn: asyncpg.Connection, account_id: str, claim_ttl_s: f
     return row["busy"], row["cap"]
 
 
-_FAIR_HEAD = """
+_FAIR_HEAD = f"""
 WITH RECURSIVE calling AS (   -- calls to a provider still waiting for an answer
     SELECT s.job_id, s.attempt FROM provider_submissions s
     WHERE s.answered_at IS NULL AND s.claimed_at > clock_timestamp() - make_interval(secs => $2)
@@ -79,7 +80,7 @@ WITH RECURSIVE calling AS (   -- calls to a provider still waiting for an answer
 busy AS (
     SELECT account_id, count(*) FILTER (WHERE provider = $1) AS here, count(*) AS total
     FROM (SELECT account_id, provider FROM jobs
-          WHERE status IN ('submitted', 'processing') AND deleted_at IS NULL
+          WHERE status IN {SQL_RENDERING} AND deleted_at IS NULL
           UNION ALL
           SELECT j.account_id, j.provider FROM calling c JOIN jobs j ON j.id = c.job_id) AS b
     GROUP BY account_id
@@ -87,11 +88,11 @@ busy AS (
 waiting AS (        -- accounts with a job waiting for this provider: a skip scan of jobs_provider_waiting,
                     -- one index probe per account however deep its queue
     SELECT account_id FROM (
-        SELECT account_id FROM jobs WHERE provider = $1 AND status = 'pending' AND deleted_at IS NULL
+        SELECT account_id FROM jobs WHERE provider = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL
         ORDER BY account_id LIMIT 1) AS first
     UNION ALL
     SELECT (SELECT j.account_id FROM jobs j
-            WHERE j.provider = $1 AND j.status = 'pending' AND j.deleted_at IS NULL AND j.account_id > w.account_id
+            WHERE j.provider = $1 AND j.status = {SQL_PENDING} AND j.deleted_at IS NULL AND j.account_id > w.account_id
             ORDER BY j.account_id LIMIT 1)
     FROM waiting w WHERE w.account_id IS NOT NULL
 ),
@@ -99,7 +100,7 @@ heads AS (          -- each account's oldest job waiting for this provider that 
     SELECT h.id, w.account_id, h.created_at
     FROM waiting w CROSS JOIN LATERAL (
         SELECT j.id, j.created_at FROM jobs j
-        WHERE j.provider = $1 AND j.account_id = w.account_id AND j.status = 'pending' AND j.deleted_at IS NULL
+        WHERE j.provider = $1 AND j.account_id = w.account_id AND j.status = {SQL_PENDING} AND j.deleted_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM calling c WHERE c.job_id = j.id AND c.attempt = j.attempt)
         ORDER BY j.created_at, j.id LIMIT 1) AS h
     WHERE w.account_id IS NOT NULL
@@ -122,10 +123,10 @@ async def queue_place(conn: asyncpg.Connection, job: JobRow, *, up_to: int) -> i
     """The job's place among its account's waiting jobs (1 is next), counted no further than `up_to`: the
     index jobs_account_waiting is read from the front, so the cost is the smaller of the two."""
     return await conn.fetchval(
-        """
+        f"""
         SELECT count(*) FROM (
             SELECT 1 FROM jobs
-            WHERE account_id = $1 AND status = 'pending' AND deleted_at IS NULL AND (created_at, id) <= ($2, $3)
+            WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL AND (created_at, id) <= ($2, $3)
             ORDER BY created_at, id LIMIT $4) AS ahead
         """,
         job.account_id, job.created_at, job.id, up_to,

@@ -17,6 +17,7 @@ import msgspec
 
 from libs.common.errors import ErrorCode
 from libs.common.settings import ProviderLimits, Settings
+from libs.common.states import SQL_RENDERING
 
 MAX_COOLDOWN_S = 600.0
 
@@ -44,9 +45,9 @@ async def lock_provider(conn: asyncpg.Connection, provider: str) -> None:
 async def in_flight(conn: asyncpg.Connection, provider: str, claim_ttl_s: float) -> int:
     """Renders this provider is working on for us, and calls to it still waiting for an answer."""
     return await conn.fetchval(
-        """
+        f"""
         SELECT (SELECT count(*) FROM jobs
-                WHERE provider = $1 AND status IN ('submitted', 'processing') AND deleted_at IS NULL)
+                WHERE provider = $1 AND status IN {SQL_RENDERING} AND deleted_at IS NULL)
              + (SELECT count(*) FROM provider_submissions
                 WHERE provider = $1 AND answered_at IS NULL
                   AND claimed_at > clock_timestamp() - make_interval(secs => $2))
