@@ -3,6 +3,7 @@ Kubernetes schemas (strictly: an unknown field is an error), and the properties 
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import shutil
@@ -152,3 +153,50 @@ def test_services_get_their_own_nats_user(objects: list[dict]) -> None:
         env = {e["name"]: e for e in pod_spec(deployment)["containers"][0]["env"]}
         assert env["VIDJOBS_NATS_URL"]["value"] == f"nats://{name}:$(NATS_PASSWORD)@nats:4222"
         assert env["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "vidjobs-nats", "key": name}
+
+
+async def test_a_service_user_can_do_its_work_in_nats_and_nothing_else(tmp_path: Path) -> None:
+    """The NATS users and permissions of the manifests, on a real nats-server: a service creates the
+    streams, publishes work, pulls and acks it; a publish outside the vidjobs subjects is refused, and so
+    is a wrong password."""
+    import nats
+
+    from cli.embedded import free_port, nats_binary
+    from libs.common import bus
+
+    (config,) = [o for o in render("prod") if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nats-config"]
+    (tmp_path / "auth.conf").write_text(config["data"]["auth.conf"])
+    port = free_port()
+    (tmp_path / "local.conf").write_text(
+        f'listen: "127.0.0.1:{port}"\njetstream {{ store_dir: "{tmp_path / "js"}" }}\ninclude "auth.conf"\n')
+    passwords = {f"{s.upper()}_PASSWORD": f"pw-{s}" for s in ("gateway", "submitter", "poller", "media", "reaper")}
+    log = tmp_path / "nats.log"
+    server = await asyncio.create_subprocess_exec(nats_binary(), "-c", str(tmp_path / "local.conf"), "-l", str(log),
+                                                  env={**os.environ, **passwords})
+    try:
+        for _ in range(200):
+            if log.exists() and "Server is ready" in log.read_text():
+                break
+            await asyncio.sleep(0.05)
+        nc, js = await bus.connect(f"nats://submitter:pw-submitter@127.0.0.1:{port}", name="test")
+        try:
+            await bus.ensure_streams(js)
+            await js.publish("vidjobs.work.submit", b"{}")
+            psub = await js.pull_subscribe("vidjobs.work.submit", durable="submitter", stream=bus.WORK_STREAM)
+            (msg,) = await psub.fetch(1, timeout=5)
+            await msg.ack()
+
+            refused: list[Exception] = []
+            nc._error_cb = lambda exc: refused.append(exc)  # permission violations arrive asynchronously
+            await nc.publish("elsewhere.subject", b"x")
+            await nc.flush()
+            await asyncio.sleep(0.2)
+            assert any("permissions violation" in str(e).lower() for e in refused), refused
+        finally:
+            await nc.close()
+        with pytest.raises(Exception):  # noqa: B017 - nats-py raises its own error or a timeout
+            await nats.connect(f"nats://submitter:wrong@127.0.0.1:{port}", max_reconnect_attempts=0,
+                               allow_reconnect=False, connect_timeout=2)
+    finally:
+        server.terminate()
+        await asyncio.wait_for(server.wait(), 10)
