@@ -109,10 +109,31 @@ class ConsumerSpec(Generic[E]):
     max_deliver: int = 20
     max_ack_pending: int | None = None
     on_dead: Callable[[Event], Awaitable[None]] | None = None
+    # Where the pull loop reports itself, for the service's /readyz.
+    pulls: Pulls | None = None
 
     def __post_init__(self) -> None:
         if self.subject not in events.SUBJECT_EVENTS:
             raise ValueError(f"{self.subject} is not a work subject; see events.SUBJECT_EVENTS")
+
+
+@dataclass
+class Pulls:
+    """The state of one consumer's pull loop in this process: a loop that ended, never got its subscription,
+    or hangs in one pull takes nothing from JetStream although the process looks alive."""
+
+    subscribed: bool = False
+    ended: bool = False
+    pulling_since: float | None = None  # monotonic start of the pull in progress
+
+    def problem(self, stuck_after_s: float) -> str | None:
+        if self.ended:
+            return "stopped"
+        if not self.subscribed:
+            return "not subscribed"
+        if self.pulling_since is not None and time.monotonic() - self.pulling_since > stuck_after_s:
+            return "stuck in a pull"
+        return None
 
 
 # Headers of a deferred message's copy. A deferral acks the message and publishes a copy that carries the
@@ -179,11 +200,20 @@ async def _subscribe(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Eve
 
 
 async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event) -> None:
+    pulls = spec.pulls or Pulls()
+    try:
+        await _pull_loop(js, spec, stop, pulls)
+    finally:
+        pulls.ended = True
+
+
+async def _pull_loop(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event, pulls: Pulls) -> None:
     psub = await _subscribe(js, spec, stop)
     backstop = await js._nc.subscribe(f"{MAX_DELIVERIES_ADVISORY}.{WORK_STREAM}.{spec.durable}",
                                       cb=partial(_on_max_deliveries, js, spec))
+    pulls.subscribed = True
     try:
-        await _pull(spec, psub, stop, js)
+        await _pull(js, spec, stop, pulls, psub)
     finally:
         # Also when cancelled mid-fetch: a pull subscription left open makes the connection's drain at exit
         # wait out its whole timeout.
@@ -192,7 +222,7 @@ async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event)
             await backstop.unsubscribe()
 
 
-async def _pull(spec: ConsumerSpec, psub: Any, stop: asyncio.Event, js: JetStreamContext) -> None:
+async def _pull(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event, pulls: Pulls, psub: Any) -> None:
     slots = asyncio.Semaphore(spec.concurrency)
     inflight: set[asyncio.Task] = set()
     while not stop.is_set():
@@ -201,6 +231,7 @@ async def _pull(spec: ConsumerSpec, psub: Any, stop: asyncio.Event, js: JetStrea
         while free < spec.concurrency and not slots.locked():
             await slots.acquire()
             free += 1
+        pulls.pulling_since = time.monotonic()
         try:
             msgs = await psub.fetch(free, timeout=1.0)
         except (TimeoutError, nats.errors.TimeoutError):
@@ -209,6 +240,7 @@ async def _pull(spec: ConsumerSpec, psub: Any, stop: asyncio.Event, js: JetStrea
             log.warning("fetch failed", extra={"consumer": spec.durable, "error": repr(exc)})
             msgs = []
             await asyncio.sleep(0.5)
+        pulls.pulling_since = None
         for _ in range(free - len(msgs)):
             slots.release()
         for msg in msgs:
@@ -230,7 +262,8 @@ async def _heartbeat(msg: Msg, every: float) -> None:
 async def _handle(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, slots: asyncio.Semaphore) -> None:
     started = time.perf_counter()
     try:
-        await _dispatch(js, spec, msg)
+        with metrics.IN_HANDLING.labels(spec.durable).track_inprogress():
+            await _dispatch(js, spec, msg)
     except Exception as exc:
         # The answer to JetStream (ack, nak, a deferral's copy, a dead letter) did not get through: the
         # message comes back after its ack wait, and the handlers are safe to run again.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 OUTBOX_PUBLISHED = Counter("vidjobs_outbox_published_total", "Outbox events published to JetStream")
 OUTBOX_FAILURES = Counter("vidjobs_outbox_failures_total", "Outbox relay passes that failed and were retried")
@@ -15,6 +15,9 @@ HANDLE_SECONDS = Histogram(
     "vidjobs_message_handle_seconds", "Time to handle one work message", ["consumer"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+# Handlers at work now. What the workers scale on: unlike JetStream's ack-pending count it leaves out the
+# messages deferred until later (a waiting recovery check, a job held back by a provider's limits).
+IN_HANDLING = Gauge("vidjobs_messages_in_handling", "Work messages being handled now, by consumer", ["consumer"])
 TRANSITIONS = Counter(
     "vidjobs_job_transitions_total", "Job status changes made", ["to_status"]
 )

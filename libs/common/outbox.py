@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 import asyncpg
@@ -44,6 +45,11 @@ class Relay:
         self._batch = batch
         self._idle_s = idle_s
         self._wake = asyncio.Event()
+        self._last_pass = time.monotonic()
+
+    def idle_for(self) -> float:
+        """Seconds since the relay last finished a pass, failed or not: large only when it is wedged."""
+        return time.monotonic() - self._last_pass
 
     def poke(self) -> None:
         """Something was just committed: publish now rather than at the next idle tick."""
@@ -64,6 +70,7 @@ class Relay:
                 metrics.OUTBOX_FAILURES.inc()
                 sent = 0
                 await asyncio.sleep(delay)
+            self._last_pass = time.monotonic()
             if sent >= self._batch:
                 continue  # more may be waiting
             self._wake.clear()

@@ -34,6 +34,10 @@ log = logging.getLogger("vidjobs.runtime")
 PROBE_TIMEOUT_S = 2.0
 # Between a long-lived task's death and the process's exit, /readyz says why (probes see it first).
 FAIL_GRACE_S = 2.0
+# One pull waits at most a second for messages (bus.consume), and a relay pass is bounded by its publish
+# and statement timeouts: far longer than this means a loop is wedged although its task is alive.
+STUCK_AFTER_S = 30.0
+RELAY_STUCK_AFTER_S = 90.0
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Runtime:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     failure: str | None = None  # why the service is going down, once a long-lived task stopped
     tasks: list[asyncio.Task] = field(default_factory=list)
+    pulls: dict[str, bus.Pulls] = field(default_factory=dict)  # each consumer's pull loop, by durable name
 
     def watch(self, work: Awaitable[None], name: str) -> asyncio.Task:
         """Run a long-lived task that must live as long as the service: if it ends before the service is
@@ -72,8 +77,9 @@ class Runtime:
                   extra={"why": why})
         asyncio.get_running_loop().call_later(FAIL_GRACE_S, self.stop.set)
 
-    async def readiness(self) -> str | None:
-        """What keeps this service from being ready, or None."""
+    async def readiness(self, *, pulls: bool = True) -> str | None:
+        """What keeps this service from being ready, or None: a dependency that is unreachable, or a
+        long-lived task or (with `pulls`) a consumer that is not working."""
         if self.failure is not None:
             return self.failure
         if not self.nc.is_connected:
@@ -83,6 +89,21 @@ class Runtime:
         except Exception as exc:
             log.warning("not ready: database", extra={"error": repr(exc)})
             return "database unreachable"
+        return self._stalled(pulls)
+
+    def _stalled(self, pulls: bool) -> str | None:
+        # A watched task that ended fails the service a moment later (its done callback); say so already.
+        if ended := next((t.get_name() for t in self.tasks if t.done()), None):
+            return f"{ended} ended"
+        if self.relay.idle_for() > RELAY_STUCK_AFTER_S:
+            return "outbox relay stuck"
+        if not pulls:
+            return None
+        if not self.pulls:
+            return "no consumer started yet"
+        for durable, state in self.pulls.items():
+            if why := state.problem(STUCK_AFTER_S):
+                return f"consumer {durable} {why}"
         return None
 
     @contextlib.asynccontextmanager
@@ -168,7 +189,7 @@ def consumer(rt: Runtime, durable: str, subject: str, handler: bus.Handler, **op
     dead-lettered and its job failed with `internal`, never left looping."""
     defaults: dict[str, Any] = {
         "ack_wait_s": rt.settings.ack_wait_s, "max_deliver": rt.settings.max_deliveries,
-        "on_dead": partial(fail_internal, rt),
+        "on_dead": partial(fail_internal, rt), "pulls": rt.pulls.setdefault(durable, bus.Pulls()),
     }
     return bus.ConsumerSpec(durable=durable, subject=subject, handler=handler, **{**defaults, **options})
 
