@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from cli import admin, render
-from cli.exitcodes import EPILOG, Exit
+from cli import admin, ops, render
+from cli.exitcodes import EPILOG, Exit, OperatorFailure
 from libs.common import db
 from libs.common.errors import ConfigError, StoreError
 from libs.common.settings import Settings, load
@@ -69,19 +69,73 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidjobs", description="AI video render jobs, end to end.", epilog=EPILOG)
     parser.add_argument("--version", action="version", version=f"vidjobs {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    render.add_commands(sub, EPILOG)
+    _operator_jobs_parser(render.add_commands(sub, EPILOG))
     up = sub.add_parser("up", help="run the whole stack in the foreground on embedded defaults")
     up.add_argument("--data-dir", help="where state is kept (VIDJOBS_DATA_DIR, default ./.vidjobs)")
     up.add_argument("--port", type=int, help="gateway port (VIDJOBS_HTTP_PORT, default 8080)")
     up.set_defaults(handler=_up)
     migrate = sub.add_parser("migrate", help="apply database migrations (the services also do this at start)")
+    migrate.add_argument("--check", action="store_true",
+                         help="apply nothing; exit 10 if the database lacks migrations, 11 if it has newer ones")
     migrate.set_defaults(handler=_migrate)
     _accounts_parser(sub.add_parser("accounts", help="accounts and their limits"))
     _keys_parser(sub.add_parser("keys", help="an account's API keys"))
     _credits_parser(sub.add_parser("credits", help="an account's credit and its ledger"))
     _submissions_parser(sub.add_parser("submissions", help="the platform-wide switch for new submissions"))
     _rates_parser(sub.add_parser("rates", help="the rate card jobs are priced by"))
+    _dead_parser(sub.add_parser("dead", help="messages the services gave up on (dead letters, kept in NATS)"))
+    _inbox_parser(sub.add_parser("inbox", help="provider callbacks stored by the gateway"))
+    _breakers_parser(sub.add_parser("breakers", help="providers' circuit breakers"))
     return parser
+
+
+def _operator_jobs_parser(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    on_db = " (operator: acts on the database in VIDJOBS_DATABASE_URL, not through the API)"
+    inspect = actions.add_parser("inspect", help="a job's row, trail, staged messages, timers, submissions, "
+                                                 "assets and credit" + on_db)
+    inspect.add_argument("job_id", metavar="JOB_ID")
+    _json_flag(inspect)
+    inspect.set_defaults(handler=_jobs_inspect)
+    again = actions.add_parser("retry", help="give a stuck job another go: a new attempt for a render the "
+                                             "provider sits on, its download or its queue message again" + on_db)
+    again.add_argument("job_id", metavar="JOB_ID")
+    again.set_defaults(handler=_jobs_retry)
+    fail = actions.add_parser("fail", help="end a stuck job as failed; its credit reservation is released" + on_db)
+    fail.add_argument("job_id", metavar="JOB_ID")
+    fail.add_argument("--reason", default="", metavar="TEXT", help="the error message its owner sees")
+    fail.set_defaults(handler=_jobs_fail)
+
+
+def _dead_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="every dead letter: subject, event, job, error, when")
+    _json_flag(listing)
+    listing.set_defaults(handler=_dead_list)
+    show = actions.add_parser("show", help="one dead letter, with its message, as JSON")
+    show.add_argument("letter_id", type=int, metavar="ID")
+    show.set_defaults(handler=_dead_show)
+    replay = actions.add_parser("replay", help="send a dead letter's message to its work subject again and "
+                                               "remove the dead letter; prints the ids replayed")
+    replay.add_argument("letter_id", type=int, nargs="?", metavar="ID")
+    replay.add_argument("--all", action="store_true", help="every dead letter kept")
+    replay.set_defaults(handler=_dead_replay)
+
+
+def _inbox_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    replay = actions.add_parser("replay", help="hand a stored callback to the poller again, as on its arrival")
+    replay.add_argument("inbox_id", type=int, metavar="ID")
+    replay.set_defaults(handler=_inbox_replay)
+
+
+def _breakers_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="each provider's breaker: state, failures, when it reopens")
+    _json_flag(listing)
+    listing.set_defaults(handler=_breakers_list)
+    reset = actions.add_parser("reset", help="close a provider's breaker now; submissions to it resume")
+    reset.add_argument("provider", metavar="PROVIDER")
+    reset.set_defaults(handler=_breakers_reset)
 
 
 def _accounts_parser(parser: argparse.ArgumentParser) -> None:
@@ -196,6 +250,12 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     with embedded_database(settings) as resolved:
+        if args.check:
+            schema = asyncio.run(admin.read_schema(resolved.database_url))
+            admin.raise_if_mismatched(schema)
+            print(f"schema up to date: {len(schema.applied)} migrations, the last {max(schema.applied):04d}",
+                  file=sys.stderr)
+            return 0
         applied = asyncio.run(db.migrate(resolved.database_url))
     print(f"schema up to date; applied {len(applied)} migration(s): {', '.join(applied) or 'none'}",
           file=sys.stderr)
@@ -258,6 +318,47 @@ def _rates_set(args: argparse.Namespace, settings: Settings) -> int:
     return _admin(settings, partial(admin.set_rates, card=card))
 
 
+def _dead_list(args: argparse.Namespace, settings: Settings) -> int:
+    ops.run_bus(settings.nats_url, partial(ops.dead_list, as_json=args.json))
+    return 0
+
+
+def _dead_show(args: argparse.Namespace, settings: Settings) -> int:
+    ops.run_bus(settings.nats_url, partial(ops.dead_show, letter_id=args.letter_id))
+    return 0
+
+
+def _dead_replay(args: argparse.Namespace, settings: Settings) -> int:
+    if args.all == (args.letter_id is not None):
+        raise ConfigError("name one dead letter (ID) or give --all")
+    ops.run_bus(settings.nats_url, partial(ops.dead_replay, letter_id=args.letter_id))
+    return 0
+
+
+def _inbox_replay(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(ops.inbox_replay, inbox_id=args.inbox_id))
+
+
+def _jobs_inspect(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(ops.job_inspect, job_id=args.job_id, as_json=args.json))
+
+
+def _jobs_retry(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(ops.job_retry, job_id=args.job_id, recovery_delay_s=settings.recovery_delay_s))
+
+
+def _jobs_fail(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(ops.job_fail, job_id=args.job_id, reason=args.reason))
+
+
+def _breakers_list(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(ops.breakers_list, as_json=args.json))
+
+
+def _breakers_reset(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(ops.breakers_reset, provider=args.provider))
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -273,9 +374,15 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "needs_settings", True):
             return args.handler(args)  # the commands that talk to the API need none of the services' settings
         return args.handler(args, load())
-    except (ConfigError, StoreError) as exc:
+    except OperatorFailure as exc:
         print(f"vidjobs: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit
+    except StoreError as exc:  # the database refused the change (a withdrawal beyond the free credit, say)
+        print(f"vidjobs: {exc}", file=sys.stderr)
+        return Exit.REFUSED
+    except ConfigError as exc:
+        print(f"vidjobs: {exc}", file=sys.stderr)
+        return Exit.USAGE
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
 

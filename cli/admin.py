@@ -17,8 +17,9 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from cli.exitcodes import BackendUnreachable, NotFound, SchemaAhead, SchemaBehind
 from libs.common import credits, db, platform, ratecard
-from libs.common.errors import ConfigError, StoreError
+from libs.common.errors import ConfigError
 from services.gateway import accounts
 
 Command = Callable[[asyncpg.Connection], Awaitable[None]]
@@ -29,16 +30,49 @@ def run(database_url: str, command: Command) -> None:
 
 
 async def _run(database_url: str, command: Command) -> None:
+    conn = await connect(database_url)
     try:
-        await db.migrate(database_url)
-        conn = await asyncpg.connect(database_url)
-    except (OSError, asyncpg.PostgresError) as exc:
-        raise ConfigError(f"cannot reach the database ({exc}); check VIDJOBS_DATABASE_URL, or run "
-                          "`vidjobs up` for the embedded one") from exc
-    try:
+        await require_current_schema(conn)
         await command(conn)
     finally:
         await conn.close()
+
+
+async def connect(database_url: str) -> asyncpg.Connection:
+    try:
+        conn = await asyncpg.connect(database_url, timeout=10)
+    except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+        raise BackendUnreachable(f"cannot reach the database ({exc}); check VIDJOBS_DATABASE_URL, or run "
+                                 "`vidjobs up` for the embedded one") from exc
+    await db.init_connection(conn)
+    return conn
+
+
+async def read_schema(database_url: str) -> db.Schema:
+    conn = await connect(database_url)
+    try:
+        return await db.schema(conn)
+    finally:
+        await conn.close()
+
+
+async def require_current_schema(conn: asyncpg.Connection) -> None:
+    """Refuse to work on a schema this version was not written for. Nothing here migrates: applying this
+    checkout's migrations to production is a rollout step, never a side effect of reading an account."""
+    raise_if_mismatched(await db.schema(conn))
+
+
+def raise_if_mismatched(schema: db.Schema) -> None:
+    if schema.unknown:
+        raise SchemaAhead(f"the database has migration(s) {_numbers(schema.unknown)} that this version does not "
+                          "know: this checkout is older than the database; use the version that migrated it")
+    if schema.missing:
+        raise SchemaBehind(f"the database lacks migration(s) {_numbers(schema.missing)} that this version needs: "
+                           "run `vidjobs migrate` (the services also migrate when they start)")
+
+
+def _numbers(versions: Sequence[int]) -> str:
+    return ", ".join(f"{v:04d}" for v in versions)
 
 
 # accounts ----------------------------------------------------------------------------------------------
@@ -67,7 +101,7 @@ async def list_accounts(conn: asyncpg.Connection, *, as_json: bool) -> None:
 async def set_limits(conn: asyncpg.Connection, account_id: str, changes: dict[str, Any]) -> None:
     account = await accounts.update_limits(conn, account_id, **changes)
     if account is None:
-        raise StoreError(_no_account(account_id))
+        raise NotFound(_no_account(account_id))
     _note(f"{account.id} ({account.name}) now: concurrency {account.concurrent_jobs}, daily cap "
           f"{_cell(account.daily_spend_cap)}, per-job max {_cell(account.max_job_credits)}, rate/s "
           f"{_cell(account.requests_per_s)}, burst {_cell(account.request_burst)} (-: none or the default)")
@@ -76,6 +110,7 @@ async def set_limits(conn: asyncpg.Connection, account_id: str, changes: dict[st
 # keys --------------------------------------------------------------------------------------------------
 
 async def create_key(conn: asyncpg.Connection, account_id: str, name: str) -> None:
+    await _require_account(conn, account_id)
     key_id, key = await accounts.create_key(conn, account_id, name)
     _note(f"created {key_id} for {account_id}; the key is shown once, below, and stored only hashed")
     print(key)
@@ -94,7 +129,7 @@ async def list_keys(conn: asyncpg.Connection, account_id: str, *, as_json: bool)
 async def revoke_key(conn: asyncpg.Connection, key_id: str) -> None:
     revoked = await accounts.revoke_key(conn, key_id)
     if revoked is None:
-        raise StoreError(f"no API key {key_id!r}; `vidjobs keys list ACCOUNT_ID` shows an account's keys")
+        raise NotFound(f"no API key {key_id!r}; `vidjobs keys list ACCOUNT_ID` shows an account's keys")
     _note(f"revoked {key_id}: requests with it are refused from now on" if revoked
           else f"{key_id} was already revoked; nothing changed")
 
@@ -180,7 +215,7 @@ async def show_rates(conn: asyncpg.Connection, *, as_json: bool) -> None:
 
 async def _require_account(conn: asyncpg.Connection, account_id: str) -> None:
     if await accounts.fetch(conn, account_id) is None:
-        raise StoreError(_no_account(account_id))
+        raise NotFound(_no_account(account_id))
 
 
 def _no_account(account_id: str) -> str:

@@ -102,7 +102,8 @@ def _connection_flags() -> argparse.ArgumentParser:
     return parent
 
 
-def add_commands(sub: argparse._SubParsersAction, epilog: str) -> None:  # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction, epilog: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """The commands; returns the `jobs` group's subcommands, which the operator's commands join."""
     common = _connection_flags()
 
     def command(parent: Any, name: str, handler: Handler, text: str) -> argparse.ArgumentParser:
@@ -154,6 +155,7 @@ def add_commands(sub: argparse._SubParsersAction, epilog: str) -> None:  # type:
     login.add_argument("--with-token", action="store_true", help="read the key from stdin")
     logout = sub.add_parser("logout", help="forget the remembered key", epilog=epilog)
     logout.set_defaults(handler=_reporting(_logout), needs_settings=False)
+    return actions
 
 
 def _emit(args: argparse.Namespace, value: object, plain: str) -> None:

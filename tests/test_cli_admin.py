@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import pytest
 
+from cli.exitcodes import Exit
 from libs.common import credits, platform, ratecard
 from services.gateway import accounts
 from services.gateway.accounts import Account, hash_key
@@ -98,7 +99,7 @@ async def test_accounts_create_list_and_set(vidjobs, pool):
     # What was named changed (a cap cleared with `none`); the rest stayed.
     assert (after.concurrent_jobs, after.daily_spend_cap, after.requests_per_s) == (1, None, 10.0)
     assert (after.max_job_credits, after.request_burst, after.credits_balance) == (300, 5, 500)
-    assert unknown.code == 2 and unknown.out == ""
+    assert unknown.code == Exit.NOT_FOUND and unknown.out == ""
     assert unknown.err.startswith("vidjobs: no account 'acct_nope'") and "vidjobs accounts list" in unknown.err
 
 
@@ -137,8 +138,9 @@ async def test_keys_several_per_account_stored_hashed_and_revocable(vidjobs, poo
         vidjobs("keys", "create", "acct_nope"), vidjobs("keys", "list", account_id),
     )
     assert again.code == 0 and "already revoked" in again.err
-    assert unknown.code == 2 and unknown.err.startswith("vidjobs: no API key 'key_nope'")
-    assert orphan.code == 2 and orphan.out == "" and orphan.err.startswith("vidjobs: no account 'acct_nope'")
+    assert unknown.code == Exit.NOT_FOUND and unknown.err.startswith("vidjobs: no API key 'key_nope'")
+    assert orphan.code == Exit.NOT_FOUND and orphan.out == ""
+    assert orphan.err.startswith("vidjobs: no account 'acct_nope'")
     rows = {line.split()[0]: line for line in table.out.splitlines()[1:]}
     assert len(rows) == 3 and rows[ci_id].endswith("Z") and rows[by_name["deploy"]["id"]].endswith("-")
     assert await pool.fetchval("SELECT count(*) FROM api_keys WHERE account_id = $1", account_id) == 3
@@ -154,7 +156,7 @@ async def test_credits_grant_ledger_and_refused_withdrawal(vidjobs, pool):
     async with pool.acquire() as conn, conn.transaction():
         await credits.reserve(conn, account_id=account_id, job_id="job_held", amount=1200)
     refused = await vidjobs("credits", "grant", account_id, "-400")
-    assert refused.code == 2 and refused.out == ""
+    assert refused.code == Exit.REFUSED and refused.out == ""
     assert refused.err.startswith("vidjobs: cannot take back 400 credits")
     after = await accounts.fetch(pool, account_id)
     assert (after.credits_balance, after.credits_reserved) == (1500, 1200)

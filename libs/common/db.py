@@ -15,7 +15,7 @@ log = logging.getLogger("vidjobs.db")
 _MIGRATION_LOCK = 0x7669646A6F6273
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
+async def init_connection(conn: asyncpg.Connection) -> None:
     # jsonb columns come back as plain Python values; msgspec decodes them into Structs at the edge.
     await conn.set_type_codec(
         "jsonb", encoder=lambda v: msgspec.json.encode(v).decode(), decoder=msgspec.json.decode,
@@ -61,7 +61,7 @@ async def create_pool(
     session belongs to."""
     timeouts = timeouts or Timeouts()
     return await asyncpg.create_pool(
-        url, min_size=min_size, max_size=max_size, init=_init_connection, reset=_keep_session,
+        url, min_size=min_size, max_size=max_size, init=init_connection, reset=_keep_session,
         # The client waits a little longer than the server, so the server's own, clearer error wins.
         command_timeout=timeouts.statement_s + 5,
         server_settings={**timeouts.server_settings(), "application_name": name},
@@ -75,6 +75,34 @@ def _migration_files() -> list[tuple[int, str, str]]:
             number = int(entry.name.split("_", 1)[0])
             found.append((number, entry.name, entry.read_text()))
     return sorted(found)
+
+
+class Schema(msgspec.Struct, frozen=True):
+    """Which migrations a database has against the ones this code knows."""
+
+    applied: list[int]
+    known: list[int]
+
+    @property
+    def missing(self) -> list[int]:
+        """This code's migrations the database lacks: `vidjobs migrate` applies them."""
+        return sorted(set(self.known) - set(self.applied))
+
+    @property
+    def unknown(self) -> list[int]:
+        """Migrations a newer version applied that this code does not know: this checkout is older."""
+        return sorted(set(self.applied) - set(self.known))
+
+    @property
+    def current(self) -> bool:
+        return not self.missing and not self.unknown
+
+
+async def schema(conn: asyncpg.Connection) -> Schema:
+    """Read which migrations are applied, changing nothing (a database never migrated has none)."""
+    present = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY version") if present else []
+    return Schema(applied=[r["version"] for r in rows], known=[n for n, _, _ in _migration_files()])
 
 
 async def migrate(url: str) -> list[str]:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
 from libs.common import metrics
 from libs.common.errors import JobError
-from libs.common.events import RecoveryDue
+from libs.common.events import JobQueued, RecoveryDue
 from libs.common.jobs import JobRow
-from libs.common.retry import Policies, next_retry
+from libs.common.retry import Policies, next_retry, spends_attempt
 from libs.common.states import JobStatus
 from libs.common.transitions import Guard, JobUpdate, Transitioned, transition
 
@@ -33,4 +33,20 @@ async def fail_or_retry(
     return await transition(
         conn, job.id, JobStatus.FAILED, reason=reason, expect=expect,
         update=JobUpdate(error=error, progress=None), guard=guard,
+    )
+
+
+async def next_attempt(
+    conn: asyncpg.Connection, job: JobRow, *, reason: str, now: datetime, recovery_delay_s: float,
+) -> Transitioned | None:
+    """A retrying job goes back to the queue for its next attempt (the end of a backoff, or an operator's
+    retry), with its first recovery check of that attempt."""
+    attempt = job.attempt + (1 if job.error is None or spends_attempt(job.error) else 0)
+    due = now + timedelta(seconds=recovery_delay_s)
+    return await transition(
+        conn, job.id, JobStatus.PENDING, reason=f"{reason}; attempt {attempt}", expect=[JobStatus.RETRYING],
+        # The next attempt has no render yet: a late signal about the last one must not find it here.
+        update=JobUpdate(attempt=attempt, retry_at=None, error=None, deadline_at=None, recover_at=due,
+                         provider_job_id=None, provider_output=None),
+        emit=[JobQueued(job_id=job.id), RecoveryDue(job_id=job.id, due_at=due)],
     )

@@ -21,8 +21,8 @@ from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, JobError, Redeliver
 from libs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
 from libs.common.jobs import JobRow
-from libs.common.outcomes import fail_or_retry
-from libs.common.retry import Policies, spends_attempt
+from libs.common.outcomes import fail_or_retry, next_attempt
+from libs.common.retry import Policies
 from libs.common.runtime import Runtime
 from libs.common.states import JobStatus
 from libs.common.transitions import JobUpdate, transition
@@ -109,15 +109,7 @@ async def _end_backoff(ctx: Context, conn: asyncpg.Connection, job: JobRow, now:
     if job.retry_at is not None and job.retry_at > now:
         await jobs.reschedule_recovery(conn, job.id, (job.retry_at - now).total_seconds())
         return
-    attempt = job.attempt + (1 if job.error is None or spends_attempt(job.error) else 0)
-    due = now + timedelta(seconds=ctx.rt.settings.recovery_delay_s)
-    await transition(
-        conn, job.id, JobStatus.PENDING, reason=f"backoff over; attempt {attempt}", expect=[JobStatus.RETRYING],
-        # The next attempt has no render yet: a late signal about the last one must not find it here.
-        update=JobUpdate(attempt=attempt, retry_at=None, error=None, deadline_at=None, recover_at=due,
-                         provider_job_id=None, provider_output=None),
-        emit=[JobQueued(job_id=job.id), RecoveryDue(job_id=job.id, due_at=due)],
-    )
+    await next_attempt(conn, job, reason="backoff over", now=now, recovery_delay_s=ctx.rt.settings.recovery_delay_s)
 
 
 async def _render_timed_out(ctx: Context, conn: asyncpg.Connection, job: JobRow) -> None:

@@ -9,12 +9,12 @@ lock order (provider, job, submission, breaker) and so no deadlocks.
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 
 import asyncpg
 import msgspec
 
+from libs.common.breakers import BreakerState
 from libs.common.errors import ErrorCode
 from libs.common.settings import ProviderLimits, Settings
 from libs.common.states import SQL_RENDERING
@@ -72,12 +72,6 @@ async def take_token(conn: asyncpg.Connection, provider: str, limits: ProviderLi
         return (1 - tokens) / limits.rate_per_s
     await conn.execute("UPDATE provider_rate_buckets SET tokens = tokens - 1 WHERE provider = $1", provider)
     return None
-
-
-class BreakerState(enum.StrEnum):
-    CLOSED = "closed"  # submissions flow
-    OPEN = "open"  # paused after repeated provider_unavailable; one probe when reopen_at comes
-    HALF_OPEN = "half_open"  # one probe job is testing the provider
 
 
 async def breaker_gate(conn: asyncpg.Connection, provider: str, job_id: str) -> Admission:

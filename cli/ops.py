@@ -1,0 +1,200 @@
+"""Operator commands that fix things in one go: dead letters, a stored provider callback, a stuck job, a
+provider's circuit breaker.
+
+Like the commands in `admin`, each is a coroutine `__main__` hands to a runner: a database connection (the
+schema checked first, never migrated) or, for the dead letters, which live in JetStream, a NATS connection.
+Nothing here changes a job's status except through `transitions.transition` (by way of `rescue`), and
+whatever a service must do next is handed to it as the same message it would get in the normal course.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+import msgspec
+import nats
+from nats.js import JetStreamContext
+
+from cli.admin import _cell, _json_lines, _note, _table
+from cli.exitcodes import BackendUnreachable, NotFound, Refused
+from libs.common import breakers, deadletters, jobs, outbox, rescue
+from libs.common.errors import ConfigError
+from libs.common.events import InboxReceived
+
+BusCommand = Callable[[JetStreamContext], Awaitable[None]]
+
+
+def run_bus(nats_url: str, command: BusCommand) -> None:
+    asyncio.run(_run_bus(nats_url, command))
+
+
+async def _run_bus(nats_url: str, command: BusCommand) -> None:
+    if not nats_url:
+        raise ConfigError("dead letters are kept in NATS JetStream: set VIDJOBS_NATS_URL to the server the "
+                          "services use")
+    servers = [u.strip() for u in nats_url.split(",") if u.strip()]
+    try:
+        nc = await nats.connect(servers, connect_timeout=5, allow_reconnect=False, max_reconnect_attempts=0)
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        raise BackendUnreachable(f"cannot reach NATS at {nats_url} ({exc!r}); check VIDJOBS_NATS_URL") from exc
+    try:
+        await command(nc.jetstream(timeout=10))
+    finally:
+        await nc.close()
+
+
+# dead letters ------------------------------------------------------------------------------------------
+
+async def dead_list(js: JetStreamContext, *, as_json: bool) -> None:
+    found = [letter async for letter in deadletters.letters(js)]
+    if as_json:
+        _json_lines(found)
+        return
+    _table(("id", "at", "consumer", "subject", "event", "job", "error"),
+           [(d.id, d.at, d.consumer, d.subject, d.event, d.job_id, _short(d.error)) for d in found])
+    if not found:
+        _note("no dead letters")
+
+
+async def dead_show(js: JetStreamContext, *, letter_id: int) -> None:
+    letter = await deadletters.get(js, letter_id)
+    if letter is None:
+        raise NotFound(_no_letter(letter_id))
+    print(msgspec.json.format(msgspec.json.encode(letter)).decode())
+
+
+async def dead_replay(js: JetStreamContext, *, letter_id: int | None) -> None:
+    """One dead letter, or (`letter_id` None) every one kept."""
+    ids = [letter_id] if letter_id is not None else [d.id async for d in deadletters.letters(js)]
+    for one in ids:
+        letter = await deadletters.replay(js, one)
+        if letter is None:
+            raise NotFound(_no_letter(one))
+        _note(f"replayed dead letter {one} ({letter.event or 'unreadable'}"
+              f"{' for ' + letter.job_id if letter.job_id else ''}) to {letter.subject}")
+        print(one)
+    if not ids:
+        _note("no dead letters to replay")
+
+
+def _no_letter(letter_id: int) -> str:
+    return f"no dead letter {letter_id}; `vidjobs dead list` shows them (a replayed one is gone)"
+
+
+def _short(text: str, width: int = 60) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+# the webhook inbox -------------------------------------------------------------------------------------
+
+async def inbox_replay(conn: asyncpg.Connection, *, inbox_id: int) -> None:
+    """Hand a stored provider callback to the poller again, as the gateway did when it arrived: the poller
+    reads it, finds its job and applies it through the one signal path (a signal the job has gone past
+    changes nothing)."""
+    async with conn.transaction():
+        provider = await conn.fetchval("SELECT provider FROM webhook_inbox WHERE id = $1", inbox_id)
+        if provider is None:
+            raise NotFound(f"no stored callback {inbox_id} (the inbox keeps callbacks for a limited time)")
+        await outbox.add(conn, [InboxReceived(inbox_id=inbox_id, provider=provider)])
+    _note(f"callback {inbox_id} from {provider} handed to the poller again; the services' outbox relay sends it")
+
+
+# stuck jobs --------------------------------------------------------------------------------------------
+
+async def _job(conn: asyncpg.Connection, job_id: str) -> jobs.JobRow:
+    job = await jobs.fetch(conn, job_id)
+    if job is None:
+        raise NotFound(f"no job {job_id!r}")
+    return job
+
+
+async def job_retry(conn: asyncpg.Connection, *, job_id: str, recovery_delay_s: float) -> None:
+    async with conn.transaction():
+        job = await _job(conn, job_id)
+        try:
+            done = await rescue.retry(conn, job, recovery_delay_s=recovery_delay_s)
+        except rescue.CannotRescue as exc:
+            raise Refused(str(exc)) from exc
+    _note(f"{job_id} ({job.status.value}, attempt {job.attempt}): {done}")
+
+
+async def job_fail(conn: asyncpg.Connection, *, job_id: str, reason: str) -> None:
+    async with conn.transaction():
+        job = await _job(conn, job_id)
+        try:
+            ended = await rescue.fail(conn, job, reason=reason)
+        except rescue.CannotRescue as exc:
+            raise Refused(str(exc)) from exc
+    _note(f"{job_id} failed (was {job.status.value}); its reservation of {ended.estimated_credits} credits was "
+          f"released and {ended.actual_credits or 0} charged")
+
+
+# What `jobs inspect` shows beside the row: (title, query by job id). Each table belongs to one service;
+# reading them all in one place is what this command is for.
+_AROUND_A_JOB: tuple[tuple[str, str], ...] = (
+    ("transitions", "SELECT at, from_status, to_status, reason FROM job_transitions WHERE job_id = $1 ORDER BY id"),
+    ("outbox (staged, not yet published)",
+     "SELECT id, subject, convert_from(payload, 'UTF8') AS event, created_at FROM outbox "
+     "WHERE convert_from(payload, 'UTF8')::jsonb ->> 'job_id' = $1 ORDER BY id"),
+    ("provider submissions",
+     "SELECT attempt, provider, provider_job_id, claimed_at, answered_at, error ->> 'code' AS error "
+     "FROM provider_submissions WHERE job_id = $1 ORDER BY attempt"),
+    ("poll schedule", "SELECT next_poll_at, started_at, polls FROM poll_schedule WHERE job_id = $1"),
+    ("recovery lease", "SELECT owner, expires_at FROM recovery_leases WHERE job_id = $1"),
+    ("assets", "SELECT kind, key, bytes, sha256, created_at FROM assets WHERE job_id = $1 ORDER BY id"),
+    ("credit", "SELECT at, kind, balance_change, reserved_change, note FROM credit_ledger WHERE job_id = $1 "
+               "ORDER BY id"),
+)
+_TIMERS = ("recover_at", "retry_at", "deadline_at", "waited_at", "submitted_at", "completed_at", "deleted_at")
+
+
+async def job_inspect(conn: asyncpg.Connection, *, job_id: str, as_json: bool) -> None:
+    job = await _job(conn, job_id)
+    around = {title: [dict(r) for r in await conn.fetch(sql, job_id)] for title, sql in _AROUND_A_JOB}
+    if as_json:
+        print(msgspec.json.encode({"job": job, **around}).decode())
+        return
+    _fields(job)
+    for title, rows in around.items():
+        print(f"\n{title}:")
+        if rows:
+            _table(tuple(rows[0]), [tuple(r.values()) for r in rows])
+        else:
+            print("  none")
+
+
+def _fields(job: jobs.JobRow) -> None:
+    shown = ["id", "account_id", "status", "model", "attempt", "provider_job_id", "wait_reason", "progress",
+             "error", "estimated_credits", "actual_credits", "created_at", "updated_at", *_TIMERS]
+    width = max(map(len, shown))
+    for name in shown:
+        value: Any = getattr(job, name)
+        if name == "error" and value is not None:
+            value = f"{value.code.value}: {value.message}"
+        print(f"{name.ljust(width)}  {_cell(value)}")
+
+
+# circuit breakers --------------------------------------------------------------------------------------
+
+async def breakers_list(conn: asyncpg.Connection, *, as_json: bool) -> None:
+    rows = await breakers.list_all(conn)
+    if as_json:
+        _json_lines(rows)
+        return
+    _table(("provider", "state", "failures", "opened", "reopens", "probe job", "cooldown s"),
+           [(b.provider, b.state.value, b.failures, b.opened_at, b.reopen_at, b.probe_job_id, b.cooldown_s)
+            for b in rows])
+    if not rows:
+        _note("no provider has tripped a breaker yet")
+
+
+async def breakers_reset(conn: asyncpg.Connection, *, provider: str) -> None:
+    async with conn.transaction():
+        was = {b.provider: b for b in await breakers.list_all(conn)}.get(provider)
+        if was is None or await breakers.reset(conn, provider) is None:
+            raise NotFound(f"no breaker for {provider!r}: it has never been tripped; `vidjobs breakers list`")
+    _note(f"{provider}: breaker closed (was {was.state.value}, {was.failures} failures); submissions flow again")
