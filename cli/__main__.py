@@ -76,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     up.set_defaults(handler=_up)
     migrate = sub.add_parser("migrate", help="apply database migrations (the services also do this at start)")
     migrate.set_defaults(handler=_migrate)
+    roles = sub.add_parser("roles", help="give each service's database role exactly its grants, and show them")
+    roles.add_argument("--sql", action="store_true",
+                       help="print the statements for an administrator instead of running them")
+    roles.set_defaults(handler=_roles)
     _accounts_parser(sub.add_parser("accounts", help="accounts and their limits"))
     _keys_parser(sub.add_parser("keys", help="an account's API keys"))
     _credits_parser(sub.add_parser("credits", help="an account's credit and its ledger"))
@@ -200,6 +204,10 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     print(f"schema up to date; applied {len(applied)} migration(s): {', '.join(applied) or 'none'}",
           file=sys.stderr)
     return 0
+
+
+def _roles(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.service_roles, sql_only=args.sql))
 
 
 def _accounts_create(args: argparse.Namespace, settings: Settings) -> int:
