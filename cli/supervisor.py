@@ -39,8 +39,11 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, env: dict[str, str], *, services: dict[str, str] | None = None, restart: bool = True):
+    def __init__(self, env: dict[str, str], *, services: dict[str, str] | None = None, restart: bool = True,
+                 env_for: dict[str, dict[str, str]] | None = None):
+        """`env_for` adds to one service's environment: each service its own VIDJOBS_DATABASE_URL, for one."""
         self._env = {**os.environ, **env}
+        self._env_for = env_for or {}
         self._restart = restart
         self.children = {name: Child(name, module) for name, module in (services or SERVICES).items()}
         self._closing = False
@@ -53,11 +56,14 @@ class Supervisor:
         child = self.children[name]
         child.wanted = True
         child.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", child.module, env=self._env, stdin=asyncio.subprocess.DEVNULL,
+            sys.executable, "-m", child.module, env=self.env(name), stdin=asyncio.subprocess.DEVNULL,
         )
         child.started_at = time.monotonic()
         log.info("started %s (pid %s)", name, child.proc.pid)
         child.watcher = asyncio.create_task(self._watch(child), name=f"watch-{name}")
+
+    def env(self, name: str) -> dict[str, str]:
+        return {**self._env, **self._env_for.get(name, {})}
 
     async def _watch(self, child: Child) -> None:
         assert child.proc is not None

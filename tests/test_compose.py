@@ -1,0 +1,55 @@
+"""deploy/compose.yaml, read as Docker Compose reads it (YAML merge keys included), against the code: every
+vidjobs container's environment loads into Settings, each service runs its own module on its own database
+user, and everything waits for the migration."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from libs.common.grants import SERVICES, role
+from libs.common.settings import load
+from libs.providers.webhooks import decode_secret
+from tests.sqlscan import ROOT
+
+COMPOSE = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())["services"]
+VIDJOBS = {name: spec for name, spec in COMPOSE.items() if spec.get("image") == "vidjobs:dev"}
+
+
+@pytest.mark.parametrize("name", sorted(VIDJOBS))
+def test_every_vidjobs_container_has_settings_the_code_accepts(name):
+    environment = VIDJOBS[name]["environment"]
+
+    settings = load(environment)  # an unknown or malformed VIDJOBS_* name raises here
+
+    assert settings.nats_url == "nats://nats:4222" and settings.storage_url.startswith("s3://")
+    assert environment["AWS_ENDPOINT_URL"] == "http://minio:9000"
+    assert decode_secret(settings.fake_webhook_secret)
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_each_service_runs_its_module_as_its_own_user_after_the_migration(service):
+    spec = COMPOSE[service]
+    user = urlsplit(load(spec["environment"]).database_url).username
+
+    assert spec["command"] == ["python", "-m", f"services.{service}"]
+    assert user == f"{service}_login"
+    assert spec["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
+    assert spec["depends_on"]["logins"] == {"condition": "service_completed_successfully"}
+    # The logins step makes every service's user a member of the role migrate granted.
+    script = COMPOSE["logins"]["command"][0]
+    assert f"ARRAY[{', '.join(repr(s) for s in SERVICES)}]" in script
+    assert "'CREATE ROLE %I LOGIN PASSWORD %L IN ROLE %I', s || '_login', s, 'vidjobs_' || s" in script
+    assert role(service) == f"vidjobs_{service}"
+
+
+def test_the_migration_runs_as_the_schema_owner_once_the_database_is_up():
+    migrate = COMPOSE["migrate"]
+    owner = urlsplit(load(migrate["environment"]).database_url).username
+
+    assert migrate["command"] == ["vidjobs", "migrate"]
+    assert owner == COMPOSE["postgres"]["environment"]["POSTGRES_USER"]
+    assert migrate["depends_on"]["postgres"] == {"condition": "service_healthy"}
+    assert "restart" not in migrate  # a one-shot: restarting it would hold back service_completed_successfully

@@ -1,0 +1,239 @@
+"""One PostgreSQL role per service (libs/common/grants.py): the declaration against the SQL each service's code
+contains, the database against the declaration, and the whole lifecycle with every service connecting as a
+login user of its own role, so a statement its grants do not cover is refused by PostgreSQL itself."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+import sys
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from libs.common import db, grants
+from libs.common.errors import ConfigError
+from libs.common.grants import GRANTS, OPERATOR_ONLY, OWNERS, SERVICES, Privilege
+from tests import imagefiles, sqlscan
+from tests.faults.servicelogs import LoggingSupervisor
+from tests.sqlscan import ROOT
+from tests.stack import running_stack, stack_settings
+from tests.support import wait_until, with_database
+from tests.test_app_webhooks import client_app
+
+# Statements a service's imports bring along that the service never runs, so its role need not cover them.
+REACHABLE_NOT_RUN: dict[str, dict[tuple[str, Privilege], str]] = {
+    service: {("jobs", Privilege.INSERT): "libs/common/jobs.py creates jobs; only the gateway calls it"}
+    for service in SERVICES if service != "gateway"
+}
+REACHABLE_NOT_RUN["submitter"] |= {
+    ("uploads", Privilege.INSERT): "libs/common/uploads.py: the submitter only reads a job's upload (owned)",
+    ("uploads", Privilege.UPDATE): "libs/common/uploads.py: expiring uploads is the reaper's (expire_unused)",
+}
+REACHABLE_NOT_RUN["reaper"] |= {
+    ("uploads", Privilege.INSERT): "libs/common/uploads.py: the reaper only expires uploads",
+}
+
+
+def _pairs(uses: dict[str, frozenset[Privilege]] | dict[str, dict[Privilege, set[str]]]) -> set[tuple[str, Privilege]]:
+    return {(table, privilege) for table, privileges in uses.items() for privilege in privileges}
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_service_is_granted_exactly_what_its_sql_needs(service):
+    found = sqlscan.uses_of(service)
+    needed = _pairs(found) - OPERATOR_ONLY
+    declared = _pairs(GRANTS[service])
+
+    not_granted = needed - declared
+    unused = declared - needed
+
+    where = {f"{t} {p.value}": sorted(found[t][p]) for t, p in not_granted}
+    assert not_granted == set(REACHABLE_NOT_RUN.get(service, {})), f"needed but not granted: {where}"
+    assert not unused, f"granted but no statement of {service} needs it: {sorted(unused)}"
+
+
+def test_the_scan_sees_what_a_statement_needs():
+    tables = {"jobs", "accounts", "outbox", "credit_ledger"}
+    claim = "SELECT id FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
+    move = "UPDATE jobs SET status = $2 FROM accounts a WHERE jobs.id = $1 RETURNING jobs.id"
+    entry = "INSERT INTO credit_ledger (account_id) SELECT id FROM accounts RETURNING *"
+
+    assert sqlscan.statement_uses(claim, tables) == {"outbox": {Privilege.SELECT, Privilege.UPDATE}}
+    assert sqlscan.statement_uses(move, tables) == {"jobs": {Privilege.SELECT, Privilege.UPDATE},
+                                                    "accounts": {Privilege.SELECT}}
+    assert sqlscan.statement_uses(entry, tables) == {"credit_ledger": {Privilege.INSERT, Privilege.SELECT},
+                                                     "accounts": {Privilege.SELECT}}
+
+
+async def test_every_table_has_an_owner_and_the_roles_hold_the_declaration(database_url):
+    conn = await asyncpg.connect(database_url)
+    try:
+        tables = {r["relname"] for r in await conn.fetch(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relnamespace = current_schema()::regnamespace")}
+        held = await grants.held(conn)
+        in_step = await grants.in_step(conn)
+    finally:
+        await conn.close()
+
+    assert set(OWNERS) == tables == sqlscan.schema_tables()
+    assert held == GRANTS and in_step
+
+
+@pytest.fixture
+async def logins(database_url) -> AsyncIterator[dict[str, str]]:
+    """A login user per service, member of its role (as a deployment makes them), and the URL each connects
+    with. Roles belong to the whole server, so the names are this test's own."""
+    suffix = secrets.token_hex(3)
+    users = {service: f"vjt_{service}_{suffix}" for service in SERVICES}
+    admin = await asyncpg.connect(database_url)
+    try:
+        for service, user in users.items():
+            await admin.execute(f'CREATE ROLE "{user}" LOGIN IN ROLE {grants.role(service)}')
+        yield {service: _as_user(database_url, user) for service, user in users.items()}
+    finally:
+        await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE usename = ANY($1::text[])", list(users.values()))
+        for user in users.values():
+            await admin.execute(f'DROP ROLE IF EXISTS "{user}"')
+        await admin.close()
+
+
+def _as_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{user}@{host}", parts.path, parts.query, parts.fragment))
+
+
+async def test_a_service_role_is_refused_what_it_was_not_granted(logins):
+    media = await asyncpg.connect(logins["media"])
+    try:
+        refused = []
+        for statement in ("SELECT key_hash FROM api_keys", "DELETE FROM jobs", "INSERT INTO poll_schedule VALUES ('x')",
+                          "UPDATE provider_submissions SET answered_at = now()", "CREATE TABLE mine (id int)",
+                          "DROP TABLE assets"):
+            with pytest.raises((asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedTableError)) as caught:
+                await media.execute(statement)
+            refused.append(type(caught.value))
+        allowed = await media.fetchval("SELECT count(*) FROM assets")
+    finally:
+        await media.close()
+
+    assert refused == [asyncpg.InsufficientPrivilegeError] * 6 and allowed == 0
+    # A service on its own role starts on a current schema without changing anything.
+    assert await db.migrate(logins["gateway"]) == []
+
+
+async def test_a_service_role_cannot_apply_pending_migrations(logins, pg_admin_url):
+    name = f"vidjobs_empty_{secrets.token_hex(4)}"
+    admin = await asyncpg.connect(pg_admin_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        empty = _as_user(with_database(pg_admin_url, name), urlsplit(logins["gateway"]).username or "")
+        with pytest.raises(ConfigError, match="vidjobs migrate"):
+            await db.migrate(empty)
+    finally:
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def test_the_lifecycle_runs_with_every_service_on_its_own_role(tmp_path, database_url, nats_url, logins):
+    async with client_app() as (app, port):
+        settings = stack_settings(tmp_path, database_url, nats_url, recovery_delay_s=1, recovery_interval_s=1,
+                                  retention_days=3 / 86400, retention_sweep_interval_s=0.5,
+                                  webhook_allow_hosts=f"127.0.0.1:{port}", app_webhook_retry_s="0.3")
+        env_for = {service: {"VIDJOBS_DATABASE_URL": url} for service, url in logins.items()}
+        log_dir = tmp_path / "logs"
+
+        def supervisor(env: dict[str, str], **options) -> LoggingSupervisor:
+            return LoggingSupervisor(env, log_dir=log_dir, env_for=env_for, **options)
+
+        async with running_stack(settings, supervisor_factory=supervisor) as stack:
+            async with stack.session.post(f"{stack.url}/v1/webhook-endpoints", headers=stack.auth,
+                                          json={"url": f"http://127.0.0.1:{port}/hooks/app"}) as resp:
+                assert resp.status == 201, await resp.text()
+            headers = {**stack.auth, "Content-Type": "image/png"}
+            async with stack.session.post(f"{stack.url}/v1/uploads", data=imagefiles.noise_png(64),
+                                          headers=headers) as resp:
+                assert resp.status == 201, await resp.text()
+                upload_id = (await resp.json())["id"]
+            jobs = {
+                "callback": await stack.create_job(input_image=upload_id, params={"render_s": 0.2}),
+                "polled": await stack.create_job(model="fake-poll/default", params={"render_s": 0.5}),
+                "recovered": await stack.create_job(params={"scenario": "no_callback", "render_s": 0.3}),
+                "rejected": await stack.create_job(params={"scenario": "content_rejected", "render_s": 0.1}),
+                "canceled": await stack.create_job(params={"scenario": "hang"}),
+            }
+            await stack.wait_for_status(jobs["canceled"]["id"], "submitted", "processing")
+            async with stack.session.post(f"{stack.url}/v1/jobs/{jobs['canceled']['id']}/cancel",
+                                          headers=stack.auth) as resp:
+                assert resp.status in (200, 202), await resp.text()
+            finals = {name: await stack.wait_terminal(job["id"]) for name, job in jobs.items()}
+            sessions = await _sessions(database_url)
+            # Retention (reaper) then removal of the originals (media), then a delete.
+            expired = await stack.wait_for_status(jobs["callback"]["id"], "expired", within=30)
+            async with stack.session.delete(f"{stack.url}/v1/jobs/{jobs['polled']['id']}",
+                                            headers=stack.auth) as resp:
+                assert resp.status == 204
+            await wait_until(lambda: _delivered(app), within=30, what="the app's webhook")
+            async with stack.session.get(f"{stack.url}/v1/account/ledger", headers=stack.auth) as resp:
+                assert resp.status == 200
+                ledger = (await resp.json())["data"]
+            restarts = {name: stack.supervisor.starts.get(name) for name in SERVICES}
+
+    assert {name: job["status"] for name, job in finals.items()} == {
+        "callback": "completed", "polled": "completed", "recovered": "completed", "rejected": "failed",
+        "canceled": "canceled"}
+    assert expired["status"] == "expired"
+    assert {kind["kind"] for kind in ledger} >= {"reserve", "release", "charge"}
+    assert restarts == dict.fromkeys(SERVICES, 1)
+    # Each service's sessions were its own login user's.
+    assert sessions == {f"vidjobs-{service}": urlsplit(logins[service]).username for service in SERVICES}
+    refusals = {p.name: p.read_text().count("permission denied") for p in log_dir.glob("*.log")}
+    assert set(refusals.values()) == {0}, refusals
+
+
+async def _sessions(database_url: str) -> dict[str, str]:
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch("SELECT DISTINCT application_name, usename FROM pg_stat_activity "
+                                "WHERE datname = current_database() AND application_name LIKE 'vidjobs-%'")
+    finally:
+        await conn.close()
+    return {r["application_name"]: r["usename"] for r in rows}
+
+
+async def _delivered(app) -> bool:
+    return any(b'"job.completed"' in body for _, body in app.received["app"])
+
+
+async def test_vidjobs_roles_puts_back_a_grant_changed_by_hand_and_prints_the_sql(database_url):
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute("REVOKE INSERT ON assets FROM vidjobs_media")
+        await admin.execute("GRANT DELETE ON accounts TO vidjobs_media")
+        drifted = await grants.in_step(admin)
+
+        shown = await _vidjobs(database_url, "roles")
+        printed = await _vidjobs(database_url, "roles", "--sql")
+        restored = await grants.held(admin)
+    finally:
+        await admin.close()
+
+    assert not drifted and restored == GRANTS
+    assert shown[0] == 0, shown
+    assert re.search(r"^vidjobs_media +assets +SELECT, INSERT, UPDATE$", shown[1], re.M), shown[1]
+    assert printed[0] == 0 and 'GRANT SELECT, INSERT, UPDATE ON "assets" TO "vidjobs_media";' in printed[1]
+    assert "CREATE ROLE vidjobs_reaper NOLOGIN;" in printed[1]
+
+
+async def _vidjobs(database_url: str, *args: str) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDJOBS_")} | {"VIDJOBS_DATABASE_URL": database_url}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", *args, env=env, cwd=ROOT,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
