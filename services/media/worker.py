@@ -20,7 +20,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, jobs, metrics, netguard
+from libs.common import bus, events, jobs, netguard
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
 from libs.common.events import AssetsDeleteRequested, DownloadRequested
@@ -177,7 +177,6 @@ async def _fail(media: Media, job: JobRow, err: MediaError) -> None:
         done = await transition(conn, job.id, JobStatus.FAILED, reason=f"media: {err.code.value}",
                                 expect=[JobStatus.DOWNLOADING], update=JobUpdate(error=error, progress=None))
     if done is not None:
-        metrics.JOB_ERRORS.labels(err.code.value).inc()
         # An earlier attempt may have uploaded before it crashed; a failed job keeps no objects.
         await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
 
