@@ -34,7 +34,7 @@ from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage
 from libs.storage.factory import open_storage
-from services.submitter import dispatch, limits, submissions
+from services.submitter import dispatch, gauges, limits, submissions
 from services.submitter.dispatch import Wait
 from services.submitter.submissions import Claim
 
@@ -68,7 +68,9 @@ async def main(rt: Runtime) -> None:
         # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
         spec = consumer(rt, "submitter", events.SUBMIT, partial(handle, ctx),
                         concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
-        await bus.consume(rt.js, spec, rt.stop)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(bus.consume(rt.js, spec, rt.stop), name="submit-consumer")
+            tg.create_task(gauges.run(rt, ctx.adapters), name="provider-gauges")
 
 
 async def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
