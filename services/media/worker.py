@@ -20,7 +20,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, jobs, netguard
+from libs.common import bus, events, jobs, logs, netguard
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
 from libs.common.events import AssetsDeleteRequested, DownloadRequested
@@ -97,6 +97,7 @@ async def on_download(media: Media, event: DownloadRequested, delivery: Delivery
     if job is None or job.finished or job.status is not JobStatus.DOWNLOADING:
         log.info("nothing to download", extra={"job_id": event.job_id, "status": job and job.status.value})
         return
+    logs.about_job(job.id, job.account_id)
     lease_s = media.rt.settings.media_copy_lease_s
     try:
         crashes = await copies.take(media.rt.pool, job.id, lease_s)

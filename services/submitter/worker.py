@@ -20,7 +20,7 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter
 
-from libs.common import bus, events, faults, jobs, metrics, outbox, uploads
+from libs.common import bus, events, faults, jobs, logs, metrics, outbox, uploads
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, ProviderError, Redeliver
 from libs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
@@ -132,6 +132,7 @@ async def _serve(ctx: Context, job: JobRow | None) -> None:
     """Hand out the next slot of the job's provider, then, while this job still waits, the one after."""
     fair = True
     while job is not None and not job.finished and job.status is JobStatus.PENDING:
+        logs.about_job(job.id, job.account_id)
         try:
             adapter = adapter_for(ctx.adapters, job.provider)
         except ProviderError as err:
