@@ -94,6 +94,7 @@ async def test_the_stack_exports_every_metric_the_alerts_and_dashboard_use(tmp_p
 
         first = await wait_until(settled, within=60, what="the reaper's gauges to see the stuck job")
         later = await wait_until(lambda: _older(stack, stage, first), within=60, what="the stuck job's age to grow")
+        await wait_until(lambda: _rendering_at_fake(stack), within=60, what="the submitter's gauges to see it")
         async with stack.session.get(f"{stack.url}/v1/jobs/{stuck['id']}/stream", headers=stack.auth) as sse:
             await sse.content.readline()  # the stream is open once its first event arrives
             scraped = {name: await stack.metrics(name) for name in SERVICES}
@@ -124,6 +125,11 @@ async def _older(stack, stage: str, first: str) -> str | None:
     text = await stack.metrics("reaper")
     before = value(first, "vidjobs_job_oldest_stage_age_seconds", stage=stage)
     return text if value(text, "vidjobs_job_oldest_stage_age_seconds", stage=stage) > before else None
+
+
+async def _rendering_at_fake(stack) -> bool:
+    # The submitter also reads its gauges on a timer.
+    return value(await stack.metrics("submitter"), "vidjobs_provider_renders_in_flight", provider="fake") == 1
 
 
 async def _unfinished_in_db(database_url: str) -> dict[str, int]:
