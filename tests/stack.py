@@ -74,6 +74,22 @@ class Stack:
         async with self.session.get(f"{self.settings.fake_provider_url}/v1/_counters") as resp:
             return await resp.json()
 
+    async def metrics(self, service: str) -> str:
+        """A service's /metrics as Prometheus would scrape it: the gateway's on the API port, a worker's on
+        the free port it bound (read from its own process)."""
+        url = f"{self.url}/metrics" if service == "gateway" else f"http://127.0.0.1:{self.metrics_port(service)}/metrics"
+        async with self.session.get(url) as resp:
+            assert resp.status == 200, service
+            return await resp.text()
+
+    def metrics_port(self, service: str) -> int:
+        import psutil
+
+        pid = self.supervisor.pid(service)
+        listening = [c.laddr.port for c in psutil.Process(pid).net_connections() if c.status == "LISTEN"]
+        assert len(listening) == 1, listening
+        return listening[0]
+
     async def download(self, url: str) -> tuple[int, bytes, dict]:
         async with self.session.get(url) as resp:
             return resp.status, await resp.read(), dict(resp.headers)

@@ -1,6 +1,7 @@
 """Request ids through the real stack: every response carries `X-Request-Id` (a well-formed one the client
 sent is kept), error bodies name it, the gateway writes one access line per request, and the id of the
-request that created a job is in the log lines of every service that worked on that job."""
+request that created a job is in the log lines of every service that worked on that job, as is the job's
+account on every line about the job."""
 
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ async def test_a_request_id_follows_its_job_through_every_service(tmp_path, data
             echoed = resp.headers.get("X-Request-Id")
             job = await resp.json()
         done = await stack.wait_terminal(job["id"])
+        async with stack.session.get(f"{stack.url}/v1/account", headers=stack.auth) as resp:
+            account_id = (await resp.json())["id"]
 
     assert echoed == sent
     assert done["status"] == "completed"
@@ -47,6 +50,9 @@ async def test_a_request_id_follows_its_job_through_every_service(tmp_path, data
         assert ours, f"no log line of {service} carries the request id"
         if service != "gateway":
             assert any(line.get("job_id") == job["id"] for line in ours), service
+        # Every line about the job (in the gateway: of the request that created it) names its account too.
+        about_job = [line for line in _lines(log_dir, service) if line.get("job_id") == job["id"]] or ours
+        assert all(line.get("account_id") == account_id for line in about_job), (service, about_job)
     access = [line for line in _lines(log_dir, "gateway")
               if line.get("logger") == "vidjobs.access" and line.get("request_id") == sent]
     assert len(access) == 1

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import aiohttp
-
 from libs.common.settings import RouteShare
 from libs.providers.routing import route
 from tests.stack import running_stack, stack_settings
@@ -28,12 +26,7 @@ async def test_an_alias_spreads_jobs_over_its_models_and_each_route_is_measured(
         jobs = await asyncio.gather(*(stack.create_job(model="house/default", params={"render_s": 0.1})
                                       for _ in range(40)))
         finals = await asyncio.gather(*(stack.wait_terminal(j["id"], within=90) for j in jobs))
-        async with aiohttp.ClientSession() as http:
-            metrics = {}
-            for name in ("poller", "media"):
-                port = await _metrics_port(stack, name)
-                async with http.get(f"http://127.0.0.1:{port}/metrics") as resp:
-                    metrics[name] = await resp.text()
+        metrics = {name: await stack.metrics(name) for name in ("poller", "media")}
 
     models = Counter(j["model"] for j in finals)
     assert set(models) == {"fake/default", "fake-poll/default"} and sum(models.values()) == 40
@@ -43,12 +36,3 @@ async def test_an_alias_spreads_jobs_over_its_models_and_each_route_is_measured(
     assert completed in metrics["media"]
     assert 'vidjobs_route_job_seconds_count{model="fake-poll/default",route="house/default"}' in metrics["media"]
 
-
-async def _metrics_port(stack, service: str) -> int:
-    """A worker's metrics port, read from its own process (it binds a free port and logs it)."""
-    import psutil
-
-    pid = stack.supervisor.pid(service)
-    listening = [c.laddr.port for c in psutil.Process(pid).net_connections() if c.status == "LISTEN"]
-    assert len(listening) == 1, listening
-    return listening[0]

@@ -10,14 +10,18 @@ Sending after commit, not before: a listener woken before the commit would rerea
 for its timer. Every transaction that may change a job runs inside `after_commit()` (`Runtime.tx` does it,
 and `transition` does it for a bare connection); hints noted inside it are sent when the outermost one exits
 without an error, and dropped when it rolls back.
+
+The same boundary serves what must count only committed work: `on_commit` registers a callback (a metric
+observation of a move) that runs when the hints are sent, and never for a transaction rolled back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from nats.aio.client import Client as NATS
@@ -27,7 +31,15 @@ from libs.common.events import JobChanged
 
 log = logging.getLogger("vidjobs.changes")
 
-_pending: ContextVar[list[JobChanged] | None] = ContextVar("vidjobs_pending_changes", default=None)
+
+
+@dataclass
+class _Pending:
+    hints: list[JobChanged] = field(default_factory=list)
+    callbacks: list[Callable[[], None]] = field(default_factory=list)
+
+
+_pending: ContextVar[_Pending | None] = ContextVar("vidjobs_pending_changes", default=None)
 _nc: NATS | None = None
 
 
@@ -51,7 +63,17 @@ def note(job_id: str, status: str, at: datetime) -> None:
     if pending is None:
         log.warning("job change noted outside after_commit(); no hint sent", extra={"job_id": job_id})
         return
-    pending.append(JobChanged(job_id=job_id, status=status, at=at))
+    pending.hints.append(JobChanged(job_id=job_id, status=status, at=at))
+
+
+def on_commit(callback: Callable[[], None]) -> None:
+    """Run `callback` once the enclosing `after_commit()` commits; never if it rolls back. Outside one there is
+    commit this module can see, so it runs at once (`transition` always opens one, so its callbacks wait)."""
+    pending = _pending.get()
+    if pending is None:
+        callback()
+        return
+    pending.callbacks.append(callback)
 
 
 @contextlib.asynccontextmanager
@@ -61,13 +83,19 @@ async def after_commit() -> AsyncIterator[None]:
     if _pending.get() is not None:
         yield
         return
-    pending: list[JobChanged] = []
+    pending = _Pending()
     token = _pending.set(pending)
     try:
         yield
     finally:
         _pending.reset(token)
-    await send(pending)
+    for callback in pending.callbacks:
+        try:
+            callback()
+        except Exception:
+            # Bookkeeping after the fact must not turn a committed change into a failed handler.
+            log.exception("an after-commit callback failed")
+    await send(pending.hints)
 
 
 async def send(hints: list[JobChanged]) -> None:

@@ -97,6 +97,7 @@ class JobRow(msgspec.Struct, kw_only=True):
     completed_at: datetime | None = None  # when it reached its ending (completed, failed, canceled)
     webhook_url: str | None = None  # where its app hears of it, beside the account's endpoints
     webhook_events: list[str] | None = None  # which events go to webhook_url
+    stage_at: datetime | None = None  # when it entered its current stage (NULL on jobs finished before it existed)
 
     @property
     def finished(self) -> bool:

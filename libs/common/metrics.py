@@ -1,4 +1,10 @@
-"""Prometheus metrics, created once per process with bounded labels (never a job id)."""
+"""Prometheus metrics, created once per process with bounded labels (never a job id).
+
+What a job's moves count (transitions, errors, durations) is counted once the move has committed
+(`transitions.transition` defers it with `changes.on_commit`): a handler rolled back or redelivered adds
+nothing. Gauges read from the database are exported by one service each (services/reaper/gauges.py,
+services/submitter/gauges.py); docs/RUNBOOK.md says how to query them across replicas.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +25,21 @@ HANDLE_SECONDS = Histogram(
 # messages deferred until later (a waiting recovery check, a job held back by a provider's limits).
 IN_HANDLING = Gauge("vidjobs_messages_in_handling", "Work messages being handled now, by consumer", ["consumer"])
 TRANSITIONS = Counter(
-    "vidjobs_job_transitions_total", "Job status changes made", ["to_status"]
+    "vidjobs_job_transitions_total", "Job status changes committed", ["to_status"]
+)
+# A job's life runs from seconds (fake renders) to the render deadline (15 minutes by default) and beyond.
+_JOB_BUCKETS = (1, 2.5, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200)
+JOB_READY_SECONDS = Histogram(
+    "vidjobs_job_ready_seconds", "Creation to completion of every completed job", ["provider", "model"],
+    buckets=_JOB_BUCKETS,
+)
+STAGE_SECONDS = Histogram(
+    "vidjobs_job_stage_seconds", "Time a job spent in a stage (queued, submitted, rendering, downloading), "
+    "observed when it left the stage", ["stage", "provider", "model"], buckets=_JOB_BUCKETS,
+)
+JOBS_FINISHED = Counter(
+    "vidjobs_jobs_finished_total", "Jobs that reached an ending (completed, failed, canceled)",
+    ["provider", "model", "status"],
 )
 PROVIDER_CALLS = Counter(
     "vidjobs_provider_calls_total", "Calls to providers by operation and outcome",
@@ -33,7 +53,8 @@ ROUTE_SECONDS = Histogram(
     "vidjobs_route_job_seconds", "Creation to finish of jobs sent down a rollout route", ["route", "model"],
     buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 3600),
 )
-JOB_ERRORS = Counter("vidjobs_job_errors_total", "Jobs that took an error, by code", ["code"])
+JOB_ERRORS = Counter("vidjobs_job_errors_total",
+                     "Committed moves to retrying or failed, by the error the job took", ["code"])
 UNMATCHED_CALLBACKS = Counter("vidjobs_callbacks_unmatched_total",
                               "Stored callbacks whose render no job claimed in time; acknowledged and dropped",
                               ["provider"])

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from libs.common import metrics
 from libs.common.errors import JobError
 from libs.common.events import JobQueued, RecoveryDue
 from libs.common.jobs import JobRow
@@ -23,7 +22,6 @@ async def fail_or_retry(
     now = datetime.now(UTC)
     policy = policies.for_provider(job.provider)
     when = next_retry(policy, error, attempt=job.attempt, created_at=job.created_at, now=now, retry_after=retry_after)
-    metrics.JOB_ERRORS.labels(error.code.value).inc()
     if when is not None:
         return await transition(
             conn, job.id, JobStatus.RETRYING, reason=f"{reason}; retry at {when.isoformat()}", expect=expect,

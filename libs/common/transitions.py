@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -23,6 +24,7 @@ from libs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credi
 from libs.common.states import (
     BILLED_ENDINGS,
     FOLLOW_UPS,
+    STAGE_OF,
     TERMINAL,
     FollowUp,
     JobStatus,
@@ -110,6 +112,11 @@ _APPS_LISTEN = """(j.webhook_url IS NOT NULL OR EXISTS (
     WHERE e.account_id = j.account_id AND e.deleted_at IS NULL AND e.disabled_at IS NULL))"""
 
 
+def same_stage(to: JobStatus) -> list[str]:
+    """The statuses a move to `to` may come from without the stage people see changing."""
+    return sorted(s.value for s in sources_of(to) if STAGE_OF[s] is STAGE_OF[to])
+
+
 def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> tuple[str, list[Any]]:
     # A job that moves is no longer waiting for whatever held it.
     sets = ["status = $3", "updated_at = clock_timestamp()", "wait_reason = NULL", "provider_queue_position = NULL"]
@@ -129,15 +136,19 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
         values.append(value)
     guard_clause, guard_values = _guard_sql(guard, 4 + len(values))
     values.extend(guard_values)
+    # The stage clock restarts only when the stage people see changes (retrying -> pending stays queued).
+    values.append(same_stage(to))
+    sets.append(f"stage_at = CASE WHEN prev.status = ANY(${3 + len(values)}::job_status[]) THEN j.stage_at "
+                "ELSE clock_timestamp() END")
     sql = f"""
         WITH prev AS (
-            SELECT id, status FROM jobs
+            SELECT id, status, stage_at FROM jobs
             WHERE id = $1 AND status = ANY($2::job_status[]) AND deleted_at IS NULL {guard_clause}
             FOR UPDATE
         )
         UPDATE jobs AS j SET {", ".join(sets)}
         FROM prev WHERE j.id = prev.id
-        RETURNING prev.status AS from_status, j.*, {_APPS_LISTEN} AS apps_listen
+        RETURNING prev.status AS from_status, prev.stage_at AS left_stage_at, j.*, {_APPS_LISTEN} AS apps_listen
     """
     return sql, values
 
@@ -188,11 +199,29 @@ async def transition(
         sent = await _in_transaction(conn, job, from_status, to, follow_ups, row["apps_listen"])
         await outbox.add(conn, [*sent, *emit])
         changes.note(job_id, to.value, job.updated_at)
-    metrics.TRANSITIONS.labels(to.value).inc()
-    if FollowUp.ROUTE_OUTCOME in follow_ups and job.route is not None:
-        metrics.ROUTE_JOBS.labels(job.route, job.model, to.value).inc()
-        metrics.ROUTE_SECONDS.labels(job.route, job.model).observe((job.updated_at - job.created_at).total_seconds())
-    log.info("job transitioned",
-             extra={"job_id": job_id, "from": from_status.value, "to": to.value, "reason": reason})
+        # Counted once the move commits, and only then: see metrics.
+        changes.on_commit(partial(_count_move, job, from_status, row["left_stage_at"], follow_ups))
+    log.info("job transitioned", extra={"job_id": job_id, "account_id": job.account_id, "from": from_status.value,
+                                        "to": to.value, "reason": reason})
     return Transitioned(from_status=from_status, job=job)
+
+
+def _count_move(job: JobRow, from_status: JobStatus, left_stage_at: datetime | None,
+                follow_ups: frozenset[FollowUp]) -> None:
+    to = job.status
+    metrics.TRANSITIONS.labels(to.value).inc()
+    if to in (JobStatus.RETRYING, JobStatus.FAILED) and job.error is not None:
+        metrics.JOB_ERRORS.labels(job.error.code.value).inc()
+    if STAGE_OF[from_status] is not STAGE_OF[to] and from_status not in TERMINAL and left_stage_at is not None:
+        metrics.STAGE_SECONDS.labels(STAGE_OF[from_status].value, job.provider, job.model).observe(
+            (job.updated_at - left_stage_at).total_seconds())
+    if to is JobStatus.COMPLETED:
+        metrics.JOB_READY_SECONDS.labels(job.provider, job.model).observe(
+            (job.updated_at - job.created_at).total_seconds())
+    if FollowUp.ROUTE_OUTCOME in follow_ups:
+        metrics.JOBS_FINISHED.labels(job.provider, job.model, to.value).inc()
+        if job.route is not None:
+            metrics.ROUTE_JOBS.labels(job.route, job.model, to.value).inc()
+            metrics.ROUTE_SECONDS.labels(job.route, job.model).observe(
+                (job.updated_at - job.created_at).total_seconds())
 

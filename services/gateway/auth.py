@@ -7,6 +7,7 @@ import math
 
 from aiohttp import web
 
+from libs.common import logs
 from libs.common.errors import ErrorCode
 from services.gateway import ratelimit
 from services.gateway.errors import ApiError, GatewayCode
@@ -73,5 +74,6 @@ async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
     if needs_key(request):
         admission = await authenticate(request)
         request[ACCOUNT] = admission.account
+        logs.about_account(admission.account.id)
         request[API_KEY_ID] = admission.key_id
     return await handler(request)

@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 
 from libs.common import events
 from libs.common.states import TERMINAL, JobStatus
+from services.gateway import observe
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode
 from services.gateway.limits import StreamsFull
 from services.gateway.routes_jobs import job_id_of, owned_or_404, view
@@ -116,7 +117,8 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
     except StreamsFull as full:
         raise _streams_full(full) from full
     try:
-        return await _stream(request)
+        with observe.STREAMS_OPEN.track_inprogress():
+            return await _stream(request)
     finally:
         slots.give_back(account_id, key_id)
 

@@ -20,7 +20,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, jobs, metrics, netguard, tracing
+from libs.common import bus, events, jobs, logs, netguard, tracing
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
 from libs.common.events import AssetsDeleteRequested, DownloadRequested
@@ -98,6 +98,7 @@ async def on_download(media: Media, event: DownloadRequested, delivery: Delivery
     if job is None or job.finished or job.status is not JobStatus.DOWNLOADING:
         log.info("nothing to download", extra={"job_id": event.job_id, "status": job and job.status.value})
         return
+    logs.about_job(job.id, job.account_id)
     lease_s = media.rt.settings.media_copy_lease_s
     try:
         crashes = await copies.take(media.rt.pool, job.id, lease_s)
@@ -178,7 +179,6 @@ async def _fail(media: Media, job: JobRow, err: MediaError) -> None:
         done = await transition(conn, job.id, JobStatus.FAILED, reason=f"media: {err.code.value}",
                                 expect=[JobStatus.DOWNLOADING], update=JobUpdate(error=error, progress=None))
     if done is not None:
-        metrics.JOB_ERRORS.labels(err.code.value).inc()
         # An earlier attempt may have uploaded before it crashed; a failed job keeps no objects.
         await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
 

@@ -10,7 +10,7 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, faults, jobs, metrics, requestids, tracing
+from libs.common import bus, events, faults, jobs, logs, metrics, requestids, tracing
 from libs.common.bus import Delivery
 from libs.common.errors import ProviderError, Redeliver
 from libs.common.events import CancelRequested, InboxReceived, PollRequested
@@ -73,6 +73,7 @@ async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> No
                                                           "provider_job_id": sig.provider_job_id})
         return
     # From here the callback's work is the job's: it goes on under the request that created the job.
+    logs.about_job(job.id, job.account_id)
     log.info("callback matched its job", extra={"job_id": job.id, "inbox_id": event.inbox_id,
                                                 "callback_request_id": requestids.current()})
     requestids.continue_job(job.request_id)
@@ -122,6 +123,7 @@ async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
     job = await jobs.fetch(ctx.rt.pool, job_id)
     if job is None or job.finished or job.status not in RENDERING or job.provider_job_id is None:
         return False
+    logs.about_job(job.id, job.account_id)
     adapter = adapter_for(ctx.adapters, job.provider)
     try:
         sig = await adapter.status(job.provider_job_id)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from libs.common import events, jobs, outbox, requestids
+from libs.common import events, jobs, logs, outbox, requestids
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, JobError, Redeliver
 from libs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
@@ -45,6 +45,7 @@ async def on_recovery_due(ctx: Context, event: RecoveryDue, delivery: Delivery) 
     job = await jobs.fetch(ctx.rt.pool, event.job_id)
     if job is None or job.finished or job.recover_at is None:
         return
+    logs.about_job(job.id, job.account_id)
     if requestids.current() is None:  # a check the sweep re-sent: no request of its own
         requestids.continue_job(job.request_id)
     if event.due_at < job.recover_at - timedelta(milliseconds=1):

@@ -9,7 +9,7 @@ from functools import partial
 from libs.common import bus, events
 from libs.common.retry import Policies
 from libs.common.runtime import Runtime, consumer
-from services.reaper import retention, sweep
+from services.reaper import gauges, retention, sweep
 from services.reaper.recovery import Context, on_recovery_due
 
 
@@ -22,3 +22,4 @@ async def main(rt: Runtime) -> None:
         tg.create_task(bus.consume(rt.js, spec, rt.stop), name="recovery-consumer")
         tg.create_task(sweep.run(rt), name="recovery-sweep")
         tg.create_task(retention.run(rt), name="retention-sweep")
+        tg.create_task(gauges.run(rt), name="system-gauges")

@@ -20,7 +20,7 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter
 
-from libs.common import bus, events, faults, jobs, metrics, outbox, tracing, uploads
+from libs.common import bus, events, faults, jobs, logs, metrics, outbox, tracing, uploads
 from libs.common.bus import Delivery
 from libs.common.errors import ErrorCode, ProviderError, Redeliver
 from libs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
@@ -34,7 +34,7 @@ from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage
 from libs.storage.factory import open_storage
-from services.submitter import dispatch, limits, submissions
+from services.submitter import dispatch, gauges, limits, submissions
 from services.submitter.dispatch import Wait
 from services.submitter.submissions import Claim
 
@@ -69,7 +69,9 @@ async def main(rt: Runtime) -> None:
         # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
         spec = consumer(rt, "submitter", events.SUBMIT, partial(handle, ctx),
                         concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
-        await bus.consume(rt.js, spec, rt.stop)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(bus.consume(rt.js, spec, rt.stop), name="submit-consumer")
+            tg.create_task(gauges.run(rt, ctx.adapters), name="provider-gauges")
 
 
 async def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
@@ -131,6 +133,7 @@ async def _serve(ctx: Context, job: JobRow | None) -> None:
     """Hand out the next slot of the job's provider, then, while this job still waits, the one after."""
     fair = True
     while job is not None and not job.finished and job.status is JobStatus.PENDING:
+        logs.about_job(job.id, job.account_id)
         try:
             adapter = adapter_for(ctx.adapters, job.provider)
         except ProviderError as err:
