@@ -21,19 +21,19 @@ from prometheus_client.registry import Collector
 
 from libs.common import bus
 from libs.common.runtime import Runtime, every
-from libs.common.states import NON_TERMINAL, STAGE_OF, JobStatus
+from libs.common.states import NON_TERMINAL, STAGE_OF, JobStatus, sql
 
 log = logging.getLogger("vidjobs.reaper")
 
 REFRESH_S = 10.0
 
-# Spelled as jobs_unfinished's predicate (migration 0012) so that the planner uses that index; a test checks
-# that it names the same statuses as states.NON_TERMINAL.
-UNFINISHED_SQL = """
+# The same statuses as jobs_unfinished's predicate (migration 0012), as constants, so that the planner uses that
+# index (a test checks the plan).
+UNFINISHED_SQL = f"""
     SELECT status::text AS status, count(*) AS jobs,
            extract(epoch FROM clock_timestamp() - min(stage_at))::float8 AS oldest_s
     FROM jobs
-    WHERE status IN ('pending', 'retrying', 'submitted', 'processing', 'downloading') AND deleted_at IS NULL
+    WHERE status IN {sql(NON_TERMINAL)} AND deleted_at IS NULL
     GROUP BY status
 """
 OUTBOX_SQL = """

@@ -14,6 +14,7 @@ from functools import partial
 from prometheus_client import Gauge
 
 from libs.common.runtime import Runtime, every
+from libs.common.states import SQL_RENDERING
 
 REFRESH_S = 10.0
 BREAKER_STATES = ("closed", "open", "half_open")
@@ -25,9 +26,9 @@ IN_FLIGHT = Gauge("vidjobs_provider_renders_in_flight", "Jobs submitted to or re
                   ["provider"])
 
 # Spelled as jobs_provider_active's predicate (migration 0002) so that the planner uses that index.
-IN_FLIGHT_SQL = """
+IN_FLIGHT_SQL = f"""
     SELECT provider, count(*) AS renders FROM jobs
-    WHERE status IN ('submitted', 'processing') AND deleted_at IS NULL
+    WHERE status IN {SQL_RENDERING} AND deleted_at IS NULL
     GROUP BY provider
 """
 
