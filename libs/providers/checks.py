@@ -30,11 +30,10 @@ def listed(values: tuple[int, ...]) -> str:
 
 def pick_model(provider: str, title: str, name: str, models: Mapping[str, M]) -> M:
     """The model a job names, or a refusal listing the ones offered."""
-    model = models.get(name)
-    if model is None:
+    if name not in models:
         known = ", ".join(f"{provider}/{m}" for m in models)
         raise invalid(f"model: {provider}/{name} is not a {title} model we offer (one of {known})")
-    return model
+    return models[name]
 
 
 def check_frame(model_id: str, frames: Iterable[tuple[str, str]], request: JobRequest) -> None:
