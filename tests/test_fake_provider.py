@@ -31,6 +31,7 @@ from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from libs.providers.fake.server import FakeProvider, Scenario, running_fake_provider
 from libs.providers.registry import adapter_for, build_adapters
 from libs.providers.webhooks import new_secret, signed_headers
+from tests.standins.server import serving as serving_app
 from tests.support import wait_until
 
 # --- a stand-in for our gateway's webhook route, and other servers on loopback -----------------------
@@ -58,18 +59,11 @@ class Receiver:
         return web.json_response({"received": True})
 
 
-@contextlib.asynccontextmanager
-async def serving(routes: list[web.RouteDef]) -> AsyncIterator[str]:
+def serving(routes: list[web.RouteDef]) -> contextlib.AbstractAsyncContextManager[str]:
     """A small aiohttp server on a free loopback port, for the duration of the block; yields its base URL."""
     app = web.Application()
     app.add_routes(routes)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    return serving_app(app)
 
 
 @pytest.fixture

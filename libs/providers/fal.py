@@ -39,8 +39,9 @@ from libs.providers.base import (
     SubmitRequest,
     formats,
 )
+from libs.providers.checks import invalid, pick_model
 from libs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
-from libs.providers.http import retry_after, sent_maybe
+from libs.providers.http import Answer, ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
 
 NAME = "fal"
 _KEY_HINT = "check VIDJOBS_FAL_API_KEY"
@@ -153,37 +154,42 @@ class _Webhook(msgspec.Struct, kw_only=True):
     payload_error: str | None = None
 
 
-class _Answer(msgspec.Struct, frozen=True):
-    status: int
-    body: bytes
-    headers: Mapping[str, str]
-
-    @property
-    def ok(self) -> bool:
-        return 200 <= self.status < 300
-
-
 # --- the adapter ------------------------------------------------------------------------------------------
 
 
-class FalAdapter:
+def _read(status: int, raw: bytes) -> Said:
+    body = _error_answer(raw)
+    said = _said(body) or ""
+    if status not in (400, 422):
+        return Said(said)
+    # fal judged the input at the door; its words say whether for its content or its shape.
+    code = failure(said or f"HTTP {status}", body, refused=True).code
+    return Said(said, Refusal(code, "{title} refused the request: {said}"))
+
+
+ERRORS = ErrorTable(NAME, rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}); "
+                                                                       + _KEY_HINT)), _read)
+
+
+class FalAdapter(HttpAdapter):
     name = NAME
+    errors = ERRORS
     supports_callbacks = True
+    echo_transport = False
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str, jwks_url: str, *,
                  tolerance_s: float = 300, jwks: Jwks | None = None, prefetch_keys: bool = True,
                  user_id: str = ""):
-        self.session = session
+        super().__init__(session, base_url)
         self.user_id = user_id  # ours; empty: not checked (every fal user's callbacks verify)
-        self.base_url = base_url.rstrip("/")
         self._auth = {"Authorization": f"Key {api_key}"}  # never logged, never part of a message
         self.jwks = jwks or Jwks(session, jwks_url)
         self.verifier = Verifier(self.jwks, tolerance_s=tolerance_s)
         if prefetch_keys:
             self.jwks.refresh_soon()  # built inside a running loop: the first webhook finds the keys
 
-    def __repr__(self) -> str:
-        return f"FalAdapter(base_url={self.base_url!r})"
+    def auth_headers(self) -> dict[str, str]:
+        return self._auth
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"fal/{name}", durations_s=sorted(m.durations), formats=formats(m.aspect_ratios,
@@ -193,54 +199,47 @@ class FalAdapter:
                 for name, m in MODELS.items()]
 
     def validate(self, request: JobRequest) -> None:
-        spec = _spec(request.model_name)
+        spec = pick_model(self.name, NAME, request.model_name, MODELS)
         _check_params(request, spec)
         _pick("duration_s", request.duration_s, spec.durations, request.model_name)
         _pick("aspect_ratio", request.aspect_ratio, spec.aspect_ratios, request.model_name)
         _pick("resolution", request.resolution, spec.resolutions, request.model_name)
         if request.negative_prompt is not None and not spec.negative_prompt:
-            raise _invalid(f"negative_prompt: {request.model_name} takes no negative prompt; leave it null")
+            raise invalid(f"negative_prompt: {request.model_name} takes no negative prompt; leave it null")
         if request.seed is not None and not spec.seed:
-            raise _invalid(f"seed: {request.model_name} takes no seed; leave it null")
+            raise invalid(f"seed: {request.model_name} takes no seed; leave it null")
         if spec.image and request.input_image is None:
-            raise _invalid(f"input_image: {request.model_name} animates an image; upload one and name it")
+            raise invalid(f"input_image: {request.model_name} animates an image; upload one and name it")
         if not spec.image and request.input_image is not None:
-            raise _invalid(f"input_image: {request.model_name} takes no image; use an image-to-video model")
+            raise invalid(f"input_image: {request.model_name} takes no image; use an image-to-video model")
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         body = msgspec.json.encode(_input(req))
         params = {"fal_webhook": req.callback_url} if req.callback_url else None
-        url = f"{self.base_url}/{quote(req.request.model_name)}"
-        answer = await self._call("POST", url, data=body, params=params,
-                                  headers={**self._auth, "Content-Type": "application/json"})
-        queued = _decode(_ok(answer), _Queued, "queue answer")
+        raw = await self.call("POST", f"/{quote(req.request.model_name)}", data=body, params=params,
+                              headers={"Content-Type": "application/json"})
+        queued = decode(raw, _Queued, NAME, "queue answer")
         return Submission(provider_job_id=queued.request_id, queue_position=queued.queue_position)
 
-    async def find(self, req: SubmitRequest) -> Submission | None:
-        # fal takes no idempotency key and cannot look a request up by anything of ours, so there is nothing to
-        # find. The submitter's record is the guard instead: its submission row is written before fal is called
-        # and fal's answer is recorded as soon as it arrives, so only a crash in that one round trip leads to a
-        # second submit (the first request's webhook then matches no job and is dropped).
-        return None
+    # `find` finds nothing: fal takes no idempotency key and cannot look a request up by anything of ours. A
+    # second submit after a crash inside the round trip leaves the first request's webhook matching no job.
 
     async def status(self, provider_job_id: str, model_name: str | None = None) -> ProviderSignal:
         for app in _apps(model_name):
-            answer = await self._call("GET", self._request_url(app, provider_job_id, "/status"), headers=self._auth)
-            if answer.status == 404:
-                continue  # not a request of this app
-            return await self._signal(app, provider_job_id, _decode(_ok(answer), _Status, "status"))
-        error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "fal no longer knows this render.")
-        return ProviderSignal(provider_job_id=provider_job_id, state=ProviderState.FAILED, error=error)
+            raw = await self.call_known("GET", _request_path(app, provider_job_id, "/status"))
+            if raw is not None:  # else not a request of this app
+                return await self._signal(app, provider_job_id, decode(raw, _Status, NAME, "status"))
+        return lost(provider_job_id, "fal no longer knows this render.")
 
     async def cancel(self, provider_job_id: str, model_name: str | None = None) -> None:
         for app in _apps(model_name):
-            answer = await self._call("PUT", self._request_url(app, provider_job_id, "/cancel"), headers=self._auth)
+            answer = await self.answer("PUT", _request_path(app, provider_job_id, "/cancel"))
             if answer.status == 404:
                 continue
             if answer.ok or answer.status == 400:  # 400: ALREADY_COMPLETED, nothing left to stop
                 return
-            raise http_error(answer)
+            raise ERRORS.error(*answer)
 
     def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
         # fal signs every customer's callbacks with one key set: a delivery for another fal user verifies
@@ -252,7 +251,7 @@ class FalAdapter:
         return self.verifier.verify(headers, body)
 
     def parse_callback(self, body: bytes) -> ProviderSignal:
-        hook = _decode(body, _Webhook, "webhook")
+        hook = decode(body, _Webhook, NAME, "webhook")
         match hook.status:
             case "OK":
                 url = _video_url(hook.payload)
@@ -263,9 +262,6 @@ class FalAdapter:
                 error = failure(hook.error, _error_body(hook.payload))
                 return ProviderSignal(provider_job_id=hook.request_id, state=ProviderState.FAILED, error=error)
         raise ProviderError(ErrorCode.INTERNAL, f"fal sent a webhook with an unknown status {hook.status[:32]!r}")
-
-    def download_headers(self) -> dict[str, str]:
-        return {}  # fal's output URLs are public
 
     async def close(self) -> None:
         """The session belongs to the caller; only the key refresh is ours."""
@@ -287,63 +283,28 @@ class FalAdapter:
         raise ProviderError(ErrorCode.INTERNAL, f"fal reported an unknown request status {st.status[:32]!r}")
 
     async def _result(self, app: str, request_id: str, response_url: str | None) -> ProviderSignal:
-        answer = await self._call("GET", self._own(response_url) or self._request_url(app, request_id),
-                                  headers=self._auth)
+        answer = await self.answer("GET", self._own(response_url) or _request_path(app, request_id))
         if answer.ok:
-            try:
-                payload = msgspec.json.decode(answer.body)
-            except msgspec.DecodeError as exc:
-                raise ProviderError(ErrorCode.INTERNAL, f"fal sent a malformed result: {exc}") from exc
+            payload = decode(answer.body, Any, NAME, "result")
             return ProviderSignal(provider_job_id=request_id, state=ProviderState.SUCCEEDED,
                                   output_url=_video_url(payload))
         body = _error_answer(answer.body)
         if not _render_failed(answer, body):
-            raise http_error(answer)
+            raise ERRORS.error(*answer)
         error = failure(_said(body) or f"HTTP {answer.status}", body, refused=answer.status in (400, 422))
         return ProviderSignal(provider_job_id=request_id, state=ProviderState.FAILED, error=error)
 
-    def _request_url(self, app: str, request_id: str, tail: str = "") -> str:
-        return f"{self.base_url}/{quote(app)}/requests/{quote(request_id, safe='')}{tail}"
-
     def _own(self, url: str | None) -> str | None:
-        """A URL fal handed us, used only when it points back at fal's queue: our key goes nowhere else."""
-        return url if url and url.startswith(self.base_url + "/") else None
+        """The path of a URL fal handed us, used only when it points back at fal's queue: our key goes
+        nowhere else."""
+        return url.removeprefix(self.base_url) if url and url.startswith(self.base_url + "/") else None
 
-    async def _call(self, method: str, url: str, **kwargs: Any) -> _Answer:
-        """fal's answer, whatever its status. Only failing to get one raises (as a ProviderError)."""
-        what = f"{method} {url.removeprefix(self.base_url)}"
-        try:
-            async with self.session.request(method, url, **kwargs) as resp:
-                return _Answer(resp.status, await resp.read(), resp.headers)
-        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise ProviderError(ErrorCode.TIMEOUT, f"fal did not answer {what} in time.", unclear=True) from exc
-        except aiohttp.ClientError as exc:
-            raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE,
-                                f"fal could not be reached for {what}: {type(exc).__name__}",
-                                unclear=sent_maybe(exc)) from exc
+
+def _request_path(app: str, request_id: str, tail: str = "") -> str:
+    return f"/{quote(app)}/requests/{quote(request_id, safe='')}{tail}"
 
 
 # --- translation ------------------------------------------------------------------------------------------
-
-
-def http_error(answer: _Answer) -> ProviderError:
-    """An error answer to one of our calls, in our taxonomy, with fal's own words where it gave any."""
-    body = _error_answer(answer.body)
-    said = _said(body) or f"HTTP {answer.status}"
-    status = answer.status
-    if status == 429:
-        return ProviderError(ErrorCode.RATE_LIMITED, f"fal is rate limiting us: {said}",
-                             retry_after=retry_after(answer.headers.get("Retry-After")))
-    if status >= 500:
-        return ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"fal is unavailable: {said}")
-    if status == 408:
-        return ProviderError(ErrorCode.TIMEOUT, f"fal timed out: {said}")
-    if status in (401, 403):
-        return ProviderError(ErrorCode.INTERNAL, f"fal refused our API key ({status}); {_KEY_HINT}")
-    if status in (400, 422):
-        return ProviderError(failure(said, body, refused=True).code, f"fal refused the request: {said}")
-    # An unexpected 404 or the like: our configuration is wrong, not the job.
-    return ProviderError(ErrorCode.INTERNAL, f"fal refused our call ({status}): {said}")
 
 
 def failure(said: str | None, body: _ErrorBody | None, *, refused: bool = False) -> JobError:
@@ -362,7 +323,7 @@ def failure(said: str | None, body: _ErrorBody | None, *, refused: bool = False)
     return JobError.of(code, DEFAULT_MESSAGES[code] + suffix)
 
 
-def _render_failed(answer: _Answer, body: _ErrorBody | None) -> bool:
+def _render_failed(answer: Answer, body: _ErrorBody | None) -> bool:
     """A result fetch answered with the request's own failure (kept with the result), rather than a failure of
     the fetch itself (our key, our pace, fal being down)."""
     if answer.status in (401, 403, 408, 429):
@@ -408,28 +369,7 @@ def _video_url(payload: Any) -> str | None:
     return video.url if video is not None and video.url else None
 
 
-def _ok(answer: _Answer) -> bytes:
-    if not answer.ok:
-        raise http_error(answer)
-    return answer.body
-
-
-def _decode(raw: bytes, kind: type[Any], what: str) -> Any:
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
-        raise ProviderError(ErrorCode.INTERNAL, f"fal sent a malformed {what}: {exc}") from exc
-
-
 # --- our request as fal's model input ---------------------------------------------------------------------
-
-
-def _spec(model_name: str) -> ModelSpec:
-    spec = MODELS.get(model_name)
-    if spec is None:
-        known = ", ".join(f"fal/{name}" for name in MODELS)
-        raise _invalid(f"model: fal/{model_name} is not a fal model we offer (one of {known})")
-    return spec
 
 
 def _apps(model_name: str | None) -> tuple[str, ...]:
@@ -442,21 +382,21 @@ def _check_params(request: JobRequest, spec: ModelSpec) -> None:
     for name, value in request.params.items():
         check = spec.params.get(name)
         if check is None:
-            raise _invalid(f"params.{name}: not a parameter of {request.model_name} (it takes {takes})")
+            raise invalid(f"params.{name}: not a parameter of {request.model_name} (it takes {takes})")
         if (wrong := check(value)) is not None:
-            raise _invalid(f"params.{name}: {wrong}, not {value!r}")
+            raise invalid(f"params.{name}: {wrong}, not {value!r}")
 
 
 def _pick(field_name: str, value: Any, table: Mapping[Any, str | None], model_name: str) -> str | None:
     if value not in table:
         offered = " or ".join(str(v) for v in table)
-        raise _invalid(f"{field_name}: {model_name} takes {offered}, not {value}")
+        raise invalid(f"{field_name}: {model_name} takes {offered}, not {value}")
     return table[value]
 
 
 def _input(req: SubmitRequest) -> dict[str, Any]:
     """The model's input body: only what the model takes, so fal's own defaults apply to the rest."""
-    r, spec = req.request, _spec(req.request.model_name)
+    r, spec = req.request, MODELS[req.request.model_name]
     body: dict[str, Any] = {"prompt": r.prompt}
     mapped = {
         "duration": spec.durations[r.duration_s],
@@ -471,7 +411,3 @@ def _input(req: SubmitRequest) -> dict[str, Any]:
             raise ProviderError(ErrorCode.INTERNAL, "input_image: the upload has no URL to hand to fal")
         body["image_url"] = req.input_image_url
     return body | dict(r.params)
-
-
-def _invalid(message: str) -> ProviderError:
-    return ProviderError(ErrorCode.INVALID_INPUT, message)

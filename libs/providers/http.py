@@ -1,15 +1,24 @@
-"""HTTP details every provider adapter shares."""
+"""HTTP details every provider adapter shares: the call and its transport failures (timeouts included),
+decoding, `Retry-After`, and the status → error-code table each provider fills with its own words."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import aiohttp
+import msgspec
 
-from libs.common.errors import ErrorCode, ProviderError
+from libs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
+from libs.common.jobs import JobRequest
+from libs.providers import webhooks
+from libs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
+
+T = TypeVar("T")
 
 
 def retry_after(value: str | None) -> float | None:
@@ -50,3 +59,186 @@ def sent_maybe(exc: aiohttp.ClientError) -> bool:
     """Whether a failed call may have reached the provider: only a connection that was never made (refused,
     unresolvable, TLS refused) proves the request was not sent."""
     return not isinstance(exc, aiohttp.ClientConnectorError)
+
+
+# --- an error answer, in our taxonomy ----------------------------------------------------------------------
+
+
+class Answer(NamedTuple):
+    """One HTTP answer, whatever its status."""
+
+    status: int
+    body: bytes
+    headers: Mapping[str, str]
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+
+class Refusal(NamedTuple):
+    """What one kind of error answer means: our code, and a message template (`{title}`, `{status}`, `{said}`)."""
+
+    code: ErrorCode
+    message: str
+
+
+class Said(NamedTuple):
+    """An error answer's body, read by the provider's own rules."""
+
+    text: str = ""  # the provider's own words, for a person
+    refusal: Refusal | None = None  # where the body decides the meaning, in place of the status
+    retry_after: float | None = None  # a wait the body names, used when no Retry-After header came
+
+
+# Every provider agrees on these, whatever its body says; they are checked before the provider's reading.
+RATE_LIMITED = Refusal(ErrorCode.RATE_LIMITED, "{title} is rate limiting us: {said}")
+TIMED_OUT = Refusal(ErrorCode.TIMEOUT, "{title} timed out: {said}")
+UNAVAILABLE = Refusal(ErrorCode.PROVIDER_UNAVAILABLE, "{title} is unavailable: {said}")
+# An unexpected 404 and the like: our configuration is wrong, not the job.
+REFUSED_CALL = Refusal(ErrorCode.INTERNAL, "{title} refused our call ({status}): {said}")
+INPUT_STATUSES = (400, 409, 413, 415, 422)  # answers that judge the request itself
+
+
+def quiet(status: int, body: bytes) -> Said:
+    """The reading of a provider whose error bodies carry nothing we use."""
+    return Said()
+
+
+@dataclass(frozen=True)
+class ErrorTable:
+    """A provider's status → error-code table, as data, with the reader of its error bodies."""
+
+    title: str  # the provider as a person reads its name in a message
+    rows: Mapping[int, Refusal]
+    read: Callable[[int, bytes], Said] = quiet
+
+    def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> ProviderError:
+        """An error answer in our taxonomy, carrying the provider's own words where it gave any."""
+        said = self.read(status, body)
+        refusal = self.refusal(status, said)
+        message = refusal.message.format(title=self.title, status=status, said=said.text or f"HTTP {status}")
+        wait = None
+        if status == 429:
+            wait = retry_after(headers.get("Retry-After"))
+            wait = said.retry_after if wait is None else wait
+        return ProviderError(refusal.code, message, retry_after=wait)
+
+    def refusal(self, status: int, said: Said) -> Refusal:
+        if status == 429:
+            return RATE_LIMITED
+        if status >= 500:
+            return UNAVAILABLE
+        if status == 408:
+            return TIMED_OUT
+        return said.refusal or self.rows.get(status, REFUSED_CALL)
+
+
+def rows(statuses: Iterable[int], refusal: Refusal) -> dict[int, Refusal]:
+    """One refusal for several statuses, to build a table from."""
+    return dict.fromkeys(statuses, refusal)
+
+
+# --- the adapter's half of the conversation ---------------------------------------------------------------
+
+
+def decode(raw: bytes, kind: type[T], who: str, what: str = "answer") -> T:
+    """A provider's answer as the Struct we read it into; a malformed one is ProviderError(INTERNAL)."""
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
+        raise ProviderError(ErrorCode.INTERNAL, f"{who} sent a malformed {what}: {exc}") from exc
+
+
+def lost(provider_job_id: str, message: str) -> ProviderSignal:
+    """A job the provider no longer knows: it will never finish, so the attempt has failed."""
+    error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, message)
+    return ProviderSignal(provider_job_id=provider_job_id, state=ProviderState.FAILED, error=error)
+
+
+class HttpAdapter:
+    """What every HTTP provider adapter does the same way: the call, its failures, and the protocol's
+    defaults. A subclass names itself, fills its `errors` table and says how it authenticates."""
+
+    name: ClassVar[str]
+    errors: ClassVar[ErrorTable]
+    supports_callbacks: bool = False
+    # False: the HTTP library's own words never reach our messages (they may name a keyed URL).
+    echo_transport: ClassVar[bool] = True
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str):
+        self.session = session  # the caller's: closed by the caller
+        self.base_url = base_url.rstrip("/")
+
+    def __repr__(self) -> str:  # never a key
+        return f"{type(self).__name__}({self.base_url!r})"
+
+    def auth_headers(self) -> dict[str, str]:
+        """The headers every API call carries (the key); none by default."""
+        return {}
+
+    def says_missing(self, body: bytes) -> bool:
+        """Whether a 404's body is the provider's own "no such job", not some other server's page."""
+        return True
+
+    async def answer(self, method: str, path: str, **kwargs: Any) -> Answer:
+        """The provider's answer, whatever its status; only failing to get one raises (as a ProviderError)."""
+        headers = {**kwargs.pop("headers", {}), **self.auth_headers()}
+        async with transport_errors(self.errors.title, method, path, detail=self.echo_transport):
+            async with self.session.request(method, self.base_url + path, headers=headers, **kwargs) as resp:
+                return Answer(resp.status, await resp.read(), resp.headers)
+
+    async def call(self, method: str, path: str, **kwargs: Any) -> bytes:
+        """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy."""
+        answer = await self.answer(method, path, **kwargs)
+        if not answer.ok:
+            raise self.errors.error(*answer)
+        return answer.body
+
+    async def call_known(self, method: str, path: str, **kwargs: Any) -> bytes | None:
+        """As `call`, but None when the provider says it has no such job (the caller gives that a meaning)."""
+        answer = await self.answer(method, path, **kwargs)
+        if answer.status == 404 and self.says_missing(answer.body):
+            return None
+        if not answer.ok:
+            raise self.errors.error(*answer)
+        return answer.body
+
+    def models(self) -> list[ModelInfo]:
+        raise NotImplementedError
+
+    def validate(self, request: JobRequest) -> None:
+        raise NotImplementedError
+
+    async def find(self, req: SubmitRequest) -> Submission | None:
+        # Most providers take no idempotency key and cannot be asked for an attempt by anything of ours. What
+        # keeps a crash from rendering twice is the submission row claimed before the call and updated with the
+        # provider's id as soon as it answers; only a submitter that died inside the call may resubmit.
+        return None
+
+    def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
+        raise WebhookRejected(f"{self.name} sends no callbacks")
+
+    def parse_callback(self, body: bytes) -> ProviderSignal:
+        raise ProviderError(ErrorCode.INTERNAL, f"{self.name} sends no callbacks; this stored payload is not "
+                                                f"{self.errors.title}'s")
+
+    def download_headers(self) -> dict[str, str]:
+        # Most providers serve outputs from a CDN without credentials: our key never goes to a host a body names.
+        return {}
+
+    async def close(self) -> None:
+        """The session belongs to the caller; nothing of our own to release."""
+
+
+class SignedCallbacks:
+    """Callbacks signed with Standard Webhooks headers under a `whsec_` secret."""
+
+    def __init__(self, webhook_secret: str, tolerance_s: float):
+        if webhook_secret:
+            webhooks.decode_secret(webhook_secret)  # a malformed secret fails at start, not per callback
+        self.webhook_secret = webhook_secret
+        self.tolerance_s = tolerance_s
+
+    def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
+        return webhooks.verify(self.webhook_secret, headers, body, tolerance_s=self.tolerance_s)

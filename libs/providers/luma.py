@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 import aiohttp
@@ -42,7 +42,10 @@ from libs.providers.base import (
     SubmitRequest,
     formats,
 )
-from libs.providers.http import retry_after, transport_errors
+from libs.providers.checks import invalid, pick_model
+from libs.providers.http import INPUT_STATUSES, ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
+
+T = TypeVar("T")
 
 API = "/dream-machine/v1"
 KEY_SETTING = "VIDJOBS_LUMA_API_KEY"
@@ -122,17 +125,39 @@ class _CreateGeneration(msgspec.Struct, kw_only=True, omit_defaults=True):
 # --- the adapter ---------------------------------------------------------------------------------------
 
 
-class LumaAdapter:
+def _read(status: int, body: bytes) -> Said:
+    said = _said(_error_answer(body))
+    if status not in (401, 403) and _CREDIT_WORDS.search(said):
+        return Said(said, _NO_CREDIT)
+    refused = status in INPUT_STATUSES and _CONTENT_WORDS.search(said)
+    return Said(said, _CONTENT_REFUSED if refused else None)
+
+
+_NO_CREDIT = Refusal(ErrorCode.INTERNAL, "Our {title} account is out of credit: {said}")
+_CONTENT_REFUSED = Refusal(ErrorCode.CONTENT_REJECTED, "{title} refused the request: {said}")
+ERRORS = ErrorTable("Luma", {
+    **rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}: {said}); check the "
+                                                   f"{KEY_SETTING} setting.")),
+    402: _NO_CREDIT,
+    **rows(INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{title} refused the request: {said}")),
+}, _read)
+http_error = ERRORS.error
+
+
+class LumaAdapter(HttpAdapter):
     name = "luma"
+    errors = ERRORS
     supports_callbacks = True
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str):
-        self.session = session
-        self.base_url = base_url.rstrip("/")
+        super().__init__(session, base_url)
         self._auth = {"Authorization": f"Bearer {api_key}"}
 
-    def __repr__(self) -> str:  # never the key
-        return f"LumaAdapter({self.base_url!r})"
+    def auth_headers(self) -> dict[str, str]:
+        return self._auth
+
+    def says_missing(self, body: bytes) -> bool:
+        return _error_answer(body) is not None
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"luma/{name}", durations_s=sorted(DURATIONS), rounds_up=True,
@@ -140,30 +165,28 @@ class LumaAdapter:
                 for name in MODELS]
 
     def validate(self, request: JobRequest) -> None:
-        if request.model_name not in MODELS:
-            raise _invalid(f"model: luma/{request.model_name} is not offered "
-                           f"(one of {', '.join('luma/' + m for m in MODELS)})")
+        pick_model(self.name, "Luma", request.model_name, dict.fromkeys(MODELS))
         for name, value in request.params.items():
             kind = PARAMS.get(name)
             if kind is None:
-                raise _invalid(f"params.{name}: not a parameter of Luma {request.model_name} "
-                               f"(it takes: {', '.join(PARAMS)})")
+                raise invalid(f"params.{name}: not a parameter of Luma {request.model_name} "
+                              f"(it takes: {', '.join(PARAMS)})")
             if not isinstance(value, kind):
-                raise _invalid(f"params.{name}: must be true or false, not {value!r}")
+                raise invalid(f"params.{name}: must be true or false, not {value!r}")
         _duration(request)
         if request.aspect_ratio not in ASPECT_RATIOS:
-            raise _invalid(f"aspect_ratio: Luma takes {', '.join(ASPECT_RATIOS)}, not {request.aspect_ratio}")
+            raise invalid(f"aspect_ratio: Luma takes {', '.join(ASPECT_RATIOS)}, not {request.aspect_ratio}")
         if request.resolution not in RESOLUTIONS:
-            raise _invalid(f"resolution: Luma takes {', '.join(RESOLUTIONS)}, not {request.resolution}")
+            raise invalid(f"resolution: Luma takes {', '.join(RESOLUTIONS)}, not {request.resolution}")
         if request.negative_prompt:
-            raise _invalid(f"negative_prompt: Luma {request.model_name} takes no negative prompt; leave it out")
+            raise invalid(f"negative_prompt: Luma {request.model_name} takes no negative prompt; leave it out")
         if request.seed is not None:
-            raise _invalid(f"seed: Luma {request.model_name} takes no seed; leave it out")
+            raise invalid(f"seed: Luma {request.model_name} takes no seed; leave it out")
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         body = msgspec.json.encode(_create_body(req))
-        raw = await self._call("POST", f"{API}/generations", data=body, headers={"Content-Type": "application/json"})
+        raw = await self.call("POST", f"{API}/generations", data=body, headers={"Content-Type": "application/json"})
         generation = _decode(raw, _Generation)
         return Submission(provider_job_id=generation.id, state=STATES[generation.state])
 
@@ -172,7 +195,7 @@ class LumaAdapter:
         that its callback URL carries."""
         for page in range(FIND_PAGES):
             query = {"limit": str(FIND_PAGE_SIZE), "offset": str(page * FIND_PAGE_SIZE)}
-            listed = _decode(await self._call("GET", f"{API}/generations", params=query), _GenerationList)
+            listed = _decode(await self.call("GET", f"{API}/generations", params=query), _GenerationList)
             for generation in listed.generations:
                 if _attempt_of(generation) == (req.job_id, req.attempt):
                     return Submission(provider_job_id=generation.id, state=STATES[generation.state])
@@ -181,22 +204,18 @@ class LumaAdapter:
         return None
 
     async def status(self, provider_job_id: str) -> ProviderSignal:
-        try:
-            raw = await self._call("GET", _generation_path(provider_job_id), tell_missing=True)
-        except _Missing:
-            error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "Luma has no record of this generation.")
-            return ProviderSignal(provider_job_id=provider_job_id, state=ProviderState.FAILED, error=error)
+        raw = await self.call_known("GET", _generation_path(provider_job_id))
+        if raw is None:
+            return lost(provider_job_id, "Luma has no record of this generation.")
         generation = _decode(raw, _Generation)
         job_id, attempt = _attempt_of(generation)
         return msgspec.structs.replace(_signal(generation), job_id=job_id, attempt=attempt)
 
     async def cancel(self, provider_job_id: str) -> None:
         # Luma documents no way to stop a generation, only to delete it; a job that no longer wants its
-        # render (canceled, deleted, past its deadline) has no use for the generation either.
-        try:
-            await self._call("DELETE", _generation_path(provider_job_id), tell_missing=True)
-        except _Missing:
-            pass  # nothing there to stop
+        # render (canceled, deleted, past its deadline) has no use for the generation either. One already
+        # gone is nothing to stop.
+        await self.call_known("DELETE", _generation_path(provider_job_id))
 
     def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
         """Luma signs nothing, so nothing can be verified: a well-formed generation is stored under an id made
@@ -216,54 +235,8 @@ class LumaAdapter:
         # body claims, and the signal only prompts a status poll.
         return msgspec.structs.replace(_signal(_decode(body, _Generation)), verified=False)
 
-    def download_headers(self) -> dict[str, str]:
-        # Videos are served from Luma's CDN without authentication; the key is never sent to a host named
-        # by a response body.
-        return {}
-
-    async def close(self) -> None:
-        """The session belongs to the caller; nothing of our own to release."""
-
-    async def _call(self, method: str, path: str, *, tell_missing: bool = False, **kwargs: Any) -> bytes:
-        """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy (or
-        `_Missing` for Luma's own 404, with `tell_missing`)."""
-        headers = {**kwargs.pop("headers", {}), **self._auth}
-        async with transport_errors("Luma", method, path):
-            async with self.session.request(method, self.base_url + path, headers=headers, **kwargs) as resp:
-                raw = await resp.read()
-                if resp.status < 300:
-                    return raw
-                if resp.status == 404 and tell_missing and _error_answer(raw) is not None:
-                    raise _Missing
-                raise http_error(resp.status, raw, resp.headers)
-
-
-class _Missing(Exception):
-    """A 404 the caller turns into a meaning of its own."""
-
 
 # --- translation ---------------------------------------------------------------------------------------
-
-
-def http_error(status: int, body: bytes, headers: Mapping[str, str]) -> ProviderError:
-    """An error answer in our taxonomy, carrying Luma's own words where it gave any."""
-    said = _said(_error_answer(body)) or f"HTTP {status}"
-    if status == 429:
-        return ProviderError(ErrorCode.RATE_LIMITED, f"Luma is rate limiting us: {said}",
-                             retry_after=retry_after(headers.get("Retry-After")))
-    if status >= 500:
-        return ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"Luma is unavailable: {said}")
-    if status == 408:
-        return ProviderError(ErrorCode.TIMEOUT, f"Luma timed out: {said}")
-    if status in (401, 403):
-        return ProviderError(ErrorCode.INTERNAL, f"Luma refused our API key ({status}: {said}); "
-                                                 f"check the {KEY_SETTING} setting.")
-    if status == 402 or _CREDIT_WORDS.search(said):
-        return ProviderError(ErrorCode.INTERNAL, f"Our Luma account is out of credit: {said}")
-    if status in (400, 409, 413, 415, 422):
-        code = ErrorCode.CONTENT_REJECTED if _CONTENT_WORDS.search(said) else ErrorCode.INVALID_INPUT
-        return ProviderError(code, f"Luma refused the request: {said}")
-    return ProviderError(ErrorCode.INTERNAL, f"Luma refused our call ({status}): {said}")
 
 
 def failure(reason: str | None) -> JobError:
@@ -310,7 +283,7 @@ def _attempt_of(generation: _Generation) -> tuple[str | None, int | None]:
 def _duration(request: JobRequest) -> str:
     length = next((d for d in DURATIONS if d >= request.duration_s), None)
     if length is None:
-        raise _invalid(f"duration_s: Luma {request.model_name} makes 5 s or 9 s clips; "
+        raise invalid(f"duration_s: Luma {request.model_name} makes 5 s or 9 s clips; "
                        f"{request.duration_s} s is longer")
     return DURATIONS[length]
 
@@ -333,11 +306,8 @@ def _generation_path(provider_job_id: str) -> str:
     return f"{API}/generations/{quote(provider_job_id, safe='')}"
 
 
-def _decode(raw: bytes, kind: type[Any]) -> Any:
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
-        raise ProviderError(ErrorCode.INTERNAL, f"Luma sent a malformed answer: {exc}") from exc
+def _decode(raw: bytes, kind: type[T]) -> T:
+    return decode(raw, kind, "Luma")
 
 
 def _error_answer(body: bytes) -> _ErrorAnswer | None:
@@ -361,7 +331,3 @@ def _said(answer: _ErrorAnswer | None) -> str:
                 parts.append(f"{where}: {item.get('msg', '')}" if where else str(item.get("msg", "")))
         return "; ".join(parts)
     return ""
-
-
-def _invalid(message: str) -> ProviderError:
-    return ProviderError(ErrorCode.INVALID_INPUT, message)

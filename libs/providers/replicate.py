@@ -22,7 +22,6 @@ jobs by prediction id (recorded by the submitter) and `find` cannot look an atte
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,7 +42,18 @@ from libs.providers.base import (
     SubmitRequest,
     formats,
 )
-from libs.providers.http import retry_after, transport_errors
+from libs.providers.checks import invalid, is_number, pick_model
+from libs.providers.http import (
+    INPUT_STATUSES,
+    ErrorTable,
+    HttpAdapter,
+    Refusal,
+    Said,
+    SignedCallbacks,
+    decode,
+    lost,
+    rows,
+)
 
 # Webhooks on creation and on the terminal state; `output` and `logs` would only repeat what a poll tells.
 WEBHOOK_EVENTS = ("start", "completed")
@@ -74,7 +84,7 @@ class Param:
         if self.kind == "url":
             ok = isinstance(value, str) and value.startswith(("https://", "http://"))
             return None if ok else "must be an http(s) URL of an image"
-        if not _is_number(value):
+        if not is_number(value):
             return "must be a number"
         assert isinstance(value, int | float)
         if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
@@ -147,23 +157,40 @@ class _CreatePrediction(msgspec.Struct, kw_only=True, omit_defaults=True):
 # --- the adapter ---------------------------------------------------------------------------------------
 
 
-class ReplicateAdapter:
+def _read(status: int, body: bytes) -> Said:
+    said = _said(_problem(body))
+    wait = float(match.group(1)) if (match := _THROTTLE_WAIT.search(said)) else None
+    refused = status in INPUT_STATUSES and _CONTENT_WORDS.search(said)
+    return Said(said, _CONTENT_REFUSED if refused else None, wait)
+
+
+_CONTENT_REFUSED = Refusal(ErrorCode.CONTENT_REJECTED, "{title} refused the request: {said}")
+ERRORS = ErrorTable("Replicate", {
+    **rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API token ({status}: {said}); check the "
+                                                   f"{TOKEN_SETTING} setting.")),
+    402: Refusal(ErrorCode.INTERNAL, "Our {title} account is out of credit: {said}"),
+    **rows(INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{title} refused the request: {said}")),
+}, _read)
+http_error = ERRORS.error
+
+
+class ReplicateAdapter(SignedCallbacks, HttpAdapter):
     name = "replicate"
+    errors = ERRORS
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_token: str, webhook_secret: str, *,
                  tolerance_s: float = webhooks.DEFAULT_TOLERANCE_S):
-        if webhook_secret:
-            webhooks.decode_secret(webhook_secret)  # a malformed secret fails at start, not per callback
-        self.session = session
-        self.base_url = base_url.rstrip("/")
+        SignedCallbacks.__init__(self, webhook_secret, tolerance_s)
+        HttpAdapter.__init__(self, session, base_url)
         self._auth = {"Authorization": f"Bearer {api_token}"}
-        self.webhook_secret = webhook_secret
-        self.tolerance_s = tolerance_s
         # Without the signing secret no webhook could be trusted: ask for none and let polling find results.
         self.supports_callbacks = bool(webhook_secret)
 
-    def __repr__(self) -> str:  # never the token
-        return f"ReplicateAdapter({self.base_url!r})"
+    def auth_headers(self) -> dict[str, str]:
+        return self._auth
+
+    def says_missing(self, body: bytes) -> bool:
+        return _problem(body) is not None
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"replicate/{name}", durations_s=list(m.durations), rounds_up=True,
@@ -173,27 +200,27 @@ class ReplicateAdapter:
                 for name, m in MODELS.items()]
 
     def validate(self, request: JobRequest) -> None:
-        model = _model(request)
+        model = pick_model(self.name, "Replicate", request.model_name, MODELS)
         for name, value in request.params.items():
             param = model.params.get(name)
             if param is None:
                 known = ", ".join(model.params) or "none"
-                raise _invalid(f"params.{name}: not an input of {request.model_name} (it takes: {known})")
+                raise invalid(f"params.{name}: not an input of {request.model_name} (it takes: {known})")
             if (problem := param.problem(value)) is not None:
-                raise _invalid(f"params.{name}: {problem}, not {value!r}")
+                raise invalid(f"params.{name}: {problem}, not {value!r}")
         _clip_length(request, model)
         if request.aspect_ratio not in model.aspect_ratios:
-            raise _invalid(f"aspect_ratio: {request.model_name} makes {', '.join(model.aspect_ratios)} videos, "
-                           f"not {request.aspect_ratio}")
+            raise invalid(f"aspect_ratio: {request.model_name} makes {', '.join(model.aspect_ratios)} videos, "
+                          f"not {request.aspect_ratio}")
         if request.resolution not in model.resolutions:
-            raise _invalid(f"resolution: {request.model_name} renders {', '.join(model.resolutions)} only, "
-                           f"not {request.resolution}")
+            raise invalid(f"resolution: {request.model_name} renders {', '.join(model.resolutions)} only, "
+                          f"not {request.resolution}")
         if request.negative_prompt and model.negative_prompt_input is None:
-            raise _invalid(f"negative_prompt: {request.model_name} takes no negative prompt; leave it out")
+            raise invalid(f"negative_prompt: {request.model_name} takes no negative prompt; leave it out")
         if request.seed is not None:
-            raise _invalid(f"seed: {request.model_name} takes no seed; leave it out")
+            raise invalid(f"seed: {request.model_name} takes no seed; leave it out")
         if request.input_image is not None and model.image_input is None:
-            raise _invalid(f"input_image: {request.model_name} takes no input image")
+            raise invalid(f"input_image: {request.model_name} takes no input image")
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
@@ -202,89 +229,30 @@ class ReplicateAdapter:
             body.webhook, body.webhook_events_filter = req.callback_url, list(WEBHOOK_EVENTS)
         owner, name = req.request.model_name.split("/", 1)
         path = f"/v1/models/{quote(owner, safe='')}/{quote(name, safe='')}/predictions"
-        raw = await self._call("POST", path, data=msgspec.json.encode(body),
-                               headers={"Content-Type": "application/json"})
-        prediction = _decode(raw, _Prediction)
+        raw = await self.call("POST", path, data=msgspec.json.encode(body),
+                              headers={"Content-Type": "application/json"})
+        prediction = _decode(raw)
         return Submission(provider_job_id=prediction.id, state=STATES[prediction.status])
 
-    async def find(self, req: SubmitRequest) -> Submission | None:
-        # Replicate takes no idempotency key, and a prediction carries nothing of ours (not even its webhook
-        # URL) to match an attempt by: its input is the same for every attempt of a job. So nothing can be
-        # found safely, and a submitter that crashed mid-call resubmits; the submission row written before
-        # the call keeps every other crash from rendering twice.
-        return None
+    # `find` finds nothing: Replicate takes no idempotency key, and a prediction carries nothing of ours (not
+    # even its webhook URL) to match an attempt by; its input is the same for every attempt of a job.
 
     async def status(self, provider_job_id: str) -> ProviderSignal:
-        try:
-            raw = await self._call("GET", _prediction_path(provider_job_id), tell_missing=True)
-        except _Missing:
-            error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "Replicate has no record of this prediction.")
-            return ProviderSignal(provider_job_id=provider_job_id, state=ProviderState.FAILED, error=error)
-        return _signal(_decode(raw, _Prediction))
+        raw = await self.call_known("GET", _prediction_path(provider_job_id))
+        if raw is None:
+            return lost(provider_job_id, "Replicate has no record of this prediction.")
+        return _signal(_decode(raw))
 
     async def cancel(self, provider_job_id: str) -> None:
-        try:
-            await self._call("POST", _prediction_path(provider_job_id) + "/cancel", tell_missing=True)
-        except _Missing:
-            pass  # nothing there to stop
-
-    def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
-        return webhooks.verify(self.webhook_secret, headers, body, tolerance_s=self.tolerance_s)
+        # A prediction Replicate no longer has is nothing to stop.
+        await self.call_known("POST", _prediction_path(provider_job_id) + "/cancel")
 
     def parse_callback(self, body: bytes) -> ProviderSignal:
         # The webhook body is the prediction, exactly as `GET /v1/predictions/{id}` answers it.
-        return _signal(_decode(body, _Prediction))
-
-    def download_headers(self) -> dict[str, str]:
-        # Outputs are served from replicate.delivery without authentication; the token is never sent to a
-        # host named by a response body.
-        return {}
-
-    async def close(self) -> None:
-        """The session belongs to the caller; nothing of our own to release."""
-
-    async def _call(self, method: str, path: str, *, tell_missing: bool = False, **kwargs: Any) -> bytes:
-        """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy (or
-        `_Missing` for Replicate's own 404, with `tell_missing`)."""
-        headers = {**kwargs.pop("headers", {}), **self._auth}
-        async with transport_errors("Replicate", method, path):
-            async with self.session.request(method, self.base_url + path, headers=headers, **kwargs) as resp:
-                raw = await resp.read()
-                if resp.status < 300:
-                    return raw
-                if resp.status == 404 and tell_missing and _problem(raw) is not None:
-                    raise _Missing
-                raise http_error(resp.status, raw, resp.headers)
-
-
-class _Missing(Exception):
-    """A 404 the caller turns into a meaning of its own."""
+        return _signal(_decode(body))
 
 
 # --- translation ---------------------------------------------------------------------------------------
-
-
-def http_error(status: int, body: bytes, headers: Mapping[str, str]) -> ProviderError:
-    """An error answer in our taxonomy, carrying Replicate's own words where it gave any."""
-    said = _said(_problem(body)) or f"HTTP {status}"
-    if status == 429:
-        wait = retry_after(headers.get("Retry-After"))
-        if wait is None and (match := _THROTTLE_WAIT.search(said)):
-            wait = float(match.group(1))
-        return ProviderError(ErrorCode.RATE_LIMITED, f"Replicate is rate limiting us: {said}", retry_after=wait)
-    if status >= 500:
-        return ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"Replicate is unavailable: {said}")
-    if status == 408:
-        return ProviderError(ErrorCode.TIMEOUT, f"Replicate timed out: {said}")
-    if status in (401, 403):
-        return ProviderError(ErrorCode.INTERNAL, f"Replicate refused our API token ({status}: {said}); "
-                                                 f"check the {TOKEN_SETTING} setting.")
-    if status == 402:
-        return ProviderError(ErrorCode.INTERNAL, f"Our Replicate account is out of credit: {said}")
-    if status in (400, 409, 413, 415, 422):
-        code = ErrorCode.CONTENT_REJECTED if _CONTENT_WORDS.search(said) else ErrorCode.INVALID_INPUT
-        return ProviderError(code, f"Replicate refused the request: {said}")
-    return ProviderError(ErrorCode.INTERNAL, f"Replicate refused our call ({status}): {said}")
 
 
 def failure(error: object) -> JobError:
@@ -323,25 +291,17 @@ def _signal(prediction: _Prediction) -> ProviderSignal:
     )
 
 
-def _model(request: JobRequest) -> Model:
-    model = MODELS.get(request.model_name)
-    if model is None:
-        raise _invalid(f"model: replicate/{request.model_name} is not offered "
-                       f"(one of {', '.join('replicate/' + m for m in MODELS)})")
-    return model
-
-
 def _clip_length(request: JobRequest, model: Model) -> int:
     length = next((d for d in model.durations if d >= request.duration_s), None)
     if length is None:
         made = " or ".join(f"{d} s" for d in model.durations)
-        raise _invalid(f"duration_s: {request.model_name} makes {made} clips; {request.duration_s} s is longer")
+        raise invalid(f"duration_s: {request.model_name} makes {made} clips; {request.duration_s} s is longer")
     return length
 
 
 def _model_input(req: SubmitRequest) -> dict[str, Any]:
     request = req.request
-    model = _model(request)
+    model = MODELS[request.model_name]
     given: dict[str, Any] = {"prompt": request.prompt, **request.params}
     if model.duration_input:
         given[model.duration_input] = _clip_length(request, model)
@@ -360,11 +320,8 @@ def _prediction_path(provider_job_id: str) -> str:
     return f"/v1/predictions/{quote(provider_job_id, safe='')}"
 
 
-def _decode(raw: bytes, kind: type[Any]) -> Any:
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
-        raise ProviderError(ErrorCode.INTERNAL, f"Replicate sent a malformed prediction: {exc}") from exc
+def _decode(raw: bytes) -> _Prediction:
+    return decode(raw, _Prediction, "Replicate", "prediction")
 
 
 def _problem(body: bytes) -> _Problem | None:
@@ -380,11 +337,3 @@ def _said(problem: _Problem | None) -> str:
         return ""
     detail = problem.detail if isinstance(problem.detail, str) else ""
     return " ".join(detail.split()) or problem.title or ""
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _invalid(message: str) -> ProviderError:
-    return ProviderError(ErrorCode.INVALID_INPUT, message)

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
+from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers.base import (
     Format,
@@ -30,7 +30,8 @@ from libs.providers.base import (
     Submission,
     SubmitRequest,
 )
-from libs.providers.http import retry_after, transport_errors
+from libs.providers.checks import check_frame, invalid, listed, pick_model
+from libs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
 
 API_VERSION = "2024-11-06"
 KEY_SETTING = "VIDJOBS_RUNWAY_API_KEY"
@@ -118,100 +119,71 @@ class _ErrorAnswer(msgspec.Struct):
 # --- the adapter ---------------------------------------------------------------------------------------
 
 
-class RunwayAdapter:
+def _said(status: int, body: bytes) -> Said:
+    try:
+        return Said(msgspec.json.decode(body, type=_ErrorAnswer).error)
+    except msgspec.DecodeError:
+        return Said()
+
+
+ERRORS = ErrorTable("Runway", {
+    **rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}): check " + KEY_SETTING)),
+    **rows((400, 413, 415, 422), Refusal(ErrorCode.INVALID_INPUT, "{title} cannot render this request: {said}")),
+}, _said)
+http_error = ERRORS.error
+
+
+class RunwayAdapter(HttpAdapter):
     name = "runway"
-    supports_callbacks = False
+    errors = ERRORS
+    echo_transport = False
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str):
-        self.session = session
-        self.base_url = base_url.rstrip("/")
+        super().__init__(session, base_url)
         self._api_key = api_key
 
-    def __repr__(self) -> str:
-        return f"RunwayAdapter({self.base_url!r})"  # never the key
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}", "X-Runway-Version": API_VERSION}
 
     def models(self) -> list[ModelInfo]:
         return [_model_info(m) for m in MODELS.values()]
 
     def validate(self, request: JobRequest) -> None:
-        model = _model(request.model_name)
+        model = pick_model(self.name, "Runway", request.model_name, MODELS)
         has_image = request.input_image is not None
         if model.needs_image and not has_image:
-            raise _invalid(f"input_image: runway/{model.name} renders from an image, so it needs input_image; "
-                           f"for a prompt alone choose {' or '.join(TEXT_MODELS)}")
-        _check_frame(model, request, has_image)
+            raise invalid(f"input_image: runway/{model.name} renders from an image, so it needs input_image; "
+                          f"for a prompt alone choose {' or '.join(TEXT_MODELS)}")
+        check_frame(f"runway/{model.name}", model.frames(has_image), request)
         if request.duration_s not in model.durations:
-            raise _invalid(f"duration_s: runway/{model.name} renders clips of {_listed(model.durations)} seconds, "
-                           f"not {request.duration_s}")
+            raise invalid(f"duration_s: runway/{model.name} renders clips of {listed(model.durations)} seconds, "
+                          f"not {request.duration_s}")
         if request.seed is not None and not (model.seed and 0 <= request.seed <= MAX_SEED):
-            raise _invalid(f"seed: runway/{model.name} takes no seed; leave it null" if not model.seed
-                           else f"seed: must be from 0 to {MAX_SEED}")
+            raise invalid(f"seed: runway/{model.name} takes no seed; leave it null" if not model.seed
+                          else f"seed: must be from 0 to {MAX_SEED}")
         if request.negative_prompt is not None and not model.negative_prompt:
-            raise _invalid(f"negative_prompt: runway/{model.name} takes no negative prompt; leave it null")
+            raise invalid(f"negative_prompt: runway/{model.name} takes no negative prompt; leave it null")
         if (units := len(request.prompt.encode("utf-16-le")) // 2) > MAX_PROMPT_UNITS:
-            raise _invalid(f"prompt: Runway takes at most {MAX_PROMPT_UNITS} characters, this one has {units}")
+            raise invalid(f"prompt: Runway takes at most {MAX_PROMPT_UNITS} characters, this one has {units}")
         _check_params(model, request.params)
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         if req.request.input_image is not None and not req.input_image_url:
-            raise _invalid("input_image: the image has no address Runway could fetch it from")
+            raise invalid("input_image: the image has no address Runway could fetch it from")
         path = "/v1/image_to_video" if req.request.input_image is not None else "/v1/text_to_video"
-        raw = await self._call("POST", path, json=task_body(req))
-        return Submission(provider_job_id=_decode(raw, _Created).id, state=ProviderState.QUEUED)
-
-    async def find(self, req: SubmitRequest) -> Submission | None:
-        # Runway takes no idempotency key and cannot list tasks, so there is nothing to look an attempt up by.
-        # What keeps a crash from rendering twice is ours: the submission row is claimed before the call and
-        # records the task id as soon as Runway answers; only a submitter that died inside the call leaves a
-        # claim to take over, and that narrow window is the one case that may resubmit.
-        return None
+        raw = await self.call("POST", path, json=task_body(req))
+        return Submission(provider_job_id=decode(raw, _Created, "Runway").id, state=ProviderState.QUEUED)
 
     async def status(self, provider_job_id: str) -> ProviderSignal:
-        try:
-            raw = await self._call("GET", _task_path(provider_job_id), tell_missing=True)
-        except _Missing:
-            # Runway forgets deleted tasks; this one will never finish, so the attempt has failed.
-            error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "Runway no longer knows this render.")
-            return ProviderSignal(provider_job_id=provider_job_id, state=ProviderState.FAILED, error=error)
-        return read_task(raw)
+        raw = await self.call_known("GET", _task_path(provider_job_id))
+        # Runway forgets deleted tasks; this one will never finish.
+        return lost(provider_job_id, "Runway no longer knows this render.") if raw is None else read_task(raw)
 
     async def cancel(self, provider_job_id: str) -> None:
         # DELETE aborts a pending, throttled or running task (and deletes a finished one, whose output we no
-        # longer want either: only renders still in flight are ever canceled).
-        try:
-            await self._call("DELETE", _task_path(provider_job_id), tell_missing=True)
-        except _Missing:
-            pass  # already gone: nothing to stop
-
-    def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
-        raise WebhookRejected("runway sends no callbacks")
-
-    def parse_callback(self, body: bytes) -> ProviderSignal:
-        raise ProviderError(ErrorCode.INTERNAL, "runway sends no callbacks; this stored payload is not Runway's")
-
-    def download_headers(self) -> dict[str, str]:
-        return {}  # output URLs are signed; our key must not go to the CDN that serves them
-
-    async def close(self) -> None:
-        """The session belongs to the caller; nothing of our own to release."""
-
-    async def _call(self, method: str, path: str, *, tell_missing: bool = False, **kwargs: Any) -> bytes:
-        """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy (or
-        `_Missing` for a 404, with `tell_missing`, when the caller has a meaning for it)."""
-        headers = {"Authorization": f"Bearer {self._api_key}", "X-Runway-Version": API_VERSION}
-        async with transport_errors("Runway", method, path, detail=False):
-            async with self.session.request(method, self.base_url + path, headers=headers, **kwargs) as resp:
-                raw = await resp.read()
-                if resp.status < 300:
-                    return raw
-                if resp.status == 404 and tell_missing:
-                    raise _Missing
-                raise http_error(resp.status, raw, resp.headers)
-
-
-class _Missing(Exception):
-    """A 404 the caller turns into a meaning of its own."""
+        # longer want either: only renders still in flight are ever canceled). A task already gone is no error.
+        await self.call_known("DELETE", _task_path(provider_job_id))
 
 
 # --- translation ---------------------------------------------------------------------------------------
@@ -240,7 +212,7 @@ def task_body(req: SubmitRequest) -> dict[str, Any]:
 
 def read_task(raw: bytes) -> ProviderSignal:
     """A `GET /v1/tasks/{id}` answer as a signal; ProviderError(INTERNAL) when it breaks Runway's schema."""
-    return task_signal(_decode(raw, _Task))
+    return task_signal(decode(raw, _Task, "Runway"))
 
 
 def task_signal(task: _Task) -> ProviderSignal:
@@ -287,37 +259,6 @@ def failure_error(code: str | None, failure: str | None) -> JobError:
     return JobError.of(ours, DEFAULT_MESSAGES[ours] + said)
 
 
-def http_error(status: int, body: bytes, headers: Mapping[str, str]) -> ProviderError:
-    """An error answer in our taxonomy, with Runway's own words (`{"error": "..."}`) where it gave any."""
-    said = _error_text(body) or f"HTTP {status}"
-    if status == 429:
-        return ProviderError(ErrorCode.RATE_LIMITED, f"Runway is rate limiting us: {said}",
-                             retry_after=retry_after(headers.get("Retry-After")))
-    if status >= 500:
-        return ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"Runway is unavailable: {said}")
-    if status == 408:
-        return ProviderError(ErrorCode.TIMEOUT, f"Runway timed out: {said}")
-    if status in (401, 403):
-        return ProviderError(ErrorCode.INTERNAL, f"Runway refused our API key ({status}): check {KEY_SETTING}")
-    if status in (400, 413, 415, 422):
-        return ProviderError(ErrorCode.INVALID_INPUT, f"Runway cannot render this request: {said}")
-    return ProviderError(ErrorCode.INTERNAL, f"Runway refused our call ({status}): {said}")
-
-
-def _error_text(body: bytes) -> str:
-    try:
-        return msgspec.json.decode(body, type=_ErrorAnswer).error
-    except msgspec.DecodeError:
-        return ""
-
-
-def _decode(raw: bytes, kind: type[Any]) -> Any:
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
-        raise ProviderError(ErrorCode.INTERNAL, f"Runway sent a malformed answer: {exc}") from exc
-
-
 def _task_path(task_id: str) -> str:
     return f"/v1/tasks/{quote(task_id, safe='')}"
 
@@ -325,39 +266,11 @@ def _task_path(task_id: str) -> str:
 # --- validation ----------------------------------------------------------------------------------------
 
 
-def _model(name: str) -> Model:
-    model = MODELS.get(name)
-    if model is None:
-        known = ", ".join(f"runway/{m}" for m in MODELS)
-        raise _invalid(f"model: runway/{name} is not a Runway model we offer (one of {known})")
-    return model
-
-
-def _check_frame(model: Model, request: JobRequest, has_image: bool) -> None:
-    frames = model.frames(has_image)
-    if (request.aspect_ratio, request.resolution) in frames:
-        return
-    offered = ", ".join(f"{a} at {r}" for a, r in frames)
-    field_name = "resolution" if any(a == request.aspect_ratio for a, _ in frames) else "aspect_ratio"
-    raise _invalid(f"{field_name}: runway/{model.name} cannot render {request.aspect_ratio} at "
-                   f"{request.resolution}; it renders {offered}")
-
-
 def _check_params(model: Model, params: Mapping[str, Any]) -> None:
     for name, value in params.items():
         if name not in model.params:
             takes = f"it takes {', '.join(model.params)}" if model.params else "it takes none"
-            raise _invalid(f"params.{name}: not a parameter of runway/{model.name} ({takes})")
+            raise invalid(f"params.{name}: not a parameter of runway/{model.name} ({takes})")
         check, wanted = _PARAM_CHECKS[name]
         if not check(value):
-            raise _invalid(f"params.{name}: must be {wanted}, not {value!r}")
-
-
-def _listed(values: tuple[int, ...]) -> str:
-    if len(values) > 2 and values == tuple(range(values[0], values[-1] + 1)):
-        return f"{values[0]} to {values[-1]}"
-    return " or ".join(str(v) for v in values)
-
-
-def _invalid(message: str) -> ProviderError:
-    return ProviderError(ErrorCode.INVALID_INPUT, message)
+            raise invalid(f"params.{name}: must be {wanted}, not {value!r}")

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
+from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers.base import (
     Format,
@@ -32,7 +32,8 @@ from libs.providers.base import (
     Submission,
     SubmitRequest,
 )
-from libs.providers.http import retry_after, transport_errors
+from libs.providers.checks import check_frame, invalid, listed, pick_model
+from libs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
 
 KEY_SETTING = "VIDJOBS_VEO_API_KEY"
 KEY_HEADER = "x-goog-api-key"
@@ -137,17 +138,33 @@ class _Operation(msgspec.Struct, kw_only=True):
 # --- the adapter ---------------------------------------------------------------------------------------
 
 
-class VeoAdapter:
+def _said(status: int, body: bytes) -> Said:
+    given = _error_answer(body)
+    # The Gemini API answers a wrong key with 400 INVALID_ARGUMENT; the reason tells it from a bad request.
+    wrong_key = _reason(given) in ("API_KEY_INVALID", "API_KEY_SERVICE_BLOCKED")
+    return Said(given.message if given is not None else "", _KEY_REFUSED if wrong_key else None,
+                _retry_delay(given))
+
+
+_KEY_REFUSED = Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}): check " + KEY_SETTING)
+ERRORS = ErrorTable("Veo", {
+    **rows((401, 403), _KEY_REFUSED),
+    **rows((400, 413, 415, 422), Refusal(ErrorCode.INVALID_INPUT, "{title} cannot render this request: {said}")),
+}, _said)
+http_error = ERRORS.error
+
+
+class VeoAdapter(HttpAdapter):
     name = "veo"
-    supports_callbacks = False
+    errors = ERRORS
+    echo_transport = False
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str):
-        self.session = session
-        self.base_url = base_url.rstrip("/")
+        super().__init__(session, base_url)
         self._api_key = api_key
 
-    def __repr__(self) -> str:
-        return f"VeoAdapter({self.base_url!r})"  # never the key
+    def auth_headers(self) -> dict[str, str]:
+        return {KEY_HEADER: self._api_key}
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"veo/{m.name}", durations_s=list(m.durations),
@@ -157,97 +174,59 @@ class VeoAdapter:
                 for m in MODELS.values()]
 
     def validate(self, request: JobRequest) -> None:
-        model = _model(request.model_name)
-        _check_frame(model, request)
+        model = pick_model(self.name, "Veo", request.model_name, MODELS)
+        check_frame(f"veo/{model.name}", model.frames, request)
         if request.duration_s not in model.durations:
-            raise _invalid(f"duration_s: veo/{model.name} renders clips of {_listed(model.durations)} seconds, "
-                           f"not {request.duration_s}")
+            raise invalid(f"duration_s: veo/{model.name} renders clips of {listed(model.durations)} seconds, "
+                          f"not {request.duration_s}")
         if request.resolution == "1080p" and request.duration_s != FULL_HD_DURATION_S:
-            raise _invalid(f"duration_s: veo/{model.name} renders 1080p as {FULL_HD_DURATION_S} s clips only")
+            raise invalid(f"duration_s: veo/{model.name} renders 1080p as {FULL_HD_DURATION_S} s clips only")
         if request.seed is not None:
-            raise _invalid(f"seed: veo/{model.name} takes no seed through the Gemini API; leave it null")
+            raise invalid(f"seed: veo/{model.name} takes no seed through the Gemini API; leave it null")
         _check_params(model, request.params, has_image=request.input_image is not None)
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         image = await self._inline_image(req) if req.request.input_image is not None else None
         path = f"/v1beta/models/{quote(req.request.model_name, safe='')}:predictLongRunning"
-        raw = await self._call("POST", path, json=operation_body(req, image))
-        started = _decode(raw, _Operation)
+        started = decode(await self.call("POST", path, json=operation_body(req, image)), _Operation, "Veo")
         if not OPERATION_NAME.match(started.name):
             raise ProviderError(ErrorCode.INTERNAL, f"Veo named its operation unexpectedly: {started.name[:100]!r}")
         return Submission(provider_job_id=started.name, state=ProviderState.QUEUED)
 
-    async def find(self, req: SubmitRequest) -> Submission | None:
-        # The Gemini API takes no idempotency key and offers no way to look an operation up by anything of ours.
-        # What keeps a crash from rendering twice is the submission row claimed before the call and updated with
-        # the operation name as soon as Veo answers; only a submitter that died inside the call leaves a claim
-        # to take over, and that narrow window is the one case that may resubmit.
-        return None
-
     async def status(self, provider_job_id: str) -> ProviderSignal:
         if not OPERATION_NAME.match(provider_job_id):
             raise ProviderError(ErrorCode.INTERNAL, f"not a Veo operation name: {provider_job_id[:100]!r}")
-        try:
-            raw = await self._call("GET", f"/v1beta/{quote(provider_job_id, safe='/')}", tell_missing=True)
-        except _Missing:
-            error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "Veo no longer knows this render.")
-            return ProviderSignal(provider_job_id=provider_job_id, state=ProviderState.FAILED, error=error)
-        return read_operation(raw)
+        raw = await self.call_known("GET", f"/v1beta/{quote(provider_job_id, safe='/')}")
+        return lost(provider_job_id, "Veo no longer knows this render.") if raw is None else read_operation(raw)
 
     async def cancel(self, provider_job_id: str) -> None:
         # The Gemini API documents no way to stop a Veo operation. The render runs to its end and its late
         # signals find a finished job, which ignores them.
         return None
 
-    def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
-        raise WebhookRejected("veo sends no callbacks")
-
-    def parse_callback(self, body: bytes) -> ProviderSignal:
-        raise ProviderError(ErrorCode.INTERNAL, "veo sends no callbacks; this stored payload is not Veo's")
-
     def download_headers(self) -> dict[str, str]:
         return {KEY_HEADER: self._api_key}  # the video URI is a Gemini API file download, keyed like any call
-
-    async def close(self) -> None:
-        """The session belongs to the caller; nothing of our own to release."""
 
     async def _inline_image(self, req: SubmitRequest) -> dict[str, str]:
         """The input image as the Gemini API takes it: inline, base64-encoded (it fetches no URLs)."""
         if not req.input_image_url:
-            raise _invalid("input_image: the image has no address to read it from")
+            raise invalid("input_image: the image has no address to read it from")
         try:
             async with self.session.get(req.input_image_url) as resp:
                 mime = resp.content_type
                 if resp.status != 200 or mime not in IMAGE_TYPES or (resp.content_length or 0) > MAX_IMAGE_BYTES:
-                    raise _invalid(f"input_image: cannot be read as a PNG, JPEG or WebP image up to "
+                    raise invalid(f"input_image: cannot be read as a PNG, JPEG or WebP image up to "
                                    f"{MAX_IMAGE_BYTES // 2**20} MB (HTTP {resp.status}, {mime})")
                 data = bytearray()
                 async for chunk in resp.content.iter_chunked(1 << 16):
                     data += chunk
                     if len(data) > MAX_IMAGE_BYTES:
-                        raise _invalid(f"input_image: larger than the {MAX_IMAGE_BYTES // 2**20} MB Veo accepts")
+                        raise invalid(f"input_image: larger than the {MAX_IMAGE_BYTES // 2**20} MB Veo accepts")
         except (TimeoutError, aiohttp.ClientError) as exc:
             raise ProviderError(ErrorCode.INTERNAL, f"the input image could not be read: {type(exc).__name__}") \
                 from exc
         return {"bytesBase64Encoded": base64.b64encode(data).decode(), "mimeType": mime}
-
-    async def _call(self, method: str, path: str, *, tell_missing: bool = False, **kwargs: Any) -> bytes:
-        """The body of a 2xx answer; every other outcome raised as a ProviderError of our taxonomy (or
-        `_Missing` for a 404, with `tell_missing`, when the caller has a meaning for it)."""
-        async with transport_errors("Veo", method, path, detail=False):
-            async with self.session.request(method, self.base_url + path, headers={KEY_HEADER: self._api_key},
-                                            **kwargs) as resp:
-                raw = await resp.read()
-                if resp.status < 300:
-                    return raw
-                if resp.status == 404 and tell_missing:
-                    raise _Missing
-                raise http_error(resp.status, raw, resp.headers)
-
-
-class _Missing(Exception):
-    """A 404 the caller turns into a meaning of its own."""
 
 
 # --- translation ---------------------------------------------------------------------------------------
@@ -273,7 +252,7 @@ def operation_body(req: SubmitRequest, image: dict[str, str] | None = None) -> d
 
 def read_operation(raw: bytes) -> ProviderSignal:
     """A `GET /v1beta/{operation}` answer as a signal; ProviderError(INTERNAL) when it breaks the API's schema."""
-    return operation_signal(_decode(raw, _Operation))
+    return operation_signal(decode(raw, _Operation, "Veo"))
 
 
 def operation_signal(op: _Operation) -> ProviderSignal:
@@ -307,26 +286,6 @@ def _job_error(code: ErrorCode, said: str) -> JobError:
     return JobError.of(code, f"{DEFAULT_MESSAGES[code]} Veo said: {said}")
 
 
-def http_error(status: int, body: bytes, headers: Mapping[str, str]) -> ProviderError:
-    """An error answer in our taxonomy, with the Gemini API's own words where it gave any."""
-    given = _error_answer(body)
-    said = given.message if given is not None and given.message else f"HTTP {status}"
-    if status == 429:
-        wait = retry_after(headers.get("Retry-After"))
-        return ProviderError(ErrorCode.RATE_LIMITED, f"Veo is rate limiting us: {said}",
-                             retry_after=wait if wait is not None else _retry_delay(given))
-    if status >= 500:
-        return ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"Veo is unavailable: {said}")
-    if status == 408:
-        return ProviderError(ErrorCode.TIMEOUT, f"Veo timed out: {said}")
-    # The Gemini API answers a wrong key with 400 INVALID_ARGUMENT; the reason tells it from a bad request.
-    if status in (401, 403) or _reason(given) in ("API_KEY_INVALID", "API_KEY_SERVICE_BLOCKED"):
-        return ProviderError(ErrorCode.INTERNAL, f"Veo refused our API key ({status}): check {KEY_SETTING}")
-    if status in (400, 413, 415, 422):
-        return ProviderError(ErrorCode.INVALID_INPUT, f"Veo cannot render this request: {said}")
-    return ProviderError(ErrorCode.INTERNAL, f"Veo refused our call ({status}): {said}")
-
-
 def _error_answer(body: bytes) -> _Status | None:
     try:
         return msgspec.json.decode(body, type=_ErrorAnswer).error
@@ -357,49 +316,15 @@ def _retry_delay(given: _Status | None) -> float | None:
         return None
 
 
-def _decode(raw: bytes, kind: type[Any]) -> Any:
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
-        raise ProviderError(ErrorCode.INTERNAL, f"Veo sent a malformed answer: {exc}") from exc
-
-
 # --- validation ----------------------------------------------------------------------------------------
-
-
-def _model(name: str) -> Model:
-    model = MODELS.get(name)
-    if model is None:
-        known = ", ".join(f"veo/{m}" for m in MODELS)
-        raise _invalid(f"model: veo/{name} is not a Veo model we offer (one of {known})")
-    return model
-
-
-def _check_frame(model: Model, request: JobRequest) -> None:
-    if (request.aspect_ratio, request.resolution) in model.frames:
-        return
-    offered = ", ".join(f"{a} at {r}" for a, r in model.frames)
-    field_name = "resolution" if any(a == request.aspect_ratio for a, _ in model.frames) else "aspect_ratio"
-    raise _invalid(f"{field_name}: veo/{model.name} cannot render {request.aspect_ratio} at "
-                   f"{request.resolution}; it renders {offered}")
 
 
 def _check_params(model: Model, params: Mapping[str, Any], *, has_image: bool) -> None:
     for name in params:
         if name not in PARAMS:
-            raise _invalid(f"params.{name}: not a parameter of veo/{model.name} (it takes {', '.join(PARAMS)})")
+            raise invalid(f"params.{name}: not a parameter of veo/{model.name} (it takes {', '.join(PARAMS)})")
     allowed = model.people_for(has_image)
     if "person_generation" in params and params["person_generation"] not in allowed:
         mode = "from an image" if has_image else "from text"
-        raise _invalid(f"params.person_generation: veo/{model.name} rendering {mode} takes "
+        raise invalid(f"params.person_generation: veo/{model.name} rendering {mode} takes "
                        f"{' or '.join(repr(v) for v in allowed)}, not {params['person_generation']!r}")
-
-
-def _listed(values: tuple[int, ...]) -> str:
-    if len(values) > 2 and values == tuple(range(values[0], values[-1] + 1)):
-        return f"{values[0]} to {values[-1]}"
-    return " or ".join(str(v) for v in values)
-
-
-def _invalid(message: str) -> ProviderError:
-    return ProviderError(ErrorCode.INVALID_INPUT, message)

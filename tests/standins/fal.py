@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import enum
 import hashlib
 import json
@@ -39,6 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from libs.providers.fake.render import ASPECTS, ClipSpec, clip_size, render_mp4
+from tests.standins.server import CallingStandin, serving
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "fal"
 RATE_LIMITED_SUBMITS = 2  # the rate_limited scenario refuses this many submits of a prompt first
@@ -121,10 +123,11 @@ class _Key:
         return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-class FalStandIn:
+class FalStandIn(CallingStandin):
     def __init__(self, *, api_key: str = "test-key", default: Scenario = Scenario.SUCCESS,
                  queue_step_s: float = 0.15, render_s: float = 0.3, user_id: str = "standin-user",
                  retry_delays: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0, 8.0)):
+        super().__init__()
         self.api_key = api_key
         self.default = default
         self.queue_step_s = queue_step_s
@@ -138,10 +141,7 @@ class FalStandIn:
         self.deliveries: list[Delivery] = []
         self.jwks_fetches = 0
         self.keys = [_Key(kid=secrets.token_hex(4))]
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self.url = ""
+        self._serving = contextlib.AsyncExitStack()
 
     # --- lifecycle ---
 
@@ -153,23 +153,12 @@ class FalStandIn:
         app.router.add_get("/{owner}/{name}/requests/{request_id}", self._result)
         app.router.add_put("/{owner}/{name}/requests/{request_id}/cancel", self._cancel)
         app.router.add_post("/{model_id:.+}", self._submit)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        app.cleanup_ctx.append(self.lifetime)
+        self.url = await self._serving.enter_async_context(serving(app))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._serving.aclose()
 
     @property
     def jwks_url(self) -> str:
@@ -294,9 +283,7 @@ class FalStandIn:
         self.requests[fal_request.id] = fal_request
         self.renders[str(model_input.get("prompt", ""))] += 1
         if fal_request.webhook_url and scenario not in (Scenario.NO_WEBHOOK, Scenario.HANG):
-            task = asyncio.get_running_loop().create_task(self._call_back(fal_request))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.spawn(self._call_back(fal_request), f"webhook-{fal_request.id}")
         return fal_request
 
     def _positions(self, fal_request: FalRequest) -> int:
@@ -317,12 +304,12 @@ class FalStandIn:
 
     async def _call_back(self, fal_request: FalRequest) -> None:
         await asyncio.sleep(self._done_in(fal_request))
-        assert self._session is not None and fal_request.webhook_url is not None
+        assert self.session is not None and fal_request.webhook_url is not None
         body = self.webhook_body(fal_request)
         for delay in (*self.retry_delays, None):
             headers = {"Content-Type": "application/json", **self.sign(body, fal_request.id)}
             try:
-                async with self._session.post(fal_request.webhook_url, data=body, headers=headers) as resp:
+                async with self.session.post(fal_request.webhook_url, data=body, headers=headers) as resp:
                     status: int | None = resp.status
             except aiohttp.ClientError:
                 status = None

@@ -36,7 +36,7 @@ import json
 import re
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +46,7 @@ import aiohttp
 from aiohttp import web
 
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
+from tests.standins.server import CallingStandin, serving
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "luma"
 RETRY_AFTER_S = 2
@@ -114,24 +115,17 @@ class Delivery:
     outcome: int | str
 
 
-@dataclass
-class Received:
-    headers: dict[str, str]
-    body: bytes
+class LumaStandin(CallingStandin):
+    session_timeout_s = 5.0  # Luma gives up on a slow callback receiver sooner
 
-
-class LumaStandin:
     def __init__(self, *, api_key: str, step_s: float = 0.2):
+        super().__init__()
         self.api_key = api_key
         self.step_s = step_s  # each state lasts this long
-        self.url = ""  # set once listening
         self.generations: dict[str, Generation] = {}  # in creation order
         self.creates: list[dict[str, Any]] = []  # every create body, as sent
         self.deleted: list[str] = []
         self.deliveries: list[Delivery] = []
-        self.received: list[Received] = []
-        self.session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task] = set()
 
     def view(self, gen: Generation) -> dict[str, Any]:
         """The generation as Luma shows it: the recorded payload for its state, rewritten for it."""
@@ -191,17 +185,6 @@ class LumaStandin:
             gen.task.cancel()
         del self.generations[gen.id]
         self.deleted.append(gen.id)
-
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 # --- HTTP ----------------------------------------------------------------------------------------------
@@ -264,11 +247,6 @@ async def get_video(request: web.Request) -> web.Response:
     return web.Response(body=await render_mp4(gen.clip), content_type="video/mp4")
 
 
-async def sink(request: web.Request) -> web.Response:
-    request.app[STANDIN].received.append(Received(dict(request.headers), await request.read()))
-    return web.json_response({"received": True})
-
-
 @web.middleware
 async def require_key(request: web.Request, handler) -> web.StreamResponse:
     if request.path.startswith("/dream-machine/"):
@@ -285,28 +263,14 @@ def create_app(standin: LumaStandin) -> web.Application:
     app.router.add_get("/dream-machine/v1/generations/{id}", get_generation)
     app.router.add_delete("/dream-machine/v1/generations/{id}", delete_generation)
     app.router.add_get("/files/{id}/video.mp4", get_video)
-    app.router.add_post("/_sink", sink)
-    app.cleanup_ctx.append(_background)
+    app.router.add_post("/_sink", standin.sink)
+    app.cleanup_ctx.append(standin.lifetime)
     return app
-
-
-async def _background(app: web.Application) -> AsyncIterator[None]:
-    standin = app[STANDIN]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        standin.session = session
-        yield
-        await standin.close()
 
 
 @contextlib.asynccontextmanager
 async def running_luma_standin(*, api_key: str, host: str = "127.0.0.1", **options: Any) -> AsyncIterator[LumaStandin]:
     """A Luma stand-in listening on a free port of `host` until the block exits."""
     standin = LumaStandin(api_key=api_key, **options)
-    runner = web.AppRunner(create_app(standin), access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, 0).start()
-        standin.url = f"http://{host}:{runner.addresses[0][1]}"
+    async with serving(create_app(standin), host) as standin.url:
         yield standin
-    finally:
-        await runner.cleanup()

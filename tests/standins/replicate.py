@@ -40,7 +40,7 @@ import json
 import re
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +51,7 @@ from aiohttp import web
 
 from libs.providers import webhooks
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
+from tests.standins.server import CallingStandin, serving
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "replicate"
 RETRY_AFTER_S = 1
@@ -123,29 +124,18 @@ class Delivery:
     outcome: int | str
 
 
-@dataclass
-class Received:
-    """One POST to /_sink."""
-
-    headers: dict[str, str]
-    body: bytes
-
-
-class ReplicateStandin:
+class ReplicateStandin(CallingStandin):
     def __init__(self, *, api_token: str, webhook_secret: str, step_s: float = 0.2, webhook_attempts: int = 3):
+        super().__init__()
         webhooks.decode_secret(webhook_secret)
         self.api_token = api_token
         self.webhook_secret = webhook_secret
         self.step_s = step_s  # each state lasts this long
         self.webhook_attempts = webhook_attempts
-        self.url = ""  # set once listening
         self.predictions: dict[str, Prediction] = {}
         self.creates: list[dict[str, Any]] = []  # every create body, as sent
         self.creates_by_prompt: Counter[str] = Counter()
         self.deliveries: list[Delivery] = []
-        self.received: list[Received] = []
-        self.session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task] = set()
 
     # views
 
@@ -243,17 +233,6 @@ class ReplicateStandin:
                 return
             await asyncio.sleep(0.2 * 2**attempt)
 
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
 
 # --- HTTP ----------------------------------------------------------------------------------------------
 
@@ -323,11 +302,6 @@ async def get_output(request: web.Request) -> web.Response:
     return web.Response(body=await render_mp4(pred.clip), content_type="video/mp4")
 
 
-async def sink(request: web.Request) -> web.Response:
-    request.app[STANDIN].received.append(Received(dict(request.headers), await request.read()))
-    return web.json_response({"received": True})
-
-
 @web.middleware
 async def require_token(request: web.Request, handler) -> web.StreamResponse:
     if request.path.startswith("/v1/"):
@@ -343,17 +317,9 @@ def create_app(standin: ReplicateStandin) -> web.Application:
     app.router.add_get("/v1/predictions/{id}", get_prediction)
     app.router.add_post("/v1/predictions/{id}/cancel", cancel_prediction)
     app.router.add_get("/files/{id}/output.mp4", get_output)
-    app.router.add_post("/_sink", sink)
-    app.cleanup_ctx.append(_background)
+    app.router.add_post("/_sink", standin.sink)
+    app.cleanup_ctx.append(standin.lifetime)
     return app
-
-
-async def _background(app: web.Application) -> AsyncIterator[None]:
-    standin = app[STANDIN]
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        standin.session = session
-        yield
-        await standin.close()
 
 
 @contextlib.asynccontextmanager
@@ -361,11 +327,5 @@ async def running_replicate_standin(*, api_token: str, webhook_secret: str, host
                                     **options: Any) -> AsyncIterator[ReplicateStandin]:
     """A Replicate stand-in listening on a free port of `host` until the block exits."""
     standin = ReplicateStandin(api_token=api_token, webhook_secret=webhook_secret, **options)
-    runner = web.AppRunner(create_app(standin), access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, 0).start()
-        standin.url = f"http://{host}:{runner.addresses[0][1]}"
+    async with serving(create_app(standin), host) as standin.url:
         yield standin
-    finally:
-        await runner.cleanup()

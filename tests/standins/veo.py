@@ -40,6 +40,7 @@ from typing import Any
 from aiohttp import web
 
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
+from tests.standins.server import serving
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "veo"
 KEY_HEADER = "x-goog-api-key"
@@ -208,11 +209,5 @@ def create_app(standin: VeoStandin) -> web.Application:
 async def running_veo(api_key: str, **options: Any) -> AsyncIterator[VeoStandin]:
     """A Veo stand-in on a free loopback port until the block exits; its `url` is the base URL."""
     standin = VeoStandin(api_key=api_key, **options)
-    runner = web.AppRunner(create_app(standin), access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        standin.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with serving(create_app(standin)) as standin.url:
         yield standin
-    finally:
-        await runner.cleanup()

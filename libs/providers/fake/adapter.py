@@ -7,15 +7,13 @@ provider would: it decodes answers leniently (new fields are ignored) and maps e
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
+from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
 from libs.providers.base import (
@@ -28,7 +26,20 @@ from libs.providers.base import (
     SubmitRequest,
     formats,
 )
-from libs.providers.http import retry_after, transport_errors
+from libs.providers.checks import invalid, is_number
+from libs.providers.http import (
+    INPUT_STATUSES,
+    ErrorTable,
+    HttpAdapter,
+    Refusal,
+    Said,
+    SignedCallbacks,
+    decode,
+    lost,
+    rows,
+)
+
+T = TypeVar("T")
 
 SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
@@ -104,18 +115,34 @@ class _CreateRender(msgspec.Struct, kw_only=True):
 # --- the adapter ---------------------------------------------------------------------------------------
 
 
-class FakeAdapter:
+def _read(status: int, body: bytes) -> Said:
+    given = _error_answer(body)
+    if given is None:
+        return Said()
+    if given.code in PROVIDER_CODES:
+        return Said(given.message, Refusal(PROVIDER_CODES[given.code], "{said}"))
+    return Said(given.message)
+
+
+# 401, 403, an unexpected 404 fall to the table's last row: our configuration is wrong, not the job.
+ERRORS = ErrorTable("The provider", rows(INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{said}")), _read)
+http_error = ERRORS.error
+
+
+class FakeAdapter(SignedCallbacks, HttpAdapter):
     name = "fake"
+    errors = ERRORS
     supports_callbacks = True
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, webhook_secret: str, *,
                  tolerance_s: float = webhooks.DEFAULT_TOLERANCE_S):
-        if webhook_secret:
-            webhooks.decode_secret(webhook_secret)  # a malformed secret fails at start, not per callback
-        self.session = session
-        self.base_url = base_url.rstrip("/")
-        self.webhook_secret = webhook_secret
-        self.tolerance_s = tolerance_s
+        SignedCallbacks.__init__(self, webhook_secret, tolerance_s)
+        HttpAdapter.__init__(self, session, base_url)
+
+    def says_missing(self, body: bytes) -> bool:
+        """The provider's own "no such render", not a 404 from some other server at a wrong address."""
+        given = _error_answer(body)
+        return given is not None and given.code == "not_found"
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"{self.name}/default", durations_s=list(range(1, 61)),
@@ -125,105 +152,55 @@ class FakeAdapter:
     def validate(self, request: JobRequest) -> None:
         for name in request.params:
             if name not in PARAMS:
-                raise _invalid(f"params.{name}: not a parameter of the fake provider (it takes {', '.join(PARAMS)})")
+                raise invalid(f"params.{name}: not a parameter of the fake provider (it takes {', '.join(PARAMS)})")
         scenario = request.params.get("scenario", "succeed")
         if scenario not in SCENARIOS:
-            raise _invalid(f"params.scenario: unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
+            raise invalid(f"params.scenario: unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
         render_s = request.params.get("render_s", 3.0)
-        if not _is_number(render_s) or not 0 <= render_s <= MAX_RENDER_S:
-            raise _invalid(f"params.render_s: must be a number of seconds from 0 to {MAX_RENDER_S}, "
-                           f"not {render_s!r}")
+        if not is_number(render_s) or not 0 <= render_s <= MAX_RENDER_S:
+            raise invalid(f"params.render_s: must be a number of seconds from 0 to {MAX_RENDER_S}, "
+                          f"not {render_s!r}")
         output_mb = request.params.get("output_mb", 0)
         if not isinstance(output_mb, int) or isinstance(output_mb, bool) or not 0 <= output_mb <= MAX_OUTPUT_MB:
-            raise _invalid(f"params.output_mb: must be a whole number of megabytes from 0 to {MAX_OUTPUT_MB}")
+            raise invalid(f"params.output_mb: must be a whole number of megabytes from 0 to {MAX_OUTPUT_MB}")
         cost_usd = request.params.get("cost_usd", 0)
-        if not _is_number(cost_usd) or not 0 <= cost_usd <= MAX_COST_USD:
-            raise _invalid(f"params.cost_usd: must be a number of USD from 0 to {MAX_COST_USD}, not {cost_usd!r}")
+        if not is_number(cost_usd) or not 0 <= cost_usd <= MAX_COST_USD:
+            raise invalid(f"params.cost_usd: must be a number of USD from 0 to {MAX_COST_USD}, not {cost_usd!r}")
         answer_after_s = request.params.get("answer_after_s", 0)
-        if not _is_number(answer_after_s) or not 0 <= answer_after_s <= MAX_RENDER_S:
-            raise _invalid(f"params.answer_after_s: must be a number of seconds from 0 to {MAX_RENDER_S}")
+        if not is_number(answer_after_s) or not 0 <= answer_after_s <= MAX_RENDER_S:
+            raise invalid(f"params.answer_after_s: must be a number of seconds from 0 to {MAX_RENDER_S}")
         if not isinstance(request.params.get("lookup", True), bool):
-            raise _invalid("params.lookup: must be true or false")
+            raise invalid("params.lookup: must be true or false")
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         body = msgspec.json.encode(_create_body(req))
         headers = {"Idempotency-Key": req.idempotency_key, "Content-Type": "application/json"}
-        raw = await self._call("POST", "/v1/renders", data=body, headers=headers)
-        render = _decode(raw, _Render)
+        render = _decode(await self.call("POST", "/v1/renders", data=body, headers=headers), _Render)
         return Submission(provider_job_id=render.id, state=render.status)
 
     async def find(self, req: SubmitRequest) -> Submission | None:
         if req.request.params.get("lookup") is False:
             return None  # behaves as a provider that cannot look a render up
-        raw = await self._call("GET", "/v1/renders", params={"idempotency_key": req.idempotency_key})
+        raw = await self.call("GET", "/v1/renders", params={"idempotency_key": req.idempotency_key})
         found = _decode(raw, _RenderList).data
         return Submission(provider_job_id=found[0].id, state=found[0].status) if found else None
 
     async def status(self, provider_job_id: str) -> ProviderSignal:
-        try:
-            raw = await self._call("GET", f"/v1/renders/{quote(provider_job_id, safe='')}", tell_missing=True)
-        except _Missing:
-            # The provider forgot the render (it restarted): it will never finish, so this attempt failed.
-            error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "The provider lost track of this render.")
-            return ProviderSignal(provider_job_id=provider_job_id, state=ProviderState.FAILED, error=error)
+        raw = await self.call_known("GET", f"/v1/renders/{quote(provider_job_id, safe='')}")
+        if raw is None:  # the provider forgot the render (it restarted)
+            return lost(provider_job_id, "The provider lost track of this render.")
         return _signal(_decode(raw, _Render))
 
     async def cancel(self, provider_job_id: str) -> None:
-        try:
-            await self._call("POST", f"/v1/renders/{quote(provider_job_id, safe='')}/cancel", tell_missing=True)
-        except _Missing:
-            pass  # nothing there to stop
-
-    def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
-        return webhooks.verify(self.webhook_secret, headers, body, tolerance_s=self.tolerance_s)
+        # A render the provider no longer has is nothing to stop.
+        await self.call_known("POST", f"/v1/renders/{quote(provider_job_id, safe='')}/cancel")
 
     def parse_callback(self, body: bytes) -> ProviderSignal:
         return _signal(_decode(body, _Event).data)
 
-    def download_headers(self) -> dict[str, str]:
-        return {}
-
-    async def close(self) -> None:
-        """The session belongs to the caller; nothing of our own to release."""
-
-    async def _call(self, method: str, path: str, *, tell_missing: bool = False, **kwargs: Any) -> bytes:
-        """The body of a 2xx answer. Every other outcome is raised as a ProviderError of our taxonomy
-        (or `_Missing` for a 404, with `tell_missing`, when the caller has a meaning for it)."""
-        async with transport_errors("The provider", method, path):
-            async with self.session.request(method, self.base_url + path, **kwargs) as resp:
-                raw = await resp.read()
-                if resp.status < 300:
-                    return raw
-                if resp.status == 404 and tell_missing and _is_not_found(raw):
-                    raise _Missing
-                raise http_error(resp.status, raw, resp.headers)
-
-
-class _Missing(Exception):
-    """A 404 the caller turns into a meaning of its own."""
-
 
 # --- translation ---------------------------------------------------------------------------------------
-
-
-def http_error(status: int, body: bytes, headers: Mapping[str, str]) -> ProviderError:
-    """An error answer in our taxonomy, carrying the provider's own words where it gave any."""
-    given = _error_answer(body)
-    said = given.message if given and given.message else f"HTTP {status}"
-    if status == 429:
-        return ProviderError(ErrorCode.RATE_LIMITED, f"The provider is rate limiting us: {said}",
-                             retry_after=retry_after(headers.get("Retry-After")))
-    if status >= 500:
-        return ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"The provider is unavailable: {said}")
-    if status == 408:
-        return ProviderError(ErrorCode.TIMEOUT, f"The provider timed out: {said}")
-    if given is not None and given.code in PROVIDER_CODES:
-        return ProviderError(PROVIDER_CODES[given.code], said)
-    if status in (400, 409, 413, 415, 422):
-        return ProviderError(ErrorCode.INVALID_INPUT, said)
-    # 401, 403, an unexpected 404: our configuration is wrong, not the job.
-    return ProviderError(ErrorCode.INTERNAL, f"The provider refused our call ({status}): {said}")
 
 
 def render_error(error: _Error | None) -> JobError:
@@ -254,12 +231,8 @@ def _create_body(req: SubmitRequest) -> _CreateRender:
     )
 
 
-def _decode(raw: bytes, kind: type[Any]) -> Any:
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
-        raise ProviderError(ErrorCode.INTERNAL, f"The provider sent a malformed {kind.__name__.strip('_').lower()}: "
-                                                f"{exc}") from exc
+def _decode(raw: bytes, kind: type[T]) -> T:
+    return decode(raw, kind, "The provider", kind.__name__.strip("_").lower())
 
 
 def _error_answer(body: bytes) -> _Error | None:
@@ -267,20 +240,6 @@ def _error_answer(body: bytes) -> _Error | None:
         return msgspec.json.decode(body, type=_ErrorAnswer).error
     except msgspec.DecodeError:
         return None
-
-
-def _is_not_found(body: bytes) -> bool:
-    """The provider's own "no such render", not a 404 from some other server at a wrong address."""
-    given = _error_answer(body)
-    return given is not None and given.code == "not_found"
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _invalid(message: str) -> ProviderError:
-    return ProviderError(ErrorCode.INVALID_INPUT, message)
 
 
 class PollingFakeAdapter(FakeAdapter):
