@@ -18,7 +18,7 @@ import asyncpg
 import msgspec
 
 from cli.exitcodes import BackendUnreachable, NotFound, SchemaAhead, SchemaBehind
-from libs.common import credits, db, grants, platform, ratecard
+from libs.common import credits, db, grants, ratecard, switch
 from libs.common.errors import ConfigError
 from services.gateway import accounts
 
@@ -179,19 +179,19 @@ async def ledger(conn: asyncpg.Connection, account_id: str, *, limit: int, as_js
 # the submission switch ---------------------------------------------------------------------------------
 
 async def set_submissions(conn: asyncpg.Connection, *, paused: bool, reason: str) -> None:
-    switch = await platform.set_submissions(conn, paused=paused, reason=reason)
-    _note(_describe(switch))
+    state = await switch.set_submissions(conn, paused=paused, reason=reason)
+    _note(_describe(state))
 
 
 async def submissions_status(conn: asyncpg.Connection, *, as_json: bool) -> None:
-    switch = await platform.submissions(conn)
-    print(msgspec.json.encode(switch).decode() if as_json else _describe(switch))
+    state = await switch.submissions(conn)
+    print(msgspec.json.encode(state).decode() if as_json else _describe(state))
 
 
-def _describe(switch: platform.Switch) -> str:
-    if not switch.paused:
-        return f"submissions: running (since {_cell(switch.changed_at)})"
-    return (f"submissions: paused since {_cell(switch.changed_at)}: {switch.reason or 'no reason given'}; "
+def _describe(state: switch.Switch) -> str:
+    if not state.paused:
+        return f"submissions: running (since {_cell(state.changed_at)})"
+    return (f"submissions: paused since {_cell(state.changed_at)}: {state.reason or 'no reason given'}; "
             "`vidjobs submissions resume` restarts them")
 
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import pytest
 
 from cli.exitcodes import Exit
-from libs.common import credits, platform, ratecard
+from libs.common import credits, ratecard, switch
 from services.gateway import accounts
 from services.gateway.accounts import Account, hash_key
 
@@ -177,8 +177,8 @@ async def test_credits_grant_ledger_and_refused_withdrawal(vidjobs, pool):
 async def test_submissions_pause_status_and_resume(vidjobs, pool):
     paused = await vidjobs("submissions", "pause", "--reason", "provider incident")
     assert paused.code == 0 and paused.out == "", paused.err
-    switch = await platform.submissions(pool)
-    assert (switch.paused, switch.reason) == (True, "provider incident")
+    state = await switch.submissions(pool)
+    assert (state.paused, state.reason) == (True, "provider incident")
 
     status = await vidjobs("submissions", "status")
     assert status.out.startswith("submissions: paused") and "provider incident" in status.out
@@ -187,7 +187,7 @@ async def test_submissions_pause_status_and_resume(vidjobs, pool):
     assert resumed.code == 0
     status = await vidjobs("submissions", "status", "--json")
     assert json.loads(status.out) | {"changed_at": None} == {"paused": False, "reason": "", "changed_at": None}
-    assert (await platform.submissions(pool)).paused is False
+    assert (await switch.submissions(pool)).paused is False
 
 
 async def test_rates_set_show_and_a_bad_card(vidjobs, pool, tmp_path):

@@ -32,3 +32,61 @@ def test_sql_never_spells_a_job_status():
             continue
         found += [f"{name}:{line}: {text.strip()[:80]}" for line, text in _strings(path) if _QUOTED_STATUS.search(text)]
     assert not found, "write statuses with libs.common.states.sql():\n" + "\n".join(found)
+
+
+# Where each importable package's code lives: the import rules are about these folders.
+FOLDERS = {
+    "services.gateway": "services/gateway", "services.submitter": "services/submitter",
+    "services.poller": "services/poller", "services.media": "services/media", "services.reaper": "services/reaper",
+    "libs.common": "libs/common", "libs.providers": "libs/providers", "libs.storage": "libs/storage", "cli": "cli",
+}
+SERVICES = {folder for folder in FOLDERS.values() if folder.startswith("services/")}
+
+
+def _folder_of(module: str) -> str | None:
+    for package, folder in FOLDERS.items():
+        if module == package or module.startswith(package + "."):
+            return folder
+    return None
+
+
+def _imported(path: Path) -> set[str]:
+    """The folders whose code a module imports (absolute and relative imports, at any depth)."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package, `level - 1` packages up
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return {folder for name in names if (folder := _folder_of(name))}
+
+
+def _breaks(folder: str, imported: str) -> str | None:
+    if folder in SERVICES and imported in SERVICES and imported != folder:
+        return "a service never imports another service"
+    if folder.startswith("libs/") and imported in SERVICES:
+        return "libs/ never imports a service"
+    if {folder, imported} == {"libs/providers", "libs/storage"}:
+        return "providers and storage do not import each other"
+    return None
+
+
+def test_the_import_rules_of_the_design_hold():
+    broken = []
+    for folder in set(FOLDERS.values()):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            broken += [f"{path.relative_to(ROOT)} imports {imported}: {why}" for imported in sorted(_imported(path))
+                       if (why := _breaks(folder, imported))]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_import_rules_see_a_broken_rule():
+    """The check itself: a module that broke each rule would be caught (no test that cannot fail)."""
+    assert _breaks("services/media", "services/gateway") and _breaks("libs/common", "services/reaper")
+    assert _breaks("libs/storage", "libs/providers") and not _breaks("cli", "services/gateway")
+    assert _folder_of("services.gateway.routes_jobs") == "services/gateway" and _folder_of("msgspec") is None

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from cli.supervisor import SERVICES
-from libs.common import platform
+from libs.common import switch
 from libs.common.settings import ProviderLimits
 from tests.stack import demo_key, running_stack, stack_settings
 from tests.support import wait_until
@@ -116,7 +116,7 @@ async def test_the_platform_switch_stops_new_submissions_and_lets_running_jobs_f
         await stack.wait_for_status(running["id"], "submitted", "processing", within=30)
         pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
         try:
-            await platform.set_submissions(pool, paused=True, reason="provider invoice review")
+            await switch.set_submissions(pool, paused=True, reason="provider invoice review")
             held = await stack.create_job(params={"render_s": 0.1})
             assert (await stack.wait_terminal(running["id"], within=60))["status"] == "completed"
 
@@ -127,7 +127,7 @@ async def test_the_platform_switch_stops_new_submissions_and_lets_running_jobs_f
             waiting = await wait_until(says_why, within=30, what="the held job to say why it waits")
             assert waiting["status"] == "pending" and "provider invoice review" in waiting["queue_reason"]
             assert held["id"] not in (await stack.counters())["submissions_by_job"]  # it never reached the provider
-            await platform.set_submissions(pool, paused=False)
+            await switch.set_submissions(pool, paused=False)
             done = await stack.wait_terminal(held["id"], within=60)
         finally:
             await pool.close()

@@ -7,7 +7,7 @@ import asyncio
 from collections import Counter
 
 from libs.common.settings import RouteShare
-from libs.providers.routing import route
+from libs.providers.rollout import route
 from tests.stack import running_stack, stack_settings
 
 ROUTES = {"house/default": [RouteShare(model="fake/default", share=80), RouteShare(model="fake-poll/default",

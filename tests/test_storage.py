@@ -34,7 +34,7 @@ from services.gateway import routes_files
 from services.gateway.errors import error_middleware
 from services.gateway.limits import StreamSlots
 from services.gateway.ratelimit import Buckets
-from services.gateway.routing import register
+from services.gateway.routetable import register
 from services.gateway.state import GATEWAY, Gateway
 from tests.s3server import TEST_BUCKET, MotoS3
 

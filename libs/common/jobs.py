@@ -184,6 +184,18 @@ async def waiting(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> i
         account_id)
 
 
+def queue_place_sql(account: str, created_at: str, job_id: str, up_to: str = "ALL") -> str:
+    """SQL for a waiting job's place in its account's queue (1 is next): the account's waiting jobs created no
+    later than it, in (created_at, id) order, counted no further than `up_to`. The one definition the gateway
+    shows and the submitter acts on; the index jobs_account_waiting is read from the front, so the cost is the
+    smaller of the place and `up_to`."""
+    return f"""(SELECT count(*) FROM (
+        SELECT 1 FROM jobs w
+        WHERE w.account_id = {account} AND w.status = {SQL_PENDING} AND w.deleted_at IS NULL
+          AND (w.created_at, w.id) <= ({created_at}, {job_id})
+        ORDER BY w.created_at, w.id LIMIT {up_to}) AS ahead)"""
+
+
 def owed_sql(delivered: str, rendered: str = "false") -> str:
     """SQL for what a job ending now owes, kept as its `actual_credits` beside its estimate. `delivered` and
     `rendered` are SQL conditions. A delivered render, or one the provider finished before the owner ended

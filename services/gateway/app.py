@@ -40,9 +40,10 @@ from services.gateway.access import request_id_middleware, stamp_request_id
 from services.gateway.auth import auth_middleware, stamp_rate_limit
 from services.gateway.errors import ErrorOut, error_middleware
 from services.gateway.limits import Bucket, StreamSlots
-from services.gateway.observe import metrics_middleware
+from services.gateway.metrics import metrics_middleware
 from services.gateway.openapi import openapi_route
-from services.gateway.routing import Route, register
+from services.gateway.owned import view as owned_view
+from services.gateway.routetable import Route, register
 from services.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
 from services.gateway.tenant import Tenant
 
@@ -125,7 +126,7 @@ async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -
 
     async def job_body(account_id: str, job_id: str) -> bytes | None:
         owned = await Tenant(rt, account_id).job(job_id)
-        return None if owned is None else msgspec.json.encode(routes_jobs.view(gw, owned))
+        return None if owned is None else msgspec.json.encode(owned_view(gw, owned))
 
     deliverer = appwebhooks.Deliverer(rt, session, job_body)
     gw.poke_deliveries = deliverer.poke

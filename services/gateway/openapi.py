@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from services.gateway.routing import ResponseSpec, Route
+from services.gateway.routetable import ResponseSpec, Route
 
 _REF = "#/components/schemas/{name}"
 _PATH_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")

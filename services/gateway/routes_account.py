@@ -10,7 +10,7 @@ from services.gateway import cursor, ratelimit
 from services.gateway.bodies import AccountOut, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
 from services.gateway.decoding import read_query
 from services.gateway.errors import ErrorOut, not_found
-from services.gateway.routing import Route, json_response
+from services.gateway.routetable import Route, json_response
 from services.gateway.state import gateway
 from services.gateway.tenant import tenant
 

@@ -21,7 +21,7 @@ from services.gateway.bodies import (
 )
 from services.gateway.decoding import read_json
 from services.gateway.errors import ErrorOut, not_found
-from services.gateway.routing import Route, json_response
+from services.gateway.routetable import Route, json_response
 from services.gateway.state import gateway
 from services.gateway.tenant import tenant
 

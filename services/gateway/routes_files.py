@@ -11,7 +11,7 @@ from libs.storage import signing
 from libs.storage.base import StorageError
 from libs.storage.filesystem import FileStorage
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
-from services.gateway.routing import Route
+from services.gateway.routetable import Route
 from services.gateway.state import gateway
 
 _REFUSED = "this link is invalid or has expired; ask the API for the job again to get a fresh one"

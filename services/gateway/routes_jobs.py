@@ -5,7 +5,6 @@ creation runs in a transaction the Tenant opens and names the Tenant's account, 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 import asyncpg
@@ -17,7 +16,7 @@ from libs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhaust
 from libs.common.jobs import JobRequest
 from libs.common.settings import Settings
 from libs.common.states import JobStatus
-from libs.providers import routing as rollout
+from libs.providers import rollout
 from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for
 from services.gateway import appwebhooks, cursor, idempotency
@@ -34,13 +33,12 @@ from services.gateway.bodies import (
 )
 from services.gateway.decoding import nul_in, read_json, read_query
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
-from services.gateway.routing import Route, json_response
+from services.gateway.owned import found, job_id_of, owned_or_404, view
+from services.gateway.routetable import Route, json_response
 from services.gateway.state import Gateway, gateway
 from services.gateway.tenant import JobFilter, OwnedJob, Tenant, tenant
-from services.gateway.views import job_view
 
 # What `libs.common.ids` makes. Anything else cannot name a job, and must never reach a NATS subject.
-JOB_ID = re.compile(r"^job_[0-9a-z]{1,64}$")
 QUEUE_RETRY_AFTER_S = 10  # a full queue: about when a place may have freed
 
 
@@ -76,11 +74,6 @@ def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | N
     """A model alias becomes one of its real models, by the configured shares."""
     model, route = rollout.route(request.model, settings.model_routes)
     return (request if route is None else msgspec.structs.replace(request, model=model)), route
-
-
-def view(gw: Gateway, owned: OwnedJob) -> JobOut:
-    return job_view(owned.job, owned.waiting_position, gw.storage, gw.settings.signed_url_ttl_s,
-                    gw.settings.retention_days, gw.settings.public_url)
 
 
 async def _create_once(
@@ -175,23 +168,6 @@ async def estimate_job(request: web.Request) -> web.Response:
     return json_response(EstimateOut(
         model=job_request.model, estimated_credits=estimate, credits_per_second=price.credits_per_second,
         rate_card_version=card.version, available_credits=available, affordable=estimate <= available))
-
-
-def job_id_of(request: web.Request) -> str:
-    job_id = request.match_info["job_id"]
-    if not JOB_ID.match(job_id):
-        raise not_found()
-    return job_id
-
-
-def found(job: OwnedJob | None) -> OwnedJob:
-    if job is None:
-        raise not_found()
-    return job
-
-
-async def owned_or_404(request: web.Request) -> OwnedJob:
-    return found(await tenant(request).job(job_id_of(request)))
 
 
 async def get_job(request: web.Request) -> web.Response:

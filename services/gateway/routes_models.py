@@ -10,7 +10,7 @@ from libs.common.settings import RouteShare
 from libs.providers.base import ModelInfo
 from services.gateway.bodies import ModelList, ModelOut
 from services.gateway.errors import ErrorOut
-from services.gateway.routing import Route, json_response
+from services.gateway.routetable import Route, json_response
 from services.gateway.state import gateway
 from services.gateway.tenant import tenant
 

@@ -9,7 +9,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.gateway.bodies import Health
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode
-from services.gateway.routing import Route, json_response
+from services.gateway.routetable import Route, json_response
 from services.gateway.state import gateway
 
 log = logging.getLogger("vidjobs.gateway")

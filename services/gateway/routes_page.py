@@ -7,7 +7,7 @@ from pathlib import Path
 from aiohttp import web
 
 from services.gateway.errors import ErrorOut, not_found
-from services.gateway.routing import Route
+from services.gateway.routetable import Route
 
 PAGE_DIR = Path(__file__).parent / "page"
 _ASSETS = {

@@ -22,7 +22,7 @@ from services.gateway import images
 from services.gateway.bodies import UploadOut
 from services.gateway.decoding import read_body
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode
-from services.gateway.routing import Route, json_response
+from services.gateway.routetable import Route, json_response
 from services.gateway.state import gateway
 from services.gateway.tenant import tenant
 

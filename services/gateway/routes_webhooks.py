@@ -22,7 +22,7 @@ from services.gateway import inbox
 from services.gateway.bodies import WebhookAck
 from services.gateway.decoding import read_body
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
-from services.gateway.routing import Route, json_response
+from services.gateway.routetable import Route, json_response
 from services.gateway.state import Gateway, gateway
 
 log = logging.getLogger("vidjobs.gateway.webhooks")

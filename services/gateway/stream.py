@@ -22,11 +22,11 @@ from nats.aio.msg import Msg
 
 from libs.common import events
 from libs.common.states import TERMINAL, JobStatus
-from services.gateway import observe
+from services.gateway import metrics
 from services.gateway.errors import ApiError, ErrorOut, GatewayCode
 from services.gateway.limits import StreamsFull
-from services.gateway.routes_jobs import job_id_of, owned_or_404, view
-from services.gateway.routing import Route
+from services.gateway.owned import job_id_of, owned_or_404, view
+from services.gateway.routetable import Route
 from services.gateway.state import API_KEY_ID, Gateway, gateway
 from services.gateway.tenant import OwnedJob, tenant
 
@@ -117,7 +117,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
     except StreamsFull as full:
         raise _streams_full(full) from full
     try:
-        with observe.STREAMS_OPEN.track_inprogress():
+        with metrics.STREAMS_OPEN.track_inprogress():
             return await _stream(request)
     finally:
         slots.give_back(account_id, key_id)

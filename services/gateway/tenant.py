@@ -47,14 +47,10 @@ class AccountState(msgspec.Struct, frozen=True, kw_only=True):
     uploads_today: int  # image uploads today (UTC), as the daily cap counts them
 
 
-# A waiting job is pending and not deleted (the partial index jobs_account_waiting); its place is 1 + the
-# account's waiting jobs created before it, in (created_at, id) order.
+# A waiting job's place: libs/common/jobs.py queue_place_sql, the one definition of it.
 _ONE_JOB = f"""
 SELECT j.*,
-       CASE WHEN j.status = {SQL_PENDING} THEN (
-           SELECT count(*) FROM jobs w
-           WHERE w.account_id = $2 AND w.status = {SQL_PENDING} AND w.deleted_at IS NULL
-             AND (w.created_at, w.id) <= (j.created_at, j.id))
+       CASE WHEN j.status = {SQL_PENDING} THEN {jobs.queue_place_sql("$2", "j.created_at", "j.id")}
        END AS waiting_position
 FROM jobs j
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
@@ -62,10 +58,10 @@ WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 
 # Newest first, strictly after the keyset position (the last row of the previous page), with the listing's
 # filters, each written only when given so the planner sees plain conditions. The account's waiting jobs are
-# numbered once for the whole page: MATERIALIZED, or the planner may number them again for every row of the
-# page. What serves it: jobs_account_listing (account, newest first) alone or with a time range;
-# jobs_account_status_listing with a status; jobs_account_model_listing with a model; jobs_metadata (GIN,
-# containment) with a metadata filter.
+# numbered once for the whole page, in queue_place_sql's order: MATERIALIZED, or the planner may number them
+# again for every row of the page. What serves it: jobs_account_listing (account, newest first) alone or with a
+# time range; jobs_account_status_listing with a status; jobs_account_model_listing with a model;
+# jobs_metadata (GIN, containment) with a metadata filter.
 _JOB_PAGE = f"""
 WITH waiting AS MATERIALIZED (
     SELECT id, row_number() OVER (ORDER BY created_at, id) AS position

@@ -24,7 +24,7 @@ import msgspec
 from libs.common.errors import MediaError
 from libs.common.jobs import JobRow, Outputs
 from libs.storage.base import Storage, StorageError, job_prefix
-from services.media import scratch, telemetry
+from services.media import metrics, scratch
 from services.media.assets import StoredAsset
 from services.media.download import Fetched, check_url, fetch_to_file
 from services.media.preview import Preview, PreviewWriter
@@ -104,10 +104,10 @@ class Copier:
         try:
             result = await loop.run_in_executor(self.transcoder, derive, video, work, self.preview)
         except MediaError as err:
-            telemetry.VERIFICATIONS.labels(err.code.value).inc()
+            metrics.VERIFICATIONS.labels(err.code.value).inc()
             raise
-        telemetry.VERIFICATIONS.labels("ok").inc()
-        telemetry.TRANSCODE_SECONDS.observe(time.perf_counter() - started)
+        metrics.VERIFICATIONS.labels("ok").inc()
+        metrics.TRANSCODE_SECONDS.observe(time.perf_counter() - started)
         return result
 
     async def _upload(self, job: JobRow, fetched: Fetched, derived: Derived) -> Stored:

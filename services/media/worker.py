@@ -33,7 +33,7 @@ from libs.providers.base import ProviderAdapter
 from libs.providers.registry import adapter_for, build_adapters
 from libs.storage.base import Storage, job_prefix
 from libs.storage.factory import open_storage
-from services.media import assets, copies, orphans, scratch, telemetry
+from services.media import assets, copies, metrics, orphans, scratch
 from services.media.isolation import DecodeGate
 from services.media.pipeline import Copier, PreviewSpec, Stored
 
@@ -153,12 +153,12 @@ def _seconds_left(deadline: datetime, floor: float = 0.0) -> float:
 async def _copy_failed(media: Media, job: JobRow, err: MediaError, delivery: Delivery, deadline: datetime) -> None:
     extra = {"job_id": job.id, "code": err.code.value, "attempt": delivery.attempt, "error": err.message}
     if may_retry(err, delivery.attempt, media.rt.settings.download_attempts, deadline, datetime.now(UTC)):
-        telemetry.COPIES.labels("retry", err.code.value).inc()
+        metrics.COPIES.labels("retry", err.code.value).inc()
         log.warning("download failed; it will be retried", extra=extra)
         settings = media.rt.settings
         delay = bus.retry_delay(delivery.attempt, base=settings.retry_base_s, cap=settings.retry_cap_s)
         raise Redeliver(err.message, delay=min(delay, _seconds_left(deadline)), counts=True)
-    telemetry.COPIES.labels("failed", err.code.value).inc()
+    metrics.COPIES.labels("failed", err.code.value).inc()
     log.error("copy failed; failing the job", extra=extra)
     await _fail(media, job, err)
 
@@ -196,7 +196,7 @@ async def _complete(media: Media, job: JobRow, stored: Stored) -> None:
     if done is None:
         await _discard_if_orphaned(media, job)
         return
-    telemetry.COPIES.labels("completed", "").inc()
+    metrics.COPIES.labels("completed", "").inc()
     log.info("render stored", extra={"job_id": job.id, "bytes": stored.outputs.bytes,
                                      "sha256": stored.outputs.sha256})
 
@@ -227,7 +227,7 @@ async def on_assets_delete(media: Media, event: AssetsDeleteRequested, delivery:
     else:
         log.warning("asset deletion asked for a live job; ignored", extra={"job_id": job.id})
         return
-    telemetry.OBJECTS_DELETED.inc(removed)
+    metrics.OBJECTS_DELETED.inc(removed)
     log.info("job assets removed", extra={"job_id": job.id, "objects": removed, "rows": marked,
                                           "status": job.status.value, "deleted": job.deleted_at is not None})
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncpg
 import msgspec
 
-from libs.common import jobs, platform
+from libs.common import jobs, switch
 from libs.common.jobs import JobRow
 from libs.common.states import SQL_PENDING, SQL_RENDERING
 from services.submitter import limits
@@ -47,10 +47,10 @@ async def lock_account(conn: asyncpg.Connection, account_id: str) -> None:
 
 
 async def paused(conn: asyncpg.Connection) -> Wait | None:
-    switch = await platform.submissions(conn)
-    if not switch.paused:
+    state = await switch.submissions(conn)
+    if not state.paused:
         return None
-    why = f": {switch.reason}" if switch.reason else ""
+    why = f": {state.reason}" if state.reason else ""
     return Wait(5.0, f"new submissions are paused for the whole platform{why}", "paused")
 
 
@@ -120,17 +120,9 @@ async def fair_head(conn: asyncpg.Connection | asyncpg.Pool, provider: str, clai
 
 
 async def queue_place(conn: asyncpg.Connection, job: JobRow, *, up_to: int) -> int:
-    """The job's place among its account's waiting jobs (1 is next), counted no further than `up_to`: the
-    index jobs_account_waiting is read from the front, so the cost is the smaller of the two."""
-    return await conn.fetchval(
-        f"""
-        SELECT count(*) FROM (
-            SELECT 1 FROM jobs
-            WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL AND (created_at, id) <= ($2, $3)
-            ORDER BY created_at, id LIMIT $4) AS ahead
-        """,
-        job.account_id, job.created_at, job.id, up_to,
-    )
+    """The job's place among its account's waiting jobs (1 is next), counted no further than `up_to`."""
+    return await conn.fetchval(f"SELECT {jobs.queue_place_sql('$1', '$2', '$3', '$4')}",
+                               job.account_id, job.created_at, job.id, up_to)
 
 
 # Places past this one all wait the longest.

@@ -1,0 +1,38 @@
+"""The caller's own job, named by the request's path, and the job as every read shows it: shared by the job
+routes and the event stream."""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from services.gateway.bodies import JobOut
+from services.gateway.errors import not_found
+from services.gateway.state import Gateway
+from services.gateway.tenant import OwnedJob, tenant
+from services.gateway.views import job_view
+
+JOB_ID = re.compile(r"^job_[0-9a-z]{1,64}$")
+
+
+def view(gw: Gateway, owned: OwnedJob) -> JobOut:
+    return job_view(owned.job, owned.waiting_position, gw.storage, gw.settings.signed_url_ttl_s,
+                    gw.settings.retention_days, gw.settings.public_url)
+
+
+def job_id_of(request: web.Request) -> str:
+    job_id = request.match_info["job_id"]
+    if not JOB_ID.match(job_id):
+        raise not_found()
+    return job_id
+
+
+def found(job: OwnedJob | None) -> OwnedJob:
+    if job is None:
+        raise not_found()
+    return job
+
+
+async def owned_or_404(request: web.Request) -> OwnedJob:
+    return found(await tenant(request).job(job_id_of(request)))
