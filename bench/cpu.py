@@ -25,9 +25,9 @@ def _part(proc: psutil.Process, root: str) -> str | None:
         return None
     joined = " ".join(cmdline)
     for name in SERVICES:
-        if f"services.{name}" in cmdline:
+        if f"vidjobs.{name}" in cmdline:
             return name
-    if "libs.providers.fake" in cmdline:
+    if "vidjobs.providers.fake" in cmdline:
         return "fake provider"
     if root in joined and "nats-server" in joined:
         return "nats-server"
@@ -113,7 +113,7 @@ async def message_counts(nats_url: str) -> dict[str, int]:
     import nats
     import nats.js.errors
 
-    from libs.common import bus
+    from vidjobs.common import bus
 
     nc = await nats.connect(nats_url)
     try:

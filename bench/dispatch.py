@@ -28,9 +28,9 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from libs.common import db, jobs  # noqa: E402
-from libs.common.settings import ProviderLimits  # noqa: E402
-from services.submitter import dispatch, limits  # noqa: E402
+from vidjobs.common import db, jobs  # noqa: E402
+from vidjobs.common.settings import ProviderLimits  # noqa: E402
+from vidjobs.submitter import dispatch, limits  # noqa: E402
 
 REQUEST = {"model": "fake/default", "prompt": "bench", "duration_s": 1}
 
@@ -140,7 +140,7 @@ def main() -> None:
     if admin_url:
         asyncio.run(run(admin_url, depths, args.accounts, args.runs))
         return
-    from cli.embedded import EmbeddedPostgres
+    from vidjobs.cli.embedded import EmbeddedPostgres
 
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedPostgres(Path(tmp) / "pg").start()

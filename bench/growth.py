@@ -32,12 +32,12 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.dispatch import drop_database, scratch_database  # noqa: E402
-from libs.common import db, jobs  # noqa: E402
-from libs.common.settings import ProviderLimits  # noqa: E402
-from services.gateway import tenant  # noqa: E402
-from services.poller import schedule  # noqa: E402
-from services.reaper import retention, sweep  # noqa: E402
-from services.submitter import dispatch, limits  # noqa: E402
+from vidjobs.common import db, jobs  # noqa: E402
+from vidjobs.common.settings import ProviderLimits  # noqa: E402
+from vidjobs.gateway import tenant  # noqa: E402
+from vidjobs.poller import schedule  # noqa: E402
+from vidjobs.reaper import retention, sweep  # noqa: E402
+from vidjobs.submitter import dispatch, limits  # noqa: E402
 
 HEAVY = "acct_heavy"  # holds a tenth of all jobs: the account whose listing and queue are measured
 ACCOUNTS = 200
@@ -264,7 +264,7 @@ def main() -> None:
     if admin_url:
         asyncio.run(run(admin_url, sizes, args.runs))
         return
-    from cli.embedded import EmbeddedPostgres
+    from vidjobs.cli.embedded import EmbeddedPostgres
 
     with tempfile.TemporaryDirectory() as tmp:
         server = EmbeddedPostgres(Path(tmp) / "pg").start()

@@ -176,11 +176,11 @@ async def run(url: str, key: str, args: argparse.Namespace, data_dir: Path | Non
 @contextlib.asynccontextmanager
 async def own_stack(data_dir: Path):
     """An embedded stack exactly as `vidjobs up` builds it, with an account allowed to run many jobs."""
-    from cli.embedded import free_port
-    from cli.supervisor import Supervisor
-    from cli.up import Embedded, resolve, wait_ready
-    from libs.common import db
-    from libs.common.settings import ProviderLimits, load
+    from vidjobs.cli.embedded import free_port
+    from vidjobs.cli.supervisor import Supervisor
+    from vidjobs.cli.up import Embedded, resolve, wait_ready
+    from vidjobs.common import db
+    from vidjobs.common.settings import ProviderLimits, load
 
     embedded = Embedded()
     try:
@@ -204,7 +204,7 @@ async def own_stack(data_dir: Path):
 async def bench_account(database_url: str) -> str:
     import asyncpg
 
-    from services.gateway.accounts import create_account
+    from vidjobs.gateway.accounts import create_account
 
     conn = await asyncpg.connect(database_url)
     try:

@@ -79,7 +79,7 @@ def quantile(values: list[float], q: float) -> float:
 
 @contextlib.contextmanager
 def bare_server(database_url: str) -> object:
-    from cli.embedded import free_port
+    from vidjobs.cli.embedded import free_port
 
     port = free_port()
     env = {**os.environ, "BARE_DATABASE_URL": database_url, "BARE_PORT": str(port)}

@@ -10,12 +10,12 @@ import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from cli import admin, ops, render
-from cli.exitcodes import EPILOG, Exit, OperatorFailure
-from libs.common import db
-from libs.common.errors import ConfigError, StoreError
-from libs.common.settings import Settings, load
-from services.gateway.accounts import LIMITS
+from vidjobs.cli import admin, ops, render
+from vidjobs.cli.exitcodes import EPILOG, Exit, OperatorFailure
+from vidjobs.common import db
+from vidjobs.common.errors import ConfigError, StoreError
+from vidjobs.common.settings import Settings, load
+from vidjobs.gateway.accounts import LIMITS
 
 
 def _integer(minimum: int) -> Callable[[str], int]:
@@ -223,7 +223,7 @@ def embedded_database(settings: Settings) -> Iterator[Settings]:
     if settings.database_url:
         yield settings
         return
-    from cli.embedded import EmbeddedPostgres
+    from vidjobs.cli.embedded import EmbeddedPostgres
 
     pgdata = settings.data_path / "postgres"
     if not (pgdata / "PG_VERSION").exists():
@@ -242,7 +242,7 @@ def _admin(settings: Settings, command: admin.Command) -> int:
 
 
 def _up(args: argparse.Namespace, settings: Settings) -> int:
-    from cli.up import up
+    from vidjobs.cli.up import up
 
     changes = {}
     if args.data_dir:

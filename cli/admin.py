@@ -17,10 +17,10 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from cli.exitcodes import BackendUnreachable, NotFound, SchemaAhead, SchemaBehind
-from libs.common import credits, db, grants, ratecard, switch
-from libs.common.errors import ConfigError
-from services.gateway import accounts
+from vidjobs.cli.exitcodes import BackendUnreachable, NotFound, SchemaAhead, SchemaBehind
+from vidjobs.common import credits, db, grants, ratecard, switch
+from vidjobs.common.errors import ConfigError
+from vidjobs.gateway import accounts
 
 Command = Callable[[asyncpg.Connection], Awaitable[None]]
 

@@ -15,7 +15,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from libs.common.errors import ConfigError
+from vidjobs.common.errors import ConfigError
 
 # The servers are an extra, so a deployment's image stays small and installs where pgserver has no wheel.
 INSTALL_EMBEDDED = "Install the embedded servers with: pip install 'vidjobs[embedded]'"

@@ -18,11 +18,11 @@ import msgspec
 import nats
 from nats.js import JetStreamContext
 
-from cli.admin import _cell, _json_lines, _note, _table
-from cli.exitcodes import BackendUnreachable, NotFound, Refused
-from libs.common import breakers, deadletters, jobs, outbox, rescue
-from libs.common.errors import ConfigError
-from libs.common.events import InboxReceived
+from vidjobs.cli.admin import _cell, _json_lines, _note, _table
+from vidjobs.cli.exitcodes import BackendUnreachable, NotFound, Refused
+from vidjobs.common import breakers, deadletters, jobs, outbox, rescue
+from vidjobs.common.errors import ConfigError
+from vidjobs.common.events import InboxReceived
 
 BusCommand = Callable[[JetStreamContext], Awaitable[None]]
 

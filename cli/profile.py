@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 
-from libs.common.errors import ConfigError
+from vidjobs.common.errors import ConfigError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 

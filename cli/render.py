@@ -18,10 +18,9 @@ from typing import Any
 
 import msgspec
 
-from cli import profile, show
-from cli.exitcodes import Exit
-from libs.common.errors import ConfigError
-from vidjobs_client import (
+from vidjobs.cli import profile, show
+from vidjobs.cli.exitcodes import Exit
+from vidjobs.client import (
     APIError,
     ChecksumMismatch,
     Client,
@@ -31,7 +30,8 @@ from vidjobs_client import (
     VidjobsError,
     WaitTimeout,
 )
-from vidjobs_client.models import Job, JobOptions
+from vidjobs.client.models import Job, JobOptions
+from vidjobs.common.errors import ConfigError
 
 Handler = Callable[[argparse.Namespace], Exit]
 

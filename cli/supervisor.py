@@ -18,12 +18,12 @@ log = logging.getLogger("vidjobs.supervisor")
 
 # Module to run for each service, in start order: the fake provider first so submissions find it.
 SERVICES: dict[str, str] = {
-    "fake-provider": "libs.providers.fake",
-    "gateway": "services.gateway",
-    "submitter": "services.submitter",
-    "poller": "services.poller",
-    "media": "services.media",
-    "reaper": "services.reaper",
+    "fake-provider": "vidjobs.providers.fake",
+    "gateway": "vidjobs.gateway",
+    "submitter": "vidjobs.submitter",
+    "poller": "vidjobs.poller",
+    "media": "vidjobs.media",
+    "reaper": "vidjobs.reaper",
 }
 
 

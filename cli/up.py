@@ -22,11 +22,11 @@ import aiohttp
 import asyncpg
 from yarl import URL
 
-from cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port, require
-from cli.supervisor import Supervisor
-from libs.common import db
-from libs.common.settings import Settings
-from libs.providers.webhooks import new_secret
+from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port, require
+from vidjobs.cli.supervisor import Supervisor
+from vidjobs.common import db
+from vidjobs.common.settings import Settings
+from vidjobs.providers.webhooks import new_secret
 
 
 def say(message: str) -> None:
@@ -100,7 +100,7 @@ def allow_downloads_from(allowed: str, url: str) -> str:
 
 async def ensure_demo_account(settings: Settings) -> str:
     """The demo account's API key: created on first start, the same key on every start after."""
-    from services.gateway.accounts import create_account
+    from vidjobs.gateway.accounts import create_account
 
     stored = load_secrets(settings.data_path)
     conn = await asyncpg.connect(settings.database_url)

@@ -12,10 +12,10 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from cli.embedded import EmbeddedNats, EmbeddedPostgres
-from libs.common import db
 from tests.s3server import TEST_BUCKET, MotoS3, aws_environment, moto_s3
 from tests.support import with_database
+from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres
+from vidjobs.common import db
 
 
 @pytest.fixture(scope="session")

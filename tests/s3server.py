@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.embedded import free_port
+from vidjobs.cli.embedded import free_port
 
 START_TIMEOUT_S = 30
 TEST_BUCKET = "vidjobs-test"  # made once per session by the `s3_server` fixture in conftest.py

@@ -20,7 +20,7 @@ import ast
 import re
 from pathlib import Path
 
-from libs.common.grants import Privilege
+from vidjobs.common.grants import Privilege
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,8 +41,20 @@ def schema_tables() -> set[str]:
     return found
 
 
+# Where each part of the `vidjobs` import root lives in the repository.
+_FOLDERS = {f"vidjobs.{s}": f"services/{s}" for s in ("gateway", "submitter", "poller", "media", "reaper")}
+_LIBS = ("vidjobs.common.", "vidjobs.providers.", "vidjobs.storage.")
+
+
 def _path(module: str) -> Path | None:
-    base = ROOT / module.replace(".", "/")
+    package = next((p for p in _FOLDERS if module == p or module.startswith(p + ".")), None)
+    if package is not None:
+        relative = _FOLDERS[package] + module[len(package):].replace(".", "/")
+    elif module.startswith(_LIBS):
+        relative = "libs/" + module[len("vidjobs."):].replace(".", "/")
+    else:
+        return None
+    base = ROOT / relative
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.exists():
             return candidate
@@ -66,7 +78,7 @@ def _imports(module: str, path: Path) -> set[str]:
 
 def modules_of(service: str) -> set[str]:
     """The service's own modules and every libs module they reach; never another service's."""
-    todo = [f"services.{service}.{p.stem}" for p in (ROOT / "services" / service).glob("*.py")]
+    todo = [f"vidjobs.{service}.{p.stem}" for p in (ROOT / "services" / service).glob("*.py")]
     seen: set[str] = set()
     while todo:
         module = todo.pop()
@@ -75,7 +87,7 @@ def modules_of(service: str) -> set[str]:
         seen.add(module)
         path = _path(module)
         assert path is not None, module
-        todo += [m for m in _imports(module, path) if m.startswith(("libs.", f"services.{service}."))]
+        todo += [m for m in _imports(module, path) if m.startswith((*_LIBS, f"vidjobs.{service}."))]
     return seen
 
 

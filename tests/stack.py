@@ -13,14 +13,14 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from cli.embedded import free_port
-from cli.supervisor import Supervisor
-from cli.up import allow_downloads_from, wait_ready
-from libs.common import db
-from libs.common.settings import Settings
-from libs.common.states import TERMINAL, JobStatus, is_legal
-from libs.providers.webhooks import new_secret
 from tests.support import wait_until
+from vidjobs.cli.embedded import free_port
+from vidjobs.cli.supervisor import Supervisor
+from vidjobs.cli.up import allow_downloads_from, wait_ready
+from vidjobs.common import db
+from vidjobs.common.settings import Settings
+from vidjobs.common.states import TERMINAL, JobStatus, is_legal
+from vidjobs.providers.webhooks import new_secret
 
 
 class Stack:
@@ -143,7 +143,7 @@ def host_port(url: str) -> str:
 async def demo_key(database_url: str, **limits: Any) -> str:
     """A key of a fresh account. By default its limits stay out of the way (many slots, a fast request rate),
     so a test about something else is not shaped by them; tests of the limits pass their own."""
-    from services.gateway.accounts import create_account
+    from vidjobs.gateway.accounts import create_account
 
     options = {"credits": 1_000_000, "concurrency": 64, "requests_per_s": 1000.0, "request_burst": 1000, **limits}
     conn = await asyncpg.connect(database_url)

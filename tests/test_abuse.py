@@ -20,12 +20,12 @@ import asyncpg
 import nats
 import pytest
 
-from libs.common import bus
-from libs.providers.webhooks import new_secret, signed_headers
-from services.gateway.accounts import add_api_key, create_account, new_api_key
 from tests.stack import Stack, host_port, running_stack, stack_settings
 from tests.standins.replicate import running_replicate_standin
 from tests.support import wait_until
+from vidjobs.common import bus
+from vidjobs.gateway.accounts import add_api_key, create_account, new_api_key
+from vidjobs.providers.webhooks import new_secret, signed_headers
 
 STREAMS_PER_KEY = 20
 STREAMS_PER_ACCOUNT = 30
@@ -400,7 +400,7 @@ async def _get(s: Stack, path: str) -> dict:
 def _cursor_after(job: dict) -> str:
     from datetime import datetime
 
-    from services.gateway import cursor
+    from vidjobs.gateway import cursor
 
     created = datetime.fromisoformat(job["created_at"].replace("Z", "+00:00"))
     return cursor.encode(cursor.JobPosition(created, job["id"]))

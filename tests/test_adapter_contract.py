@@ -14,23 +14,23 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.providers import webhooks
-from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
-from libs.providers.fake.adapter import FakeAdapter
-from libs.providers.fake.server import running_fake_provider
-from libs.providers.fal import FalAdapter
-from libs.providers.luma import LumaAdapter
-from libs.providers.replicate import ReplicateAdapter
-from libs.providers.runway import RunwayAdapter
-from libs.providers.veo import VeoAdapter
 from tests.standins import luma as luma_standin
 from tests.standins.fal import FalStandIn, Scenario
 from tests.standins.replicate import running_replicate_standin
 from tests.standins.runway import running_runway
 from tests.standins.server import serving
 from tests.standins.veo import running_veo
+from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.providers import webhooks
+from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
+from vidjobs.providers.fake.adapter import FakeAdapter
+from vidjobs.providers.fake.server import running_fake_provider
+from vidjobs.providers.fal import FalAdapter
+from vidjobs.providers.luma import LumaAdapter
+from vidjobs.providers.replicate import ReplicateAdapter
+from vidjobs.providers.runway import RunwayAdapter
+from vidjobs.providers.veo import VeoAdapter
 
 KEY = "contract-key"
 SECRET = webhooks.new_secret()

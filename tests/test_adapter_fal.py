@@ -18,15 +18,15 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
-from libs.providers.fal import FalAdapter
-from libs.providers.fal_signature import Jwks, UnknownKey
-from services.gateway.bodies import Model as GatewayModel
 from tests.stack import assert_legal_trail, host_port, running_stack, stack_settings
 from tests.standins.fal import FalStandIn, Scenario, payload
 from tests.support import wait_until
+from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.gateway.bodies import Model as GatewayModel
+from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
+from vidjobs.providers.fal import FalAdapter
+from vidjobs.providers.fal_signature import Jwks, UnknownKey
 
 KLING = "fal-ai/kling-video/v2/master/text-to-video"
 KLING_I2V = "fal-ai/kling-video/v2/master/image-to-video"

@@ -14,17 +14,17 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from cli.embedded import free_port
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
-from libs.providers import luma
-from libs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
-from libs.providers.luma import LumaAdapter
-from libs.providers.registry import build_adapters
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.luma import LumaStandin, payload, running_luma_standin
 from tests.support import wait_until
+from vidjobs.cli.embedded import free_port
+from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
+from vidjobs.providers import luma
+from vidjobs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
+from vidjobs.providers.luma import LumaAdapter
+from vidjobs.providers.registry import build_adapters
 
 KEY = "luma-test-7c41e2"
 PAYLOADS = Path(__file__).parent / "payloads" / "luma"

@@ -16,19 +16,19 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from cli.embedded import free_port
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
-from libs.providers import replicate
-from libs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
-from libs.providers.registry import build_adapters
-from libs.providers.replicate import ReplicateAdapter
-from libs.providers.webhooks import new_secret, signed_headers
-from services.gateway.bodies import Model as GatewayModelName
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.replicate import ReplicateStandin, payload, running_replicate_standin
 from tests.support import wait_until
+from vidjobs.cli.embedded import free_port
+from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
+from vidjobs.gateway.bodies import Model as GatewayModelName
+from vidjobs.providers import replicate
+from vidjobs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
+from vidjobs.providers.registry import build_adapters
+from vidjobs.providers.replicate import ReplicateAdapter
+from vidjobs.providers.webhooks import new_secret, signed_headers
 
 TOKEN = "r8_test_3b8f0c1d"
 PAYLOADS = Path(__file__).parent / "payloads" / "replicate"

@@ -13,15 +13,15 @@ import aiohttp
 import av
 import pytest
 
-from cli.embedded import free_port
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
-from libs.providers.base import ProviderSignal, ProviderState, SubmitRequest
-from libs.providers.registry import build_adapters
-from libs.providers.runway import RunwayAdapter, http_error, read_task
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.runway import PAYLOADS, RunwayStandin, running_runway
+from vidjobs.cli.embedded import free_port
+from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
+from vidjobs.providers.base import ProviderSignal, ProviderState, SubmitRequest
+from vidjobs.providers.registry import build_adapters
+from vidjobs.providers.runway import RunwayAdapter, http_error, read_task
 
 KEY = "key_test"
 

@@ -16,15 +16,15 @@ import av
 import pytest
 from PIL import Image
 
-from cli.embedded import free_port
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
-from libs.providers.base import ProviderSignal, ProviderState, SubmitRequest
-from libs.providers.registry import build_adapters
-from libs.providers.veo import VeoAdapter, http_error, read_operation
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.veo import PAYLOADS, VeoStandin, running_veo
+from vidjobs.cli.embedded import free_port
+from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
+from vidjobs.providers.base import ProviderSignal, ProviderState, SubmitRequest
+from vidjobs.providers.registry import build_adapters
+from vidjobs.providers.veo import VeoAdapter, http_error, read_operation
 
 KEY = "AIzaSy-test-key"
 MODEL = "veo-2.0-generate-001"

@@ -17,9 +17,9 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from cli.embedded import free_port
 from tests.stack import running_stack, stack_settings
 from tests.support import wait_until
+from vidjobs.cli.embedded import free_port
 
 
 def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:

@@ -11,10 +11,10 @@ from collections import Counter
 import nats
 import pytest
 
-from libs.common import bus, events
-from libs.common.errors import Redeliver
-from libs.common.events import JobQueued
 from tests.support import wait_until
+from vidjobs.common import bus, events
+from vidjobs.common.errors import Redeliver
+from vidjobs.common.events import JobQueued
 
 SUBJECT = events.SUBMIT
 

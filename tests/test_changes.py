@@ -9,12 +9,12 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 
-from libs.common import bus, events, jobs
-from libs.common.jobs import JobRequest
-from libs.common.runtime import open_runtime
-from libs.common.states import JobStatus
-from libs.common.transitions import transition
 from tests.stack import stack_settings
+from vidjobs.common import bus, events, jobs
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.runtime import open_runtime
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import transition
 
 
 async def _pending_job(rt) -> str:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import aiohttp
 
-from cli.embedded import free_port
 from tests.support import wait_until
+from vidjobs.cli.embedded import free_port
 
 READY = re.compile(r"vidjobs ready: (\S+) api-key=(\S+)")
 
@@ -27,7 +27,7 @@ def _clean_env(data_dir: Path) -> dict[str, str]:
 
 async def _vidjobs(*args: str, env: dict[str, str]) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "vidjobs.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
     )
 
 
@@ -97,7 +97,8 @@ async def test_up_runs_a_job_stops_cleanly_and_resumes(tmp_path):
 async def test_up_without_the_embedded_extra_says_what_to_install(tmp_path):
     env = _clean_env(tmp_path / "data") | {"VIDJOBS_NATS_URL": "nats://127.0.0.1:1"}
     # pgserver made unimportable, as on an install without the extra (or on arm64, where it has no wheel).
-    program = "import sys; sys.modules['pgserver'] = None; from cli.__main__ import main; sys.exit(main(['up']))"
+    program = ("import sys; sys.modules['pgserver'] = None; from vidjobs.cli.__main__ import main; "
+               "sys.exit(main(['up']))")
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", program, env=env,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     async with asyncio.timeout(60):

@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 import pytest
 
-from cli.exitcodes import Exit
-from libs.common import credits, ratecard, switch
-from services.gateway import accounts
-from services.gateway.accounts import Account, hash_key
+from vidjobs.cli.exitcodes import Exit
+from vidjobs.common import credits, ratecard, switch
+from vidjobs.gateway import accounts
+from vidjobs.gateway.accounts import Account, hash_key
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ def vidjobs(database_url: str):
 
     async def run(*args: str) -> Run:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cli", *args, env=env, cwd=REPO,
+            sys.executable, "-m", "vidjobs.cli", *args, env=env, cwd=REPO,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate()

@@ -15,12 +15,12 @@ from typing import NamedTuple
 import asyncpg
 import pytest
 
-from cli.exitcodes import Exit
-from libs.common.errors import ErrorCode
-from libs.common.settings import Settings
-from services.submitter import limits
 from tests.stack import running_stack, stack_settings
 from tests.support import wait_until, with_database
+from vidjobs.cli.exitcodes import Exit
+from vidjobs.common.errors import ErrorCode
+from vidjobs.common.settings import Settings
+from vidjobs.submitter import limits
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def _runner(database_url: str, nats_url: str = ""):
 
     async def run(*args: str) -> Run:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cli", *args, env=env, cwd=REPO,
+            sys.executable, "-m", "vidjobs.cli", *args, env=env, cwd=REPO,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate()

@@ -7,7 +7,7 @@ import ast
 import re
 from pathlib import Path
 
-from libs.common.states import JobStatus
+from vidjobs.common.states import JobStatus
 
 ROOT = Path(__file__).parents[1]
 _QUOTED_STATUS = re.compile(r"'(" + "|".join(s.value for s in JobStatus) + r")'")
@@ -31,14 +31,15 @@ def test_sql_never_spells_a_job_status():
         if name in _OTHER_STATUSES:
             continue
         found += [f"{name}:{line}: {text.strip()[:80]}" for line, text in _strings(path) if _QUOTED_STATUS.search(text)]
-    assert not found, "write statuses with libs.common.states.sql():\n" + "\n".join(found)
+    assert not found, "write statuses with vidjobs.common.states.sql():\n" + "\n".join(found)
 
 
 # Where each importable package's code lives: the import rules are about these folders.
 FOLDERS = {
-    "services.gateway": "services/gateway", "services.submitter": "services/submitter",
-    "services.poller": "services/poller", "services.media": "services/media", "services.reaper": "services/reaper",
-    "libs.common": "libs/common", "libs.providers": "libs/providers", "libs.storage": "libs/storage", "cli": "cli",
+    "vidjobs.gateway": "services/gateway", "vidjobs.submitter": "services/submitter",
+    "vidjobs.poller": "services/poller", "vidjobs.media": "services/media", "vidjobs.reaper": "services/reaper",
+    "vidjobs.common": "libs/common", "vidjobs.providers": "libs/providers", "vidjobs.storage": "libs/storage",
+    "vidjobs.cli": "cli",
 }
 SERVICES = {folder for folder in FOLDERS.values() if folder.startswith("services/")}
 
@@ -52,7 +53,9 @@ def _folder_of(module: str) -> str | None:
 
 def _imported(path: Path) -> set[str]:
     """The folders whose code a module imports (absolute and relative imports, at any depth)."""
-    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    rel = path.relative_to(ROOT).as_posix()
+    package, folder = next((pkg, folder) for pkg, folder in FOLDERS.items() if rel.startswith(folder + "/"))
+    package = ".".join([package, *Path(rel[len(folder) + 1:]).parts[:-1]])
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -89,4 +92,4 @@ def test_the_import_rules_see_a_broken_rule():
     """The check itself: a module that broke each rule would be caught (no test that cannot fail)."""
     assert _breaks("services/media", "services/gateway") and _breaks("libs/common", "services/reaper")
     assert _breaks("libs/storage", "libs/providers") and not _breaks("cli", "services/gateway")
-    assert _folder_of("services.gateway.routes_jobs") == "services/gateway" and _folder_of("msgspec") is None
+    assert _folder_of("vidjobs.gateway.routes_jobs") == "services/gateway" and _folder_of("msgspec") is None

@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 from prometheus_client import REGISTRY
 
-from libs.common import jobs
-from libs.common.errors import ErrorCode, JobError
-from libs.common.jobs import JobRequest
-from libs.common.outcomes import fail_or_retry
-from libs.common.retry import Policies
-from libs.common.runtime import open_runtime
-from libs.common.states import JobStatus
-from libs.common.transitions import transition
 from tests.stack import stack_settings
+from vidjobs.common import jobs
+from vidjobs.common.errors import ErrorCode, JobError
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.outcomes import fail_or_retry
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import open_runtime
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import transition
 
 
 def _sample(name: str, labels: dict[str, str]) -> float:

@@ -9,10 +9,10 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from libs.common.grants import SERVICES, role
-from libs.common.settings import load
-from libs.providers.webhooks import decode_secret
 from tests.sqlscan import ROOT
+from vidjobs.common.grants import SERVICES, role
+from vidjobs.common.settings import load
+from vidjobs.providers.webhooks import decode_secret
 
 COMPOSE = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())["services"]
 VIDJOBS = {name: spec for name, spec in COMPOSE.items() if spec.get("image") == "vidjobs:dev"}
@@ -34,7 +34,7 @@ def test_each_service_runs_its_module_as_its_own_user_after_the_migration(servic
     spec = COMPOSE[service]
     user = urlsplit(load(spec["environment"]).database_url).username
 
-    assert spec["command"] == ["python", "-m", f"services.{service}"]
+    assert spec["command"] == ["python", "-m", f"vidjobs.{service}"]
     assert user == f"{service}_login"
     assert spec["depends_on"]["migrate"] == {"condition": "service_completed_successfully"}
     assert spec["depends_on"]["logins"] == {"condition": "service_completed_successfully"}

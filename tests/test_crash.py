@@ -26,8 +26,8 @@ import asyncpg
 import av
 import pytest
 
-from libs.common.states import TERMINAL
 from tests.stack import Stack, running_stack, stack_settings
+from vidjobs.common.states import TERMINAL
 
 SEED = int(os.environ.get("CRASH_TEST_SEED", "20240611"))
 BURSTS = 4  # jobs arrive in bursts, so every kill finds work in flight

@@ -9,10 +9,10 @@ import asyncio
 import asyncpg
 import pytest
 
-from libs.common import db
-from libs.common.errors import ConfigError
-from libs.common.runtime import FAIL_GRACE_S, open_runtime
 from tests.stack import running_stack, stack_settings
+from vidjobs.common import db
+from vidjobs.common.errors import ConfigError
+from vidjobs.common.runtime import FAIL_GRACE_S, open_runtime
 
 HOLD_S = 45.0  # longer than the jobs below are given to finish
 
@@ -61,7 +61,7 @@ async def test_a_dead_long_lived_task_fails_readiness_then_the_service(tmp_path,
 async def test_the_relay_outlives_jetstream_errors(tmp_path, database_url, nats_url):
     """The work stream disappears under the relay (JetStream answers 'no stream'), then comes back: the
     relay keeps trying, and the events staged meanwhile are published."""
-    from libs.common import bus, events, outbox
+    from vidjobs.common import bus, events, outbox
 
     settings = stack_settings(tmp_path, database_url, nats_url)
     async with open_runtime("test", settings) as rt:

@@ -10,14 +10,14 @@ from datetime import datetime
 import asyncpg
 import pytest
 
-from cli.supervisor import SERVICES
-from libs.common import switch
-from libs.common.settings import ProviderLimits
 from tests.stack import demo_key, running_stack, stack_settings
 from tests.support import wait_until
 from tests.test_polite import most_in_flight
+from vidjobs.cli.supervisor import SERVICES
+from vidjobs.common import switch
+from vidjobs.common.settings import ProviderLimits
 
-TWO_SUBMITTERS = {**SERVICES, "submitter-2": "services.submitter"}
+TWO_SUBMITTERS = {**SERVICES, "submitter-2": "vidjobs.submitter"}
 UNLIMITED = ProviderLimits(concurrency=1000, rate_per_s=1000, burst=1000)
 
 

@@ -19,20 +19,20 @@ import av
 import pytest
 from aiohttp import web
 
-from cli.embedded import free_port
-from libs.common import ids
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
-from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
-from libs.providers.fake import adapter as fake_adapter
-from libs.providers.fake.adapter import FakeAdapter
-from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
-from libs.providers.fake.server import FakeProvider, Scenario, running_fake_provider
-from libs.providers.registry import adapter_for, build_adapters
-from libs.providers.webhooks import new_secret, signed_headers
 from tests.standins.server import serving as serving_app
 from tests.support import wait_until
+from vidjobs.cli.embedded import free_port
+from vidjobs.common import ids
+from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
+from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
+from vidjobs.providers.fake import adapter as fake_adapter
+from vidjobs.providers.fake.adapter import FakeAdapter
+from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
+from vidjobs.providers.fake.server import FakeProvider, Scenario, running_fake_provider
+from vidjobs.providers.registry import adapter_for, build_adapters
+from vidjobs.providers.webhooks import new_secret, signed_headers
 
 # --- a stand-in for our gateway's webhook route, and other servers on loopback -----------------------
 
@@ -526,7 +526,7 @@ def _env(**values: str) -> dict[str, str]:
 async def test_as_a_process_it_serves_until_sigterm(http, secret):
     url = f"http://127.0.0.1:{free_port()}"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "libs.providers.fake", env=_env(fake_provider_url=url, fake_webhook_secret=secret),
+        sys.executable, "-m", "vidjobs.providers.fake", env=_env(fake_provider_url=url, fake_webhook_secret=secret),
         stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -544,7 +544,7 @@ async def test_as_a_process_it_serves_until_sigterm(http, secret):
 
 async def test_as_a_process_it_refuses_to_start_without_a_webhook_secret():
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "libs.providers.fake", env=_env(fake_provider_url=f"http://127.0.0.1:{free_port()}"),
+        sys.executable, "-m", "vidjobs.providers.fake", env=_env(fake_provider_url=f"http://127.0.0.1:{free_port()}"),
         stderr=asyncio.subprocess.PIPE,
     )
     _, err = await proc.communicate()

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from libs.common.states import JobStatus
-from services.gateway.accounts import create_account
 from tests.test_gateway_harness import assert_error, auth, drive, gateway_settings, running_gateway
+from vidjobs.common.states import JobStatus
+from vidjobs.gateway.accounts import create_account
 
 ENTRY_KEYS = {"id", "kind", "job_id", "balance_change", "reserved_change", "balance_after", "reserved_after", "note",
               "at"}

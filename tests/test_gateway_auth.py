@@ -6,11 +6,11 @@ import hashlib
 
 import pytest
 
-from libs.common.errors import StoreError
-from services.gateway import ratelimit
-from services.gateway.accounts import add_api_key, create_account
 from tests.support import wait_until
 from tests.test_gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
+from vidjobs.common.errors import StoreError
+from vidjobs.gateway import ratelimit
+from vidjobs.gateway.accounts import add_api_key, create_account
 
 PROTECTED = [
     ("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/jobs/job_x"), ("POST", "/v1/jobs/job_x/cancel"),

@@ -6,9 +6,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from libs.common.states import JobStatus
-from libs.storage import signing
 from tests.test_gateway_harness import assert_error, completed_job, drive, gateway_settings, running_gateway
+from vidjobs.common.states import JobStatus
+from vidjobs.storage import signing
 
 VIDEO = b"\x00\x00\x00\x18ftypmp42" + bytes(range(256)) * 40
 

@@ -16,16 +16,16 @@ import aiohttp
 import asyncpg
 from aiohttp.test_utils import TestClient, TestServer
 
-from cli.embedded import free_port
-from libs.common import jobs
-from libs.common.jobs import JobRequest, JobRow, Outputs
-from libs.common.settings import Settings
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, transition
-from libs.providers.webhooks import new_secret
-from services.gateway.accounts import create_account
-from services.gateway.app import create_app
-from services.gateway.state import GATEWAY, Gateway
+from vidjobs.cli.embedded import free_port
+from vidjobs.common import jobs
+from vidjobs.common.jobs import JobRequest, JobRow, Outputs
+from vidjobs.common.settings import Settings
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.gateway.accounts import create_account
+from vidjobs.gateway.app import create_app
+from vidjobs.gateway.state import GATEWAY, Gateway
+from vidjobs.providers.webhooks import new_secret
 
 JOB_BODY = {"model": "fake/default", "prompt": "a red fox in snow", "duration_s": 5, "aspect_ratio": "16:9",
             "resolution": "720p", "seed": 7, "negative_prompt": None, "input_image": None, "params": {}}

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from libs.common.states import JobStatus
 from tests.test_gateway_harness import JOB_BODY, assert_error, auth, drive, gateway_settings, running_gateway
+from vidjobs.common.states import JobStatus
 
 # Every field API.md names, plus `queue_reason` (why a queued job waits), added in the same style.
 API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",

@@ -1,5 +1,5 @@
 """Operations and documents: health, readiness, metrics, the OpenAPI document, the web page, and the
-`python -m services.gateway` process itself."""
+`python -m vidjobs.gateway` process itself."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cli.embedded import free_port
-from services.gateway.app import route_table
 from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
 from tests.test_gateway_jobs import API_JOB_KEYS
+from vidjobs.cli.embedded import free_port
+from vidjobs.gateway.app import route_table
 
 
 @pytest.fixture
@@ -167,7 +167,7 @@ async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
 async def test_the_process_serves_and_stops_cleanly_on_sigterm(tmp_path, database_url, nats_url):
     settings = gateway_settings(tmp_path, database_url, nats_url)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.gateway", env={**os.environ, **settings.to_env()},
+        sys.executable, "-m", "vidjobs.gateway", env={**os.environ, **settings.to_env()},
         stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -182,7 +182,7 @@ async def test_the_process_serves_and_stops_cleanly_on_sigterm(tmp_path, databas
 
 async def test_a_bad_setting_exits_2_naming_the_variable():
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.gateway", env={**os.environ, "VIDJOBS_HTTP_PORT": "eighty"},
+        sys.executable, "-m", "vidjobs.gateway", env={**os.environ, "VIDJOBS_HTTP_PORT": "eighty"},
         stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
@@ -192,7 +192,7 @@ async def test_a_bad_setting_exits_2_naming_the_variable():
 
 def test_the_reference_page_is_the_served_document():
     """docs/API.md is written from the OpenAPI document; regenerate it when a route or body changes:
-    `python -m services.gateway.apidoc > docs/API.md`."""
-    from services.gateway.apidoc import reference
+    `python -m vidjobs.gateway.apidoc > docs/API.md`."""
+    from vidjobs.gateway.apidoc import reference
 
     assert (Path(__file__).parents[1] / "docs" / "API.md").read_text() == reference()

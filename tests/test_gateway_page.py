@@ -20,12 +20,12 @@ import msgspec
 import pytest
 from PIL import Image
 
-from libs.common.errors import ErrorCode, JobError
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate
-from libs.providers.fake.render import ClipSpec, encode
 from tests.support import wait_until
 from tests.test_gateway_harness import Harness, drive, gateway_settings, running_gateway, store_outputs
+from vidjobs.common.errors import ErrorCode, JobError
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate
+from vidjobs.providers.fake.render import ClipSpec, encode
 
 CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None)
 if CHROMIUM is None and os.environ.get("CI"):

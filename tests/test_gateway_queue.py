@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from libs.common import jobs
-from libs.common.states import JobStatus
 from tests.test_gateway_harness import auth, drive, gateway_settings, read_event, running_gateway
+from vidjobs.common import jobs
+from vidjobs.common.states import JobStatus
 
 
 @pytest.fixture

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from libs.common import events, jobs
-from libs.common.states import JobStatus
-from services.gateway import stream
 from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, auth, drive, gateway_settings, read_event, running_gateway
+from vidjobs.common import events, jobs
+from vidjobs.common.states import JobStatus
+from vidjobs.gateway import stream
 
 
 @pytest.fixture

@@ -10,14 +10,14 @@ import time
 import nats
 import pytest
 
-from libs.common import bus, events
-from libs.common.events import InboxReceived
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate
-from libs.providers import webhooks
-from services.gateway import inbox
 from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, drive, gateway_settings, running_gateway
+from vidjobs.common import bus, events
+from vidjobs.common.events import InboxReceived
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate
+from vidjobs.gateway import inbox
+from vidjobs.providers import webhooks
 
 
 def callback(job_id: str | None, *, render_id: str = "rnd_1", **extra: object) -> bytes:

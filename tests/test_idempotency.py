@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway import idempotency
 from tests.support import wait_until
 from tests.test_gateway_harness import JOB_BODY, assert_error, gateway_settings, running_gateway
+from vidjobs.gateway import idempotency
 
 DAY_S = 86400
 

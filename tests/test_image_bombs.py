@@ -12,9 +12,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from cli.supervisor import SERVICES
 from tests import imagefiles
 from tests.stack import Stack, running_stack, stack_settings
+from vidjobs.cli.supervisor import SERVICES
 
 MB = 1024 * 1024
 # Far below what any bomb would need decoded (the smallest declares 3.6 GB), far above what reading a

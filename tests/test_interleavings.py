@@ -32,27 +32,27 @@ from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from libs.common import bus, credits, events, jobs, outbox
-from libs.common.bus import Delivery
-from libs.common.errors import ErrorCode, JobError, ProviderError, Redeliver
-from libs.common.events import CancelRequested, InboxReceived, JobQueued, RecoveryDue
-from libs.common.jobs import JobRequest, JobRow, Outputs
-from libs.common.retry import Policies
-from libs.common.runtime import Runtime, open_runtime
-from libs.common.settings import Settings
-from libs.common.states import TERMINAL, JobStatus
-from libs.common.transitions import JobUpdate, transition
-from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
-from libs.providers.fake.server import REFUSALS_PER_JOB, FakeProvider, RenderStatus, running_fake_provider
-from libs.providers.registry import adapter_for, build_adapters
-from libs.providers.webhooks import new_secret
-from libs.storage.filesystem import FileStorage
-from services.poller import worker as poller
-from services.poller.signals import SignalContext, apply_signal
-from services.reaper import recovery
-from services.submitter import worker as submitter
 from tests.stack import assert_legal_trail
 from tests.support import wait_until
+from vidjobs.common import bus, credits, events, jobs, outbox
+from vidjobs.common.bus import Delivery
+from vidjobs.common.errors import ErrorCode, JobError, ProviderError, Redeliver
+from vidjobs.common.events import CancelRequested, InboxReceived, JobQueued, RecoveryDue
+from vidjobs.common.jobs import JobRequest, JobRow, Outputs
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import Runtime, open_runtime
+from vidjobs.common.settings import Settings
+from vidjobs.common.states import TERMINAL, JobStatus
+from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.poller import worker as poller
+from vidjobs.poller.signals import SignalContext, apply_signal
+from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
+from vidjobs.providers.fake.server import REFUSALS_PER_JOB, FakeProvider, RenderStatus, running_fake_provider
+from vidjobs.providers.registry import adapter_for, build_adapters
+from vidjobs.providers.webhooks import new_secret
+from vidjobs.reaper import recovery
+from vidjobs.storage.filesystem import FileStorage
+from vidjobs.submitter import worker as submitter
 
 ESTIMATE = 10
 BALANCE = 1_000

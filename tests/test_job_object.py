@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate
-from services.gateway.tenant import JobFilter, page_sql
 from tests.test_gateway_harness import JOB_BODY, assert_error, drive, gateway_settings, running_gateway
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate
+from vidjobs.gateway.tenant import JobFilter, page_sql
 
 
 @pytest.fixture

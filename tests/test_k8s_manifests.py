@@ -161,8 +161,8 @@ async def test_a_service_user_can_do_its_work_in_nats_and_nothing_else(tmp_path:
     is a wrong password."""
     import nats
 
-    from cli.embedded import free_port, nats_binary
-    from libs.common import bus
+    from vidjobs.cli.embedded import free_port, nats_binary
+    from vidjobs.common import bus
 
     (config,) = [o for o in render("prod") if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "nats-config"]
     (tmp_path / "auth.conf").write_text(config["data"]["auth.conf"])

@@ -10,11 +10,11 @@ import io
 import pytest
 from PIL import Image
 
-from libs.common import events
-from libs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
-from libs.common.states import JobStatus
 from tests.stack import assert_legal_trail, running_stack, stack_settings
 from tests.support import wait_until
+from vidjobs.common import events
+from vidjobs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
+from vidjobs.common.states import JobStatus
 
 
 @pytest.fixture
@@ -127,7 +127,7 @@ async def _work_outstanding(nats_url: str) -> int:
     job's original recovery check in its delayed redelivery, so only its undelivered messages count."""
     import nats
 
-    from libs.common.bus import WORK_STREAM
+    from vidjobs.common.bus import WORK_STREAM
 
     nc = await nats.connect(nats_url)
     try:

@@ -18,22 +18,22 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
-from libs.common import bus, jobs, outbox
-from libs.common.errors import ErrorCode, MediaError
-from libs.common.events import DownloadRequested
-from libs.common.jobs import JobRequest, JobRow
-from libs.common.runtime import Runtime, open_runtime
-from libs.common.settings import Settings
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, transition
-from libs.storage.base import ObjectNotFound, job_prefix
-from libs.storage.factory import open_storage
-from libs.storage.filesystem import FileStorage
-from services.media.download import fetch_to_file
-from services.media.thumbnail import write_thumbnail
-from services.media.verify import inspect_video
-from services.media.worker import main
 from tests.support import wait_until
+from vidjobs.common import bus, jobs, outbox
+from vidjobs.common.errors import ErrorCode, MediaError
+from vidjobs.common.events import DownloadRequested
+from vidjobs.common.jobs import JobRequest, JobRow
+from vidjobs.common.runtime import Runtime, open_runtime
+from vidjobs.common.settings import Settings
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.media.download import fetch_to_file
+from vidjobs.media.thumbnail import write_thumbnail
+from vidjobs.media.verify import inspect_video
+from vidjobs.media.worker import main
+from vidjobs.storage.base import ObjectNotFound, job_prefix
+from vidjobs.storage.factory import open_storage
+from vidjobs.storage.filesystem import FileStorage
 
 WIDTH, HEIGHT, FPS, FRAMES = 160, 90, 12, 12  # a one-second clip
 

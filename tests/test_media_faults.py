@@ -10,21 +10,21 @@ from types import SimpleNamespace
 
 import pytest
 
-from libs.common import events, jobs
-from libs.common.bus import Delivery
-from libs.common.errors import GiveUp
-from libs.common.events import DownloadRequested
-from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
-from libs.common.states import JobStatus
-from libs.common.transitions import transition
-from services.gateway.accounts import create_account
-from services.media import copies
-from services.media.worker import DECODER_CRASHES, on_download
 from tests.faults.scenarios.media_faults import kill_whenever_it_decodes, scratch_of
 from tests.stack import Stack, running_stack, stack_settings
 from tests.support import wait_until
 from tests.test_poison import _dead_letters
+from vidjobs.common import events, jobs
+from vidjobs.common.bus import Delivery
+from vidjobs.common.errors import GiveUp
+from vidjobs.common.events import DownloadRequested
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import transition
+from vidjobs.gateway.accounts import create_account
+from vidjobs.media import copies
+from vidjobs.media.worker import DECODER_CRASHES, on_download
 
 
 async def test_a_process_killing_download_is_dead_lettered(tmp_path, database_url, nats_url):

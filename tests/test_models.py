@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from libs.common import ratecard
-from libs.common.errors import ProviderError
-from libs.common.jobs import JobRequest
-from libs.common.settings import RouteShare, Settings
-from libs.providers.base import ModelInfo, ProviderAdapter
-from libs.providers.registry import build_adapters
 from tests.test_gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
+from vidjobs.common import ratecard
+from vidjobs.common.errors import ProviderError
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import RouteShare, Settings
+from vidjobs.providers.base import ModelInfo, ProviderAdapter
+from vidjobs.providers.registry import build_adapters
 
 EVERY_PROVIDER = Settings(
     fake_provider="on", replicate_api_token="r8_test", replicate_webhook_secret="whsec_dGVzdHNlY3JldHRlc3RzZWNyZXQ=",

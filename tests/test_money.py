@@ -10,13 +10,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from libs.common import jobs, ratecard
-from libs.common.ratecard import Price, RateCardIn
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate
-from services.gateway.accounts import create_account
 from tests.stack import running_stack, stack_settings
 from tests.test_gateway_harness import assert_error, drive, gateway_settings, running_gateway
+from vidjobs.common import jobs, ratecard
+from vidjobs.common.ratecard import Price, RateCardIn
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate
+from vidjobs.gateway.accounts import create_account
 
 ESTIMATE = 50  # API.md's example body, 5 s at 720p, on the launch card: 10 credits a second
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from libs.common import jobs
-from libs.common.jobs import JobRequest, Outputs
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, transition
-from libs.storage.base import Storage, job_prefix, upload_prefix
-from libs.storage.filesystem import FileStorage
-from libs.storage.s3 import S3Storage
-from services.media import assets, orphans
-from services.media.assets import StoredAsset
 from tests.s3server import TEST_BUCKET
+from vidjobs.common import jobs
+from vidjobs.common.jobs import JobRequest, Outputs
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.media import assets, orphans
+from vidjobs.media.assets import StoredAsset
+from vidjobs.storage.base import Storage, job_prefix, upload_prefix
+from vidjobs.storage.filesystem import FileStorage
+from vidjobs.storage.s3 import S3Storage
 
 BUCKET = TEST_BUCKET
 ACCOUNT = "acct_orphans"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncpg
 import nats
 
-from libs.common import events
-from libs.common.bus import DEAD_STREAM
 from tests.stack import running_stack, stack_settings
 from tests.support import wait_until
+from vidjobs.common import events
+from vidjobs.common.bus import DEAD_STREAM
 
 POISON_PROMPT = "a prompt this database refuses to submit"
 

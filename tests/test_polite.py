@@ -10,12 +10,12 @@ import asyncpg
 import msgspec
 import pytest
 
-from cli.supervisor import SERVICES
-from libs.common.settings import ProviderLimits
 from tests.stack import running_stack, stack_settings
 from tests.support import wait_until
+from vidjobs.cli.supervisor import SERVICES
+from vidjobs.common.settings import ProviderLimits
 
-TWO_SUBMITTERS = {**SERVICES, "submitter-2": "services.submitter"}
+TWO_SUBMITTERS = {**SERVICES, "submitter-2": "vidjobs.submitter"}
 RENDERING = {"submitted", "processing"}
 
 
@@ -113,7 +113,7 @@ async def _queue_reasons(stack, jobs: list[dict]) -> list[str]:
 
 
 def test_limits_are_settings():
-    from libs.common.settings import load
+    from vidjobs.common.settings import load
 
     settings = load({"VIDJOBS_PROVIDER_LIMITS": msgspec.json.encode({"runway": {"concurrency": 2}}).decode()})
     assert settings.provider_limits["runway"] == ProviderLimits(concurrency=2)

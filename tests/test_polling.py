@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncpg
 
-from libs.common import jobs
-from libs.common.jobs import JobRequest
-from services.poller import schedule
 from tests.stack import running_stack, stack_settings
+from vidjobs.common import jobs
+from vidjobs.common.jobs import JobRequest
+from vidjobs.poller import schedule
 
 
 async def _job(pool: asyncpg.Pool) -> str:

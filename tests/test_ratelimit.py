@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from cli.embedded import free_port
-from services.gateway import ratelimit
-from services.gateway.accounts import add_api_key, hash_key
 from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
+from vidjobs.cli.embedded import free_port
+from vidjobs.gateway import ratelimit
+from vidjobs.gateway.accounts import add_api_key, hash_key
 
 
 @pytest.fixture

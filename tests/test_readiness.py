@@ -11,11 +11,11 @@ from pathlib import Path
 
 import aiohttp
 
-from cli.embedded import EmbeddedNats, free_port
-from libs.common import bus, events
-from libs.common.runtime import consumer, health_app, open_runtime
 from tests.stack import stack_settings
 from tests.support import wait_until
+from vidjobs.cli.embedded import EmbeddedNats, free_port
+from vidjobs.common import bus, events
+from vidjobs.common.runtime import consumer, health_app, open_runtime
 
 
 async def probe(session: aiohttp.ClientSession, url: str) -> tuple[int, dict]:
@@ -43,7 +43,7 @@ async def test_worker_is_unready_while_nats_is_down_and_live_throughout(
     port = free_port()
     settings = stack_settings(tmp_path, database_url, nats_server.url, metrics_port=port)
     base = f"http://127.0.0.1:{port}"
-    async with worker_process("services.reaper", settings.to_env()) as proc, aiohttp.ClientSession() as session:
+    async with worker_process("vidjobs.reaper", settings.to_env()) as proc, aiohttp.ClientSession() as session:
 
         async def readiness(expected: int):
             status, body = await probe(session, f"{base}/readyz")

@@ -10,18 +10,18 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from libs.common import events, jobs
-from libs.common.bus import Delivery
-from libs.common.errors import Redeliver
-from libs.common.events import RECOVERY, JobQueued, RecoveryDue
-from libs.common.jobs import JobRequest
-from libs.common.outbox import Relay
-from libs.common.retry import Policies
-from libs.common.runtime import Runtime
-from libs.common.settings import Settings
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, transition
-from services.reaper.recovery import Context, on_recovery_due
+from vidjobs.common import events, jobs
+from vidjobs.common.bus import Delivery
+from vidjobs.common.errors import Redeliver
+from vidjobs.common.events import RECOVERY, JobQueued, RecoveryDue
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.outbox import Relay
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import Runtime
+from vidjobs.common.settings import Settings
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.reaper.recovery import Context, on_recovery_due
 
 DELIVERY = Delivery(attempt=1, subject=RECOVERY)
 

@@ -15,15 +15,15 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from libs.common import db, grants
-from libs.common.errors import ConfigError
-from libs.common.grants import GRANTS, OPERATOR_ONLY, OWNERS, SERVICES, Privilege
 from tests import imagefiles, sqlscan
 from tests.faults.servicelogs import LoggingSupervisor
 from tests.sqlscan import ROOT
 from tests.stack import running_stack, stack_settings
 from tests.support import wait_until, with_database
 from tests.test_app_webhooks import client_app
+from vidjobs.common import db, grants
+from vidjobs.common.errors import ConfigError
+from vidjobs.common.grants import GRANTS, OPERATOR_ONLY, OWNERS, SERVICES, Privilege
 
 # Statements a service's imports bring along that the service never runs, so its role need not cover them.
 REACHABLE_NOT_RUN: dict[str, dict[tuple[str, Privilege], str]] = {
@@ -233,7 +233,7 @@ async def test_vidjobs_roles_puts_back_a_grant_changed_by_hand_and_prints_the_sq
 
 async def _vidjobs(database_url: str, *args: str) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIDJOBS_")} | {"VIDJOBS_DATABASE_URL": database_url}
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "cli", *args, env=env, cwd=ROOT,
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "vidjobs.cli", *args, env=env, cwd=ROOT,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()
     return proc.returncode or 0, out.decode(), err.decode()

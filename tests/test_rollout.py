@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-from libs.common.settings import RouteShare
-from libs.providers.rollout import route
 from tests.stack import running_stack, stack_settings
+from vidjobs.common.settings import RouteShare
+from vidjobs.providers.rollout import route
 
 ROUTES = {"house/default": [RouteShare(model="fake/default", share=80), RouteShare(model="fake-poll/default",
                                                                                       share=20)]}

@@ -22,21 +22,21 @@ import pytest
 from aiohttp import web
 from botocore.exceptions import ClientError
 
-from cli.embedded import free_port
-from libs.common.errors import ConfigError
-from libs.common.runtime import Runtime
-from libs.common.settings import Settings
-from libs.storage.base import ObjectNotFound, Storage, StorageError, job_prefix
-from libs.storage.factory import open_storage
-from libs.storage.filesystem import FileStorage
-from libs.storage.s3 import S3Storage
-from services.gateway import routes_files
-from services.gateway.errors import error_middleware
-from services.gateway.limits import StreamSlots
-from services.gateway.ratelimit import Buckets
-from services.gateway.routetable import register
-from services.gateway.state import GATEWAY, Gateway
 from tests.s3server import TEST_BUCKET, MotoS3
+from vidjobs.cli.embedded import free_port
+from vidjobs.common.errors import ConfigError
+from vidjobs.common.runtime import Runtime
+from vidjobs.common.settings import Settings
+from vidjobs.gateway import routes_files
+from vidjobs.gateway.errors import error_middleware
+from vidjobs.gateway.limits import StreamSlots
+from vidjobs.gateway.ratelimit import Buckets
+from vidjobs.gateway.routetable import register
+from vidjobs.gateway.state import GATEWAY, Gateway
+from vidjobs.storage.base import ObjectNotFound, Storage, StorageError, job_prefix
+from vidjobs.storage.factory import open_storage
+from vidjobs.storage.filesystem import FileStorage
+from vidjobs.storage.s3 import S3Storage
 
 BUCKET = TEST_BUCKET
 PART = 5 * 1024 * 1024  # S3's smallest part, so a modest file already takes several

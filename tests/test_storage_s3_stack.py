@@ -12,10 +12,10 @@ import av
 import pytest
 from PIL import Image
 
-from libs.storage.s3 import S3Storage
 from tests.s3server import TEST_BUCKET, MotoS3
 from tests.stack import running_stack, stack_settings
 from tests.support import wait_until
+from vidjobs.storage.s3 import S3Storage
 
 BUCKET = TEST_BUCKET
 

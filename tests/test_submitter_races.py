@@ -16,20 +16,20 @@ from datetime import UTC, datetime
 import aiohttp
 import pytest
 
-from libs.common import events, jobs
-from libs.common.bus import Delivery
-from libs.common.errors import ProviderError, Redeliver
-from libs.common.events import JobQueued, RecoveryDue
-from libs.common.jobs import JobRequest
-from libs.common.retry import Policies
-from libs.common.runtime import open_runtime
-from libs.common.settings import Settings
-from libs.providers.fake.server import running_fake_provider
-from libs.providers.registry import adapter_for, build_adapters
-from libs.providers.webhooks import new_secret
-from libs.storage.filesystem import FileStorage
-from services.reaper import recovery
-from services.submitter import worker as submitter
+from vidjobs.common import events, jobs
+from vidjobs.common.bus import Delivery
+from vidjobs.common.errors import ProviderError, Redeliver
+from vidjobs.common.events import JobQueued, RecoveryDue
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import open_runtime
+from vidjobs.common.settings import Settings
+from vidjobs.providers.fake.server import running_fake_provider
+from vidjobs.providers.registry import adapter_for, build_adapters
+from vidjobs.providers.webhooks import new_secret
+from vidjobs.reaper import recovery
+from vidjobs.storage.filesystem import FileStorage
+from vidjobs.submitter import worker as submitter
 
 
 async def test_refused_submit_and_takeover_race(database_url, nats_url, tmp_path, monkeypatch):

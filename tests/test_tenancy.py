@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-import services.gateway
-from services.gateway.state import PUBLIC_ROUTES
+import vidjobs.gateway
 from tests.imagefiles import png_with_text
 from tests.test_gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
+from vidjobs.gateway.state import PUBLIC_ROUTES
 
-GATEWAY_DIR = Path(services.gateway.__file__).parent
+GATEWAY_DIR = Path(vidjobs.gateway.__file__).parent
 
 # Route modules that act for no account, and so have no Tenant. Each is named with the reason.
 EXEMPT = {
@@ -41,10 +41,10 @@ DB_ATTRIBUTES = {"pool", "fetch", "fetchrow", "fetchval", "fetchmany", "execute"
 # Data functions that take an account id (or none) from their caller: only the Tenant may call them, with
 # its own. Named by where they are defined; any import or attribute path that reaches them is caught.
 UNSCOPED = {
-    "libs.common.jobs.fetch", "libs.common.jobs.mark_deleted", "libs.common.uploads.owned",
-    "libs.common.uploads.insert", "libs.common.credits.entries", "libs.common.credits.committed_on",
-    "libs.common.transitions.transition", "services.gateway.accounts.fetch", "services.gateway.accounts.by_key",
-    "services.gateway.accounts.active_jobs", "services.gateway.state.ACCOUNT", "services.gateway.store",
+    "vidjobs.common.jobs.fetch", "vidjobs.common.jobs.mark_deleted", "vidjobs.common.uploads.owned",
+    "vidjobs.common.uploads.insert", "vidjobs.common.credits.entries", "vidjobs.common.credits.committed_on",
+    "vidjobs.common.transitions.transition", "vidjobs.gateway.accounts.fetch", "vidjobs.gateway.accounts.by_key",
+    "vidjobs.gateway.accounts.active_jobs", "vidjobs.gateway.state.ACCOUNT", "vidjobs.gateway.store",
 }
 
 
@@ -110,10 +110,10 @@ def violations(source: str, filename: str = "<module>") -> list[str]:
 
 def test_the_check_catches_each_way_around_the_tenant():
     planted = """
-from libs.common import jobs, uploads as up
-from libs.common.jobs import fetch
-import libs.common.credits
-from services.gateway.state import ACCOUNT
+from vidjobs.common import jobs, uploads as up
+from vidjobs.common.jobs import fetch
+import vidjobs.common.credits
+from vidjobs.gateway.state import ACCOUNT
 
 async def handler(request):
     gw = gateway(request)
@@ -122,13 +122,14 @@ async def handler(request):
         await conn.execute("DELETE FROM jobs")
     await jobs.mark_deleted(conn, "job_1", request[ACCOUNT].id)
     await up.owned(None, "acct", "upl_1")
-    await libs.common.credits.entries(None, "acct")
+    await vidjobs.common.credits.entries(None, "acct")
 """
     found = "\n".join(violations(planted))
-    for expected in [".pool", ".fetchrow", "rt.tx", ".execute", "libs.common.jobs.fetch", "jobs.mark_deleted",
+    for expected in [".pool", ".fetchrow", "rt.tx", ".execute", "vidjobs.common.jobs.fetch", "jobs.mark_deleted",
                      "uploads.owned", "credits.entries", "state.ACCOUNT"]:
         assert expected in found, (expected, found)
-    assert violations("from libs.common.jobs import JobRequest\nasync def h(t):\n    return await t.job('x')\n") == []
+    program = "from vidjobs.common.jobs import JobRequest\nasync def h(t):\n    return await t.job('x')\n"
+    assert violations(program) == []
 
 
 def test_handlers_reach_data_only_through_their_tenant():

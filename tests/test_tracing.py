@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from libs.common import tracing
 from tests.stack import running_stack, stack_settings
 from tests.support import wait_until
+from vidjobs.common import tracing
 
 
 class Collector:

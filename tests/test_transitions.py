@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from libs.common import jobs, transitions
-from libs.common.jobs import JobRequest
-from libs.common.states import LEGAL, JobStatus
+from vidjobs.common import jobs, transitions
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.states import LEGAL, JobStatus
 
 
 async def _account(pool, account_id: str = "acct_t") -> str:
@@ -118,7 +118,7 @@ async def test_cancel_and_delete_give_the_reservation_back(pool):
 
 
 def test_every_legal_move_declares_its_follow_ups():
-    from libs.common.states import FOLLOW_UPS, LEGAL, FollowUp, app_events
+    from vidjobs.common.states import FOLLOW_UPS, LEGAL, FollowUp, app_events
 
     F = FollowUp
     assert set(FOLLOW_UPS) == {(src, to) for src, targets in LEGAL.items() for to in targets}

@@ -7,14 +7,14 @@ import asyncio
 
 import nats
 
-from libs.common import events, jobs
-from libs.common.bus import WORK_STREAM
-from libs.common.events import SlotFreed
-from libs.common.jobs import JobRequest
-from libs.common.states import JobStatus
-from libs.common.transitions import transition
-from services.gateway.accounts import create_account
 from tests.stack import demo_key, running_stack, stack_settings
+from vidjobs.common import events, jobs
+from vidjobs.common.bus import WORK_STREAM
+from vidjobs.common.events import SlotFreed
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import transition
+from vidjobs.gateway.accounts import create_account
 
 WAITING = 12
 
@@ -79,7 +79,7 @@ async def test_a_freed_slot_wakes_the_queue_only_when_a_job_waits_for_it(pool):
 
 
 async def test_a_waiting_jobs_patience_grows_with_its_place_and_is_counted_only_that_far(pool):
-    from services.submitter import dispatch
+    from vidjobs.submitter import dispatch
 
     async with pool.acquire() as conn:
         account_id, _ = await create_account(conn, "patience", credits=100_000, concurrency=1)

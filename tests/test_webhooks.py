@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from libs.common.errors import ConfigError, WebhookRejected
-from libs.providers import webhooks
-from libs.providers.webhooks import new_secret, sign, signed_headers, verify
+from vidjobs.common.errors import ConfigError, WebhookRejected
+from vidjobs.providers import webhooks
+from vidjobs.providers.webhooks import new_secret, sign, signed_headers, verify
 
 BODY = b'{"type": "render.succeeded", "data": {"id": "rnd_1"}}'
 

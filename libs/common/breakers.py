@@ -9,7 +9,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from libs.common import jobs, outbox
+from vidjobs.common import jobs, outbox
 
 
 class BreakerState(enum.StrEnum):

@@ -29,9 +29,9 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-from libs.common import events, faults, metrics, requestids, tracing
-from libs.common.errors import GiveUp, Redeliver
-from libs.common.events import Event, WorkEvent
+from vidjobs.common import events, faults, metrics, requestids, tracing
+from vidjobs.common.errors import GiveUp, Redeliver
+from vidjobs.common.events import Event, WorkEvent
 
 log = logging.getLogger("vidjobs.bus")
 

@@ -26,8 +26,8 @@ from datetime import datetime
 
 from nats.aio.client import Client as NATS
 
-from libs.common import events, metrics
-from libs.common.events import JobChanged
+from vidjobs.common import events, metrics
+from vidjobs.common.events import JobChanged
 
 log = logging.getLogger("vidjobs.changes")
 

@@ -20,8 +20,8 @@ from datetime import date, datetime
 import asyncpg
 import msgspec
 
-from libs.common.errors import QuotaExhausted, StoreError
-from libs.common.states import JobStatus
+from vidjobs.common.errors import QuotaExhausted, StoreError
+from vidjobs.common.states import JobStatus
 
 
 class LedgerKind(enum.StrEnum):

@@ -9,8 +9,8 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from libs.common import grants
-from libs.common.errors import ConfigError
+from vidjobs.common import grants
+from vidjobs.common.errors import ConfigError
 
 log = logging.getLogger("vidjobs.db")
 
@@ -73,7 +73,7 @@ async def create_pool(
 
 def _migration_files() -> list[tuple[int, str, str]]:
     found = []
-    for entry in resources.files("libs.common.migrations").iterdir():
+    for entry in resources.files("vidjobs.common.migrations").iterdir():
         if entry.name.endswith(".sql"):
             number = int(entry.name.split("_", 1)[0])
             found.append((number, entry.name, entry.read_text()))

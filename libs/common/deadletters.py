@@ -15,8 +15,8 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
-from libs.common import events
-from libs.common.bus import DEAD_PREFIX, DEAD_STREAM
+from vidjobs.common import events
+from vidjobs.common.bus import DEAD_PREFIX, DEAD_STREAM
 
 REASON_HEADER = "Vidjobs-Dead-Reason"
 SUBJECT_HEADER = "Vidjobs-Original-Subject"

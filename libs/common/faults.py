@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncpg
 import nats.errors
 
-from libs.storage.base import StorageUnavailable
+from vidjobs.storage.base import StorageUnavailable
 
 # SQLSTATE classes and codes that a retry of the same work can outlive.
 _POSTGRES_TRANSIENT: tuple[type[BaseException], ...] = (

@@ -18,7 +18,7 @@ import logging
 
 import asyncpg
 
-from libs.common.errors import ConfigError
+from vidjobs.common.errors import ConfigError
 
 log = logging.getLogger("vidjobs.grants")
 

@@ -8,16 +8,16 @@ from typing import Any, NamedTuple
 import asyncpg
 import msgspec
 
-from libs.common import changes, credits, ids, outbox, requestids
-from libs.common.errors import JobError, QueueFull
-from libs.common.events import (
+from vidjobs.common import changes, credits, ids, outbox, requestids
+from vidjobs.common.errors import JobError, QueueFull
+from vidjobs.common.events import (
     AssetsDeleteRequested,
     CancelRequested,
     JobQueued,
     RecoveryDue,
     SlotFreed,
 )
-from libs.common.states import RENDERING, SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus, sql
+from vidjobs.common.states import RENDERING, SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus, sql
 
 # A waiting job's message looks at it again within this long, whatever it waits for.
 WAIT_LOOK_S = 30.0

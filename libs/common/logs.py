@@ -10,7 +10,7 @@ import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
 
-from libs.common import requestids
+from vidjobs.common import requestids
 
 # Set for the rest of the current task (a message's handling, a request) once it knows what it works on.
 _subject: ContextVar[dict[str, str] | None] = ContextVar("vidjobs_log_subject", default=None)

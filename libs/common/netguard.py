@@ -32,8 +32,8 @@ import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
-from libs.common import tracing
-from libs.common.errors import ErrorCode, MediaError
+from vidjobs.common import tracing
+from vidjobs.common.errors import ErrorCode, MediaError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import asyncpg
 from nats.js import JetStreamContext
 
-from libs.common import events, metrics, requestids
-from libs.common.events import Event
+from vidjobs.common import events, metrics, requestids
+from vidjobs.common.events import Event
 
 log = logging.getLogger("vidjobs.outbox")
 

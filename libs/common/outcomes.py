@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from libs.common.errors import JobError
-from libs.common.events import JobQueued, RecoveryDue
-from libs.common.jobs import JobRow
-from libs.common.retry import Policies, next_retry, spends_attempt
-from libs.common.states import JobStatus
-from libs.common.transitions import Guard, JobUpdate, Transitioned, transition
+from vidjobs.common.errors import JobError
+from vidjobs.common.events import JobQueued, RecoveryDue
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.retry import Policies, next_retry, spends_attempt
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import Guard, JobUpdate, Transitioned, transition
 
 
 async def fail_or_retry(

@@ -15,8 +15,8 @@ import asyncpg
 import msgspec
 from msgspec import Meta
 
-from libs.common.errors import StoreError
-from libs.common.jobs import JobRequest
+from vidjobs.common.errors import StoreError
+from vidjobs.common.jobs import JobRequest
 
 Resolution = Literal["480p", "720p", "1080p"]
 

@@ -11,13 +11,13 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from libs.common import jobs, outbox
-from libs.common.errors import ErrorCode, JobError, VidjobsError
-from libs.common.events import DownloadRequested, JobQueued
-from libs.common.jobs import JobRow
-from libs.common.outcomes import next_attempt
-from libs.common.states import RENDERING, JobStatus
-from libs.common.transitions import Guard, JobUpdate, transition
+from vidjobs.common import jobs, outbox
+from vidjobs.common.errors import ErrorCode, JobError, VidjobsError
+from vidjobs.common.events import DownloadRequested, JobQueued
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.outcomes import next_attempt
+from vidjobs.common.states import RENDERING, JobStatus
+from vidjobs.common.transitions import Guard, JobUpdate, transition
 
 STUCK = JobError.of(ErrorCode.TIMEOUT, "The render stopped making progress; an operator started it again.")
 

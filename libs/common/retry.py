@@ -8,8 +8,8 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from libs.common.errors import ErrorCode, JobError
-from libs.common.settings import Settings
+from vidjobs.common.errors import ErrorCode, JobError
+from vidjobs.common.settings import Settings
 
 
 class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):

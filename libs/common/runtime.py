@@ -20,13 +20,13 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from libs.common import bus, changes, db, faults, logs, tracing
-from libs.common.errors import ConfigError, ErrorCode, JobError
-from libs.common.events import Event
-from libs.common.outbox import Relay
-from libs.common.settings import Settings, load
-from libs.common.states import JobStatus, sources_of
-from libs.common.transitions import JobUpdate, transition
+from vidjobs.common import bus, changes, db, faults, logs, tracing
+from vidjobs.common.errors import ConfigError, ErrorCode, JobError
+from vidjobs.common.events import Event
+from vidjobs.common.outbox import Relay
+from vidjobs.common.settings import Settings, load
+from vidjobs.common.states import JobStatus, sources_of
+from vidjobs.common.transitions import JobUpdate, transition
 
 log = logging.getLogger("vidjobs.runtime")
 
@@ -245,7 +245,7 @@ async def _serve(name: str, settings: Settings, main: WorkerMain) -> int:
 
 
 def run_worker(name: str, main: WorkerMain) -> None:
-    """Entry point of `python -m services.<name>`."""
+    """Entry point of `python -m vidjobs.<name>`."""
     try:
         settings = load()
     except ConfigError as exc:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from libs.common.errors import ConfigError
+from vidjobs.common.errors import ConfigError
 
 PREFIX = "VIDJOBS_"
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from libs.common import requestids
+from vidjobs.common import requestids
 
 log = logging.getLogger("vidjobs.tracing")
 

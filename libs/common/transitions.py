@@ -17,11 +17,11 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from libs.common import changes, metrics, outbox
-from libs.common.errors import JobError
-from libs.common.events import AppEventDue, Event
-from libs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credit, slot_wakeup
-from libs.common.states import (
+from vidjobs.common import changes, metrics, outbox
+from vidjobs.common.errors import JobError
+from vidjobs.common.events import AppEventDue, Event
+from vidjobs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credit, slot_wakeup
+from vidjobs.common.states import (
     BILLED_ENDINGS,
     FOLLOW_UPS,
     STAGE_OF,

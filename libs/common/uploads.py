@@ -12,7 +12,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from libs.common.states import SQL_TERMINAL
+from vidjobs.common.states import SQL_TERMINAL
 
 
 class UploadRow(msgspec.Struct, kw_only=True, frozen=True):

@@ -12,8 +12,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from libs.common.errors import JobError
-from libs.common.jobs import JobRequest
+from vidjobs.common.errors import JobError
+from vidjobs.common.jobs import JobRequest
 
 
 class ProviderState(enum.StrEnum):

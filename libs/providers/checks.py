@@ -6,8 +6,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import TypeVar
 
-from libs.common.errors import ErrorCode, ProviderError
-from libs.common.jobs import JobRequest
+from vidjobs.common.errors import ErrorCode, ProviderError
+from vidjobs.common.jobs import JobRequest
 
 M = TypeVar("M")
 

@@ -29,9 +29,9 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.providers.base import (
+from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.providers.base import (
     ModelInfo,
     ProviderSignal,
     ProviderState,
@@ -39,9 +39,9 @@ from libs.providers.base import (
     SubmitRequest,
     formats,
 )
-from libs.providers.checks import invalid, pick_model
-from libs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
-from libs.providers.http import Answer, ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
+from vidjobs.providers.checks import invalid, pick_model
+from vidjobs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
+from vidjobs.providers.http import Answer, ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
 
 NAME = "fal"
 _KEY_HINT = "check VIDJOBS_FAL_API_KEY"

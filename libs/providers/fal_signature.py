@@ -29,7 +29,7 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from libs.common.errors import WebhookRejected
+from vidjobs.common.errors import WebhookRejected
 
 log = logging.getLogger("vidjobs.providers.fal")
 

@@ -13,10 +13,10 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import aiohttp
 import msgspec
 
-from libs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.providers import webhooks
-from libs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
+from vidjobs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.providers import webhooks
+from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
 
 T = TypeVar("T")
 

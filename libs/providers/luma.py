@@ -32,9 +32,9 @@ from urllib.parse import parse_qs, quote, urlencode, urlsplit
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
-from libs.providers.base import (
+from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
+from vidjobs.common.jobs import JobRequest
+from vidjobs.providers.base import (
     ModelInfo,
     ProviderSignal,
     ProviderState,
@@ -42,8 +42,8 @@ from libs.providers.base import (
     SubmitRequest,
     formats,
 )
-from libs.providers.checks import invalid, pick_model
-from libs.providers.http import INPUT_STATUSES, ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
+from vidjobs.providers.checks import invalid, pick_model
+from vidjobs.providers.http import INPUT_STATUSES, ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
 
 T = TypeVar("T")
 

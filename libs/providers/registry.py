@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import aiohttp
 
-from libs.common.errors import ErrorCode, ProviderError
-from libs.common.settings import Settings
-from libs.providers.base import ProviderAdapter
-from libs.providers.fake.adapter import FakeAdapter, PollingFakeAdapter
+from vidjobs.common.errors import ErrorCode, ProviderError
+from vidjobs.common.settings import Settings
+from vidjobs.providers.base import ProviderAdapter
+from vidjobs.providers.fake.adapter import FakeAdapter, PollingFakeAdapter
 
 
 def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[str, ProviderAdapter]:
@@ -22,25 +22,25 @@ def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[s
         ]
     # Real providers join only when their API key is configured.
     if settings.replicate_api_token:
-        from libs.providers.replicate import ReplicateAdapter
+        from vidjobs.providers.replicate import ReplicateAdapter
 
         adapters.append(ReplicateAdapter(session, settings.replicate_url, settings.replicate_api_token,
                                          settings.replicate_webhook_secret, tolerance_s=settings.webhook_tolerance_s))
     if settings.fal_api_key:
-        from libs.providers.fal import FalAdapter
+        from vidjobs.providers.fal import FalAdapter
 
         adapters.append(FalAdapter(session, settings.fal_url, settings.fal_api_key, settings.fal_jwks_url,
                                    tolerance_s=settings.webhook_tolerance_s, user_id=settings.fal_user_id))
     if settings.runway_api_key:
-        from libs.providers.runway import RunwayAdapter
+        from vidjobs.providers.runway import RunwayAdapter
 
         adapters.append(RunwayAdapter(session, settings.runway_url, settings.runway_api_key))
     if settings.luma_api_key:
-        from libs.providers.luma import LumaAdapter
+        from vidjobs.providers.luma import LumaAdapter
 
         adapters.append(LumaAdapter(session, settings.luma_url, settings.luma_api_key))
     if settings.veo_api_key:
-        from libs.providers.veo import VeoAdapter
+        from vidjobs.providers.veo import VeoAdapter
 
         adapters.append(VeoAdapter(session, settings.veo_url, settings.veo_api_key))
     return {adapter.name: adapter for adapter in adapters}

@@ -31,10 +31,10 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
-from libs.common.jobs import JobRequest
-from libs.providers import webhooks
-from libs.providers.base import (
+from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
+from vidjobs.common.jobs import JobRequest
+from vidjobs.providers import webhooks
+from vidjobs.providers.base import (
     ModelInfo,
     ProviderSignal,
     ProviderState,
@@ -42,8 +42,8 @@ from libs.providers.base import (
     SubmitRequest,
     formats,
 )
-from libs.providers.checks import invalid, is_number, pick_model
-from libs.providers.http import (
+from vidjobs.providers.checks import invalid, is_number, pick_model
+from vidjobs.providers.http import (
     INPUT_STATUSES,
     ErrorTable,
     HttpAdapter,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from libs.common.settings import RouteShare
+from vidjobs.common.settings import RouteShare
 
 
 def route(model: str, routes: dict[str, list[RouteShare]], *, draw: float | None = None) -> tuple[str, str | None]:

@@ -20,9 +20,9 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
-from libs.common.jobs import JobRequest
-from libs.providers.base import (
+from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
+from vidjobs.common.jobs import JobRequest
+from vidjobs.providers.base import (
     Format,
     ModelInfo,
     ProviderSignal,
@@ -30,8 +30,8 @@ from libs.providers.base import (
     Submission,
     SubmitRequest,
 )
-from libs.providers.checks import check_frame, invalid, listed, pick_model
-from libs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
+from vidjobs.providers.checks import check_frame, invalid, listed, pick_model
+from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
 
 API_VERSION = "2024-11-06"
 KEY_SETTING = "VIDJOBS_RUNWAY_API_KEY"

@@ -22,9 +22,9 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
-from libs.common.jobs import JobRequest
-from libs.providers.base import (
+from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError
+from vidjobs.common.jobs import JobRequest
+from vidjobs.providers.base import (
     Format,
     ModelInfo,
     ProviderSignal,
@@ -32,8 +32,8 @@ from libs.providers.base import (
     Submission,
     SubmitRequest,
 )
-from libs.providers.checks import check_frame, invalid, listed, pick_model
-from libs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
+from vidjobs.providers.checks import check_frame, invalid, listed, pick_model
+from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
 
 KEY_SETTING = "VIDJOBS_VEO_API_KEY"
 KEY_HEADER = "x-goog-api-key"

@@ -17,8 +17,8 @@ import secrets
 import time
 from collections.abc import Mapping
 
-from libs.common import ids
-from libs.common.errors import ConfigError, WebhookRejected
+from vidjobs.common import ids
+from vidjobs.common.errors import ConfigError, WebhookRejected
 
 SECRET_PREFIX = "whsec_"
 ID_HEADER = "webhook-id"

@@ -8,11 +8,11 @@ from urllib.parse import SplitResult, urlsplit
 
 from botocore.exceptions import BotoCoreError
 
-from libs.common.errors import ConfigError
-from libs.common.settings import Settings
-from libs.storage.base import Storage
-from libs.storage.filesystem import FileStorage
-from libs.storage.s3 import MIN_PART_BYTES, S3Storage
+from vidjobs.common.errors import ConfigError
+from vidjobs.common.settings import Settings
+from vidjobs.storage.base import Storage
+from vidjobs.storage.filesystem import FileStorage
+from vidjobs.storage.s3 import MIN_PART_BYTES, S3Storage
 
 # S3's rules for bucket names: 3-63 lowercase letters, digits, dots and hyphens, a letter or digit at each end.
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")

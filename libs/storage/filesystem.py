@@ -9,8 +9,8 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from libs.storage import signing
-from libs.storage.base import ObjectInfo, ObjectNotFound, StorageError
+from vidjobs.storage import signing
+from vidjobs.storage.base import ObjectInfo, ObjectNotFound, StorageError
 
 LIST_PAGE = 1000  # objects looked at per trip to a worker thread
 UNKNOWN_TYPE = "application/octet-stream"  # what a listing says, as S3's does

@@ -24,7 +24,7 @@ from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from libs.storage.base import ObjectInfo, ObjectNotFound, StorageError, StorageUnavailable
+from vidjobs.storage.base import ObjectInfo, ObjectNotFound, StorageError, StorageUnavailable
 
 log = logging.getLogger("vidjobs.storage")
 

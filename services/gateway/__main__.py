@@ -1,4 +1,4 @@
-"""`python -m services.gateway`: serve the API until SIGTERM or SIGINT, then stop cleanly."""
+"""`python -m vidjobs.gateway`: serve the API until SIGTERM or SIGINT, then stop cleanly."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import sys
 import uvloop
 from aiohttp import web
 
-from libs.common import logs, tracing
-from libs.common.errors import ConfigError
-from libs.common.settings import Settings, load
-from services.gateway.app import create_app
-from services.gateway.state import GATEWAY
+from vidjobs.common import logs, tracing
+from vidjobs.common.errors import ConfigError
+from vidjobs.common.settings import Settings, load
+from vidjobs.gateway.app import create_app
+from vidjobs.gateway.state import GATEWAY
 
 log = logging.getLogger("vidjobs.gateway")
 

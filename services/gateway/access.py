@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from libs.common import requestids, tracing
+from vidjobs.common import requestids, tracing
 
 REQUEST_ID = web.RequestKey("request_id", str)
 

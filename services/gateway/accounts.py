@@ -13,10 +13,10 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from libs.common import ids
-from libs.common.credits import grant
-from libs.common.errors import StoreError
-from libs.common.states import SQL_TERMINAL, TERMINAL
+from vidjobs.common import ids
+from vidjobs.common.credits import grant
+from vidjobs.common.errors import StoreError
+from vidjobs.common.states import SQL_TERMINAL, TERMINAL
 
 KEY_PREFIX = "vj_"
 

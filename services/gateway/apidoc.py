@@ -1,7 +1,7 @@
 """docs/API.md, the API reference, written from the same OpenAPI document `/openapi.json` serves, so the page
 cannot drift from what is served (a test compares them).
 
-    python -m services.gateway.apidoc > docs/API.md
+    python -m vidjobs.gateway.apidoc > docs/API.md
 """
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from libs.common.settings import Settings
-from services.gateway.app import route_table
-from services.gateway.openapi import document
+from vidjobs.common.settings import Settings
+from vidjobs.gateway.app import route_table
+from vidjobs.gateway.openapi import document
 
 _INTRO = """# API reference
 
 Generated from the OpenAPI document the gateway serves at `GET /openapi.json` (`python -m
-services.gateway.apidoc > docs/API.md`); the document is the authority. Every `/v1` route but the provider
+vidjobs.gateway.apidoc > docs/API.md`); the document is the authority. Every `/v1` route but the provider
 callback route takes `Authorization: Bearer <api key>`. Every answer carries `X-Request-Id`; every answer
 to a request made with a key carries `RateLimit` and `RateLimit-Policy`. Errors are
 `{"error": {"code", "message", "retryable", "request_id"}}` (the `ErrorBody` schema lists every code).

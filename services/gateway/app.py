@@ -13,14 +13,12 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from libs.common import bus, events, netguard, tracing
-from libs.common.bus import Delivery
-from libs.common.events import AppEventDue
-from libs.common.runtime import Runtime, consumer, every, health_app, open_runtime
-from libs.common.settings import Settings
-from libs.providers.registry import build_adapters
-from libs.storage.factory import open_storage
-from services.gateway import (
+from vidjobs.common import bus, events, netguard, tracing
+from vidjobs.common.bus import Delivery
+from vidjobs.common.events import AppEventDue
+from vidjobs.common.runtime import Runtime, consumer, every, health_app, open_runtime
+from vidjobs.common.settings import Settings
+from vidjobs.gateway import (
     appwebhooks,
     idempotency,
     inbox,
@@ -36,16 +34,18 @@ from services.gateway import (
     routes_webhooks,
     stream,
 )
-from services.gateway.access import request_id_middleware, stamp_request_id
-from services.gateway.auth import auth_middleware, stamp_rate_limit
-from services.gateway.errors import ErrorOut, error_middleware
-from services.gateway.limits import Bucket, StreamSlots
-from services.gateway.metrics import metrics_middleware
-from services.gateway.openapi import openapi_route
-from services.gateway.owned import view as owned_view
-from services.gateway.routetable import Route, register
-from services.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
-from services.gateway.tenant import Tenant
+from vidjobs.gateway.access import request_id_middleware, stamp_request_id
+from vidjobs.gateway.auth import auth_middleware, stamp_rate_limit
+from vidjobs.gateway.errors import ErrorOut, error_middleware
+from vidjobs.gateway.limits import Bucket, StreamSlots
+from vidjobs.gateway.metrics import metrics_middleware
+from vidjobs.gateway.openapi import openapi_route
+from vidjobs.gateway.owned import view as owned_view
+from vidjobs.gateway.routetable import Route, register
+from vidjobs.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
+from vidjobs.gateway.tenant import Tenant
+from vidjobs.providers.registry import build_adapters
+from vidjobs.storage.factory import open_storage
 
 PROVIDER_TIMEOUT_S = 30
 

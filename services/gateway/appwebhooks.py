@@ -26,12 +26,12 @@ import aiohttp
 import asyncpg
 import msgspec
 
-from libs.common import ids, netguard, requestids
-from libs.common.events import AppEventDue
-from libs.common.runtime import Runtime
-from libs.providers import webhooks
-from libs.providers.http import retry_after
-from services.gateway.errors import invalid
+from vidjobs.common import ids, netguard, requestids
+from vidjobs.common.events import AppEventDue
+from vidjobs.common.runtime import Runtime
+from vidjobs.gateway.errors import invalid
+from vidjobs.providers import webhooks
+from vidjobs.providers.http import retry_after
 
 log = logging.getLogger("vidjobs.gateway.appwebhooks")
 

@@ -7,11 +7,11 @@ import math
 
 from aiohttp import web
 
-from libs.common import logs
-from libs.common.errors import ErrorCode
-from services.gateway import ratelimit
-from services.gateway.errors import ApiError, GatewayCode
-from services.gateway.state import ACCOUNT, API_KEY_ID, PUBLIC_ROUTES, gateway
+from vidjobs.common import logs
+from vidjobs.common.errors import ErrorCode
+from vidjobs.gateway import ratelimit
+from vidjobs.gateway.errors import ApiError, GatewayCode
+from vidjobs.gateway.state import ACCOUNT, API_KEY_ID, PUBLIC_ROUTES, gateway
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="vidjobs"'}
 

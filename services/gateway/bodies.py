@@ -12,11 +12,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from libs.common.credits import LedgerKind
-from libs.common.errors import JobError
-from libs.common.jobs import JobRequest
-from libs.common.states import JobStatus, Stage
-from libs.providers.base import Format
+from vidjobs.common.credits import LedgerKind
+from vidjobs.common.errors import JobError
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.states import JobStatus, Stage
+from vidjobs.providers.base import Format
 
 MAX_PROMPT_CHARS = 2000
 

@@ -12,7 +12,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
-from services.gateway.errors import ApiError, GatewayCode, invalid
+from vidjobs.gateway.errors import ApiError, GatewayCode, invalid
 
 T = TypeVar("T")
 

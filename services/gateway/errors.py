@@ -13,8 +13,8 @@ from typing import Literal
 import msgspec
 from aiohttp import web
 
-from libs.common import requestids
-from libs.common.errors import ErrorCode
+from vidjobs.common import requestids
+from vidjobs.common.errors import ErrorCode
 
 log = logging.getLogger("vidjobs.gateway")
 

@@ -19,8 +19,8 @@ import struct
 import msgspec
 from PIL import Image, ImageOps
 
-from libs.common.errors import ErrorCode
-from services.gateway.errors import ApiError, GatewayCode
+from vidjobs.common.errors import ErrorCode
+from vidjobs.gateway.errors import ApiError, GatewayCode
 
 # Image decodes in flight at once per gateway process; each may hold a few hundred MB at the pixel limit.
 DECODE_SLOTS = 2

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncpg
 
-from libs.common import outbox
-from libs.common.events import InboxReceived
-from libs.common.states import TERMINAL
-from libs.providers.base import ProviderSignal
+from vidjobs.common import outbox
+from vidjobs.common.events import InboxReceived
+from vidjobs.common.states import TERMINAL
+from vidjobs.providers.base import ProviderSignal
 
 # A submit still unanswered after this long is not waiting for its answer any more.
 IN_FLIGHT_S = 600.0

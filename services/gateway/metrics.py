@@ -10,7 +10,7 @@ import time
 from aiohttp import web
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.gateway.state import ACCOUNT
+from vidjobs.gateway.state import ACCOUNT
 
 log = logging.getLogger("vidjobs.access")
 

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from services.gateway.routetable import ResponseSpec, Route
+from vidjobs.gateway.routetable import ResponseSpec, Route
 
 _REF = "#/components/schemas/{name}"
 _PATH_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")

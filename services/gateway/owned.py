@@ -7,11 +7,11 @@ import re
 
 from aiohttp import web
 
-from services.gateway.bodies import JobOut
-from services.gateway.errors import not_found
-from services.gateway.state import Gateway
-from services.gateway.tenant import OwnedJob, tenant
-from services.gateway.views import job_view
+from vidjobs.gateway.bodies import JobOut
+from vidjobs.gateway.errors import not_found
+from vidjobs.gateway.state import Gateway
+from vidjobs.gateway.tenant import OwnedJob, tenant
+from vidjobs.gateway.views import job_view
 
 JOB_ID = re.compile(r"^job_[0-9a-z]{1,64}$")
 

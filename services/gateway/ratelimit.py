@@ -23,9 +23,9 @@ from datetime import UTC, datetime
 import asyncpg
 import msgspec
 
-from libs.common.settings import Settings
-from services.gateway import accounts
-from services.gateway.accounts import Account, hash_key
+from vidjobs.common.settings import Settings
+from vidjobs.gateway import accounts
+from vidjobs.gateway.accounts import Account, hash_key
 
 KEY_CACHE_S = 5.0  # a key's account and limits are reread this often
 SYNC_S = 0.5  # how often the spending here is written to the keys' rows

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from libs.common.credits import Entry
-from services.gateway import cursor, ratelimit
-from services.gateway.bodies import AccountOut, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
-from services.gateway.decoding import read_query
-from services.gateway.errors import ErrorOut, not_found
-from services.gateway.routetable import Route, json_response
-from services.gateway.state import gateway
-from services.gateway.tenant import tenant
+from vidjobs.common.credits import Entry
+from vidjobs.gateway import cursor, ratelimit
+from vidjobs.gateway.bodies import AccountOut, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
+from vidjobs.gateway.decoding import read_query
+from vidjobs.gateway.errors import ErrorOut, not_found
+from vidjobs.gateway.routetable import Route, json_response
+from vidjobs.gateway.state import gateway
+from vidjobs.gateway.tenant import tenant
 
 
 async def get_account(request: web.Request) -> web.Response:

@@ -9,8 +9,8 @@ import re
 import msgspec
 from aiohttp import web
 
-from services.gateway import appwebhooks
-from services.gateway.bodies import (
+from vidjobs.gateway import appwebhooks
+from vidjobs.gateway.bodies import (
     DeliveryList,
     DeliveryOut,
     EndpointCreated,
@@ -19,11 +19,11 @@ from services.gateway.bodies import (
     EndpointOut,
     WebhookSecretOut,
 )
-from services.gateway.decoding import read_json
-from services.gateway.errors import ErrorOut, not_found
-from services.gateway.routetable import Route, json_response
-from services.gateway.state import gateway
-from services.gateway.tenant import tenant
+from vidjobs.gateway.decoding import read_json
+from vidjobs.gateway.errors import ErrorOut, not_found
+from vidjobs.gateway.routetable import Route, json_response
+from vidjobs.gateway.state import gateway
+from vidjobs.gateway.tenant import tenant
 
 ENDPOINT_ID = re.compile(r"^whe_[0-9a-z]{1,64}$")
 DELIVERY_ID = re.compile(r"^msg_[0-9a-z]{1,64}$")

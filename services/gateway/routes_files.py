@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from libs.storage import signing
-from libs.storage.base import StorageError
-from libs.storage.filesystem import FileStorage
-from services.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
-from services.gateway.routetable import Route
-from services.gateway.state import gateway
+from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
+from vidjobs.gateway.routetable import Route
+from vidjobs.gateway.state import gateway
+from vidjobs.storage import signing
+from vidjobs.storage.base import StorageError
+from vidjobs.storage.filesystem import FileStorage
 
 _REFUSED = "this link is invalid or has expired; ask the API for the job again to get a fresh one"
 

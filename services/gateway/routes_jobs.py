@@ -11,16 +11,13 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from libs.common import jobs, ratecard
-from libs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
-from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
-from libs.common.states import JobStatus
-from libs.providers import rollout
-from libs.providers.base import ProviderAdapter
-from libs.providers.registry import adapter_for
-from services.gateway import appwebhooks, cursor, idempotency
-from services.gateway.bodies import (
+from vidjobs.common import jobs, ratecard
+from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
+from vidjobs.common.states import JobStatus
+from vidjobs.gateway import appwebhooks, cursor, idempotency
+from vidjobs.gateway.bodies import (
     DEFAULT_JOB_EVENTS,
     CreateJob,
     EstimateOut,
@@ -31,14 +28,17 @@ from services.gateway.bodies import (
     Trail,
     TransitionOut,
 )
-from services.gateway.decoding import nul_in, read_json, read_query
-from services.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
-from services.gateway.owned import found, job_id_of, owned_or_404, view
-from services.gateway.routetable import Route, json_response
-from services.gateway.state import Gateway, gateway
-from services.gateway.tenant import JobFilter, OwnedJob, Tenant, tenant
+from vidjobs.gateway.decoding import nul_in, read_json, read_query
+from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
+from vidjobs.gateway.owned import found, job_id_of, owned_or_404, view
+from vidjobs.gateway.routetable import Route, json_response
+from vidjobs.gateway.state import Gateway, gateway
+from vidjobs.gateway.tenant import JobFilter, OwnedJob, Tenant, tenant
+from vidjobs.providers import rollout
+from vidjobs.providers.base import ProviderAdapter
+from vidjobs.providers.registry import adapter_for
 
-# What `libs.common.ids` makes. Anything else cannot name a job, and must never reach a NATS subject.
+# What `vidjobs.common.ids` makes. Anything else cannot name a job, and must never reach a NATS subject.
 QUEUE_RETRY_AFTER_S = 10  # a full queue: about when a place may have freed
 
 

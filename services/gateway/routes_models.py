@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from libs.common import ratecard
-from libs.common.settings import RouteShare
-from libs.providers.base import ModelInfo
-from services.gateway.bodies import ModelList, ModelOut
-from services.gateway.errors import ErrorOut
-from services.gateway.routetable import Route, json_response
-from services.gateway.state import gateway
-from services.gateway.tenant import tenant
+from vidjobs.common import ratecard
+from vidjobs.common.settings import RouteShare
+from vidjobs.gateway.bodies import ModelList, ModelOut
+from vidjobs.gateway.errors import ErrorOut
+from vidjobs.gateway.routetable import Route, json_response
+from vidjobs.gateway.state import gateway
+from vidjobs.gateway.tenant import tenant
+from vidjobs.providers.base import ModelInfo
 
 
 def _aliases(routes: dict[str, list[RouteShare]]) -> dict[str, list[str]]:

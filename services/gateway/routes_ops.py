@@ -7,10 +7,10 @@ import logging
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.gateway.bodies import Health
-from services.gateway.errors import ApiError, ErrorOut, GatewayCode
-from services.gateway.routetable import Route, json_response
-from services.gateway.state import gateway
+from vidjobs.gateway.bodies import Health
+from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode
+from vidjobs.gateway.routetable import Route, json_response
+from vidjobs.gateway.state import gateway
 
 log = logging.getLogger("vidjobs.gateway")
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.gateway.errors import ErrorOut, not_found
-from services.gateway.routetable import Route
+from vidjobs.gateway.errors import ErrorOut, not_found
+from vidjobs.gateway.routetable import Route
 
 PAGE_DIR = Path(__file__).parent / "page"
 _ASSETS = {

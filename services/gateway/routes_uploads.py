@@ -14,17 +14,17 @@ from datetime import UTC, datetime, time, timedelta
 
 from aiohttp import web
 
-from libs.common import ids
-from libs.common.settings import Settings
-from libs.common.uploads import UploadRow
-from libs.storage.base import upload_prefix
-from services.gateway import images
-from services.gateway.bodies import UploadOut
-from services.gateway.decoding import read_body
-from services.gateway.errors import ApiError, ErrorOut, GatewayCode
-from services.gateway.routetable import Route, json_response
-from services.gateway.state import gateway
-from services.gateway.tenant import tenant
+from vidjobs.common import ids
+from vidjobs.common.settings import Settings
+from vidjobs.common.uploads import UploadRow
+from vidjobs.gateway import images
+from vidjobs.gateway.bodies import UploadOut
+from vidjobs.gateway.decoding import read_body
+from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode
+from vidjobs.gateway.routetable import Route, json_response
+from vidjobs.gateway.state import gateway
+from vidjobs.gateway.tenant import tenant
+from vidjobs.storage.base import upload_prefix
 
 log = logging.getLogger("vidjobs.gateway")
 

@@ -16,14 +16,14 @@ import logging
 from aiohttp import web
 from prometheus_client import Counter
 
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.providers.base import ProviderAdapter, ProviderSignal
-from services.gateway import inbox
-from services.gateway.bodies import WebhookAck
-from services.gateway.decoding import read_body
-from services.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
-from services.gateway.routetable import Route, json_response
-from services.gateway.state import Gateway, gateway
+from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.gateway import inbox
+from vidjobs.gateway.bodies import WebhookAck
+from vidjobs.gateway.decoding import read_body
+from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
+from vidjobs.gateway.routetable import Route, json_response
+from vidjobs.gateway.state import Gateway, gateway
+from vidjobs.providers.base import ProviderAdapter, ProviderSignal
 
 log = logging.getLogger("vidjobs.gateway.webhooks")
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from libs.common.runtime import Runtime
-from libs.common.settings import Settings
-from libs.providers.base import ProviderAdapter
-from libs.storage.base import Storage
-from services.gateway.accounts import Account
-from services.gateway.limits import Bucket, StreamSlots
-from services.gateway.ratelimit import Buckets
+from vidjobs.common.runtime import Runtime
+from vidjobs.common.settings import Settings
+from vidjobs.gateway.accounts import Account
+from vidjobs.gateway.limits import Bucket, StreamSlots
+from vidjobs.gateway.ratelimit import Buckets
+from vidjobs.providers.base import ProviderAdapter
+from vidjobs.storage.base import Storage
 
 
 @dataclass

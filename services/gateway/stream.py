@@ -20,15 +20,15 @@ import nats.errors
 from aiohttp import web
 from nats.aio.msg import Msg
 
-from libs.common import events
-from libs.common.states import TERMINAL, JobStatus
-from services.gateway import metrics
-from services.gateway.errors import ApiError, ErrorOut, GatewayCode
-from services.gateway.limits import StreamsFull
-from services.gateway.owned import job_id_of, owned_or_404, view
-from services.gateway.routetable import Route
-from services.gateway.state import API_KEY_ID, Gateway, gateway
-from services.gateway.tenant import OwnedJob, tenant
+from vidjobs.common import events
+from vidjobs.common.states import TERMINAL, JobStatus
+from vidjobs.gateway import metrics
+from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode
+from vidjobs.gateway.limits import StreamsFull
+from vidjobs.gateway.owned import job_id_of, owned_or_404, view
+from vidjobs.gateway.routetable import Route
+from vidjobs.gateway.state import API_KEY_ID, Gateway, gateway
+from vidjobs.gateway.tenant import OwnedJob, tenant
 
 log = logging.getLogger("vidjobs.gateway.stream")
 

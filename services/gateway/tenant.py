@@ -17,17 +17,17 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from libs.common import credits, jobs, outbox, ratecard, uploads
-from libs.common.credits import Entry
-from libs.common.errors import ErrorCode, JobError
-from libs.common.jobs import JobRow, row_to_job
-from libs.common.runtime import Runtime
-from libs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
-from libs.common.transitions import JobUpdate, transition
-from libs.common.uploads import UploadRow
-from services.gateway import accounts, appwebhooks
-from services.gateway.accounts import Account
-from services.gateway.state import ACCOUNT, gateway
+from vidjobs.common import credits, jobs, outbox, ratecard, uploads
+from vidjobs.common.credits import Entry
+from vidjobs.common.errors import ErrorCode, JobError
+from vidjobs.common.jobs import JobRow, row_to_job
+from vidjobs.common.runtime import Runtime
+from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
+from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.common.uploads import UploadRow
+from vidjobs.gateway import accounts, appwebhooks
+from vidjobs.gateway.accounts import Account
+from vidjobs.gateway.state import ACCOUNT, gateway
 
 Conn = asyncpg.Connection | asyncpg.Pool
 

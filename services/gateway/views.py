@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from libs.common.jobs import JobRow, Outputs
-from libs.common.states import STAGE_OF, JobStatus
-from libs.storage.base import Storage
-from services.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls
+from vidjobs.common.jobs import JobRow, Outputs
+from vidjobs.common.states import STAGE_OF, JobStatus
+from vidjobs.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls
+from vidjobs.storage.base import Storage
 
 
 def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retention_days: float) -> JobOutputs:

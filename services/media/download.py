@@ -23,9 +23,9 @@ import aiohttp
 import msgspec
 from yarl import URL
 
-from libs.common import netguard
-from libs.common.errors import ErrorCode, MediaError
-from services.media import metrics
+from vidjobs.common import netguard
+from vidjobs.common.errors import ErrorCode, MediaError
+from vidjobs.media import metrics
 
 CHUNK_BYTES = 1 << 20
 # A provider that stops sending for this long is stuck, whatever the overall time cap still allows.

@@ -16,9 +16,9 @@ from functools import partial
 import asyncpg
 import msgspec
 
-from libs.common.runtime import Runtime, every
-from libs.common.states import JobStatus
-from libs.storage.base import ObjectInfo, Storage
+from vidjobs.common.runtime import Runtime, every
+from vidjobs.common.states import JobStatus
+from vidjobs.storage.base import ObjectInfo, Storage
 
 log = logging.getLogger("vidjobs.media")
 

@@ -21,15 +21,15 @@ import av
 import av.error
 import msgspec
 
-from libs.common.errors import MediaError
-from libs.common.jobs import JobRow, Outputs
-from libs.storage.base import Storage, StorageError, job_prefix
-from services.media import metrics, scratch
-from services.media.assets import StoredAsset
-from services.media.download import Fetched, check_url, fetch_to_file
-from services.media.preview import Preview, PreviewWriter
-from services.media.thumbnail import Thumbnail, write_thumbnail
-from services.media.verify import OPEN_OPTIONS, PosterPicker, VideoInfo, checked_stream, not_video
+from vidjobs.common.errors import MediaError
+from vidjobs.common.jobs import JobRow, Outputs
+from vidjobs.media import metrics, scratch
+from vidjobs.media.assets import StoredAsset
+from vidjobs.media.download import Fetched, check_url, fetch_to_file
+from vidjobs.media.preview import Preview, PreviewWriter
+from vidjobs.media.thumbnail import Thumbnail, write_thumbnail
+from vidjobs.media.verify import OPEN_OPTIONS, PosterPicker, VideoInfo, checked_stream, not_video
+from vidjobs.storage.base import Storage, StorageError, job_prefix
 
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"

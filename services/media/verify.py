@@ -18,7 +18,7 @@ import av.video.stream
 import msgspec
 from PIL import Image
 
-from libs.common.errors import ErrorCode, MediaError
+from vidjobs.common.errors import ErrorCode, MediaError
 
 # The demuxers we accept (FFmpeg's names for the MP4/QuickTime family); we store the file as video.mp4.
 ALLOWED_FORMATS = "mov,mp4,m4a,3gp,3g2,mj2"

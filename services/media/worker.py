@@ -20,22 +20,22 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, jobs, logs, netguard, tracing
-from libs.common.bus import Delivery
-from libs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
-from libs.common.events import AssetsDeleteRequested, DownloadRequested
-from libs.common.jobs import JobRow
-from libs.common.runtime import Runtime, consumer
-from libs.common.settings import Settings
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, transition
-from libs.providers.base import ProviderAdapter
-from libs.providers.registry import adapter_for, build_adapters
-from libs.storage.base import Storage, job_prefix
-from libs.storage.factory import open_storage
-from services.media import assets, copies, metrics, orphans, scratch
-from services.media.isolation import DecodeGate
-from services.media.pipeline import Copier, PreviewSpec, Stored
+from vidjobs.common import bus, events, jobs, logs, netguard, tracing
+from vidjobs.common.bus import Delivery
+from vidjobs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
+from vidjobs.common.events import AssetsDeleteRequested, DownloadRequested
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.runtime import Runtime, consumer
+from vidjobs.common.settings import Settings
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.media import assets, copies, metrics, orphans, scratch
+from vidjobs.media.isolation import DecodeGate
+from vidjobs.media.pipeline import Copier, PreviewSpec, Stored
+from vidjobs.providers.base import ProviderAdapter
+from vidjobs.providers.registry import adapter_for, build_adapters
+from vidjobs.storage.base import Storage, job_prefix
+from vidjobs.storage.factory import open_storage
 
 log = logging.getLogger("vidjobs.media")
 

@@ -8,16 +8,16 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from libs.common import jobs, outbox, ratecard
-from libs.common.errors import ErrorCode, JobError, Redeliver
-from libs.common.events import CancelRequested, DownloadRequested
-from libs.common.jobs import JobRow
-from libs.common.outcomes import fail_or_retry
-from libs.common.retry import Policies
-from libs.common.runtime import Runtime
-from libs.common.states import RENDERING, JobStatus
-from libs.common.transitions import Guard, JobUpdate, transition
-from libs.providers.base import ProviderSignal, ProviderState
+from vidjobs.common import jobs, outbox, ratecard
+from vidjobs.common.errors import ErrorCode, JobError, Redeliver
+from vidjobs.common.events import CancelRequested, DownloadRequested
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.outcomes import fail_or_retry
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import Runtime
+from vidjobs.common.states import RENDERING, JobStatus
+from vidjobs.common.transitions import Guard, JobUpdate, transition
+from vidjobs.providers.base import ProviderSignal, ProviderState
 
 log = logging.getLogger("vidjobs.poller")
 

@@ -10,18 +10,18 @@ from functools import partial
 
 import aiohttp
 
-from libs.common import bus, events, faults, jobs, logs, metrics, requestids, tracing
-from libs.common.bus import Delivery
-from libs.common.errors import ProviderError, Redeliver
-from libs.common.events import CancelRequested, InboxReceived, PollRequested
-from libs.common.jobs import JobRow
-from libs.common.retry import Policies
-from libs.common.runtime import Runtime, consumer, pause
-from libs.common.states import RENDERING
-from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
-from libs.providers.registry import adapter_for, build_adapters
-from services.poller import schedule
-from services.poller.signals import SignalContext, apply_signal
+from vidjobs.common import bus, events, faults, jobs, logs, metrics, requestids, tracing
+from vidjobs.common.bus import Delivery
+from vidjobs.common.errors import ProviderError, Redeliver
+from vidjobs.common.events import CancelRequested, InboxReceived, PollRequested
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import Runtime, consumer, pause
+from vidjobs.common.states import RENDERING
+from vidjobs.poller import schedule
+from vidjobs.poller.signals import SignalContext, apply_signal
+from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
+from vidjobs.providers.registry import adapter_for, build_adapters
 
 log = logging.getLogger("vidjobs.poller")
 

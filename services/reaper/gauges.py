@@ -19,9 +19,9 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from libs.common import bus
-from libs.common.runtime import Runtime, every
-from libs.common.states import NON_TERMINAL, STAGE_OF, JobStatus, sql
+from vidjobs.common import bus
+from vidjobs.common.runtime import Runtime, every
+from vidjobs.common.states import NON_TERMINAL, STAGE_OF, JobStatus, sql
 
 log = logging.getLogger("vidjobs.reaper")
 

@@ -16,17 +16,17 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from libs.common import events, jobs, logs, outbox, requestids
-from libs.common.bus import Delivery
-from libs.common.errors import ErrorCode, JobError, Redeliver
-from libs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
-from libs.common.jobs import JobRow
-from libs.common.outcomes import fail_or_retry, next_attempt
-from libs.common.retry import Policies
-from libs.common.runtime import Runtime
-from libs.common.states import JobStatus
-from libs.common.transitions import JobUpdate, transition
-from services.reaper import leases
+from vidjobs.common import events, jobs, logs, outbox, requestids
+from vidjobs.common.bus import Delivery
+from vidjobs.common.errors import ErrorCode, JobError, Redeliver
+from vidjobs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.outcomes import fail_or_retry, next_attempt
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import Runtime
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.reaper import leases
 
 log = logging.getLogger("vidjobs.reaper")
 

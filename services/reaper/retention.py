@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from libs.common import uploads
-from libs.common.events import AssetsDeleteRequested
-from libs.common.runtime import Runtime, every
-from libs.common.states import JobStatus, sql
-from libs.common.transitions import transition
+from vidjobs.common import uploads
+from vidjobs.common.events import AssetsDeleteRequested
+from vidjobs.common.runtime import Runtime, every
+from vidjobs.common.states import JobStatus, sql
+from vidjobs.common.transitions import transition
 
 log = logging.getLogger("vidjobs.reaper")
 

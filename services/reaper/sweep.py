@@ -10,10 +10,10 @@ from functools import partial
 
 from nats.js import JetStreamContext
 
-from libs.common import events
-from libs.common.events import RecoveryDue
-from libs.common.runtime import Runtime, every
-from services.reaper import leases
+from vidjobs.common import events
+from vidjobs.common.events import RecoveryDue
+from vidjobs.common.runtime import Runtime, every
+from vidjobs.reaper import leases
 
 log = logging.getLogger("vidjobs.reaper")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
-from libs.common import bus, events
-from libs.common.retry import Policies
-from libs.common.runtime import Runtime, consumer
-from services.reaper import gauges, retention, sweep
-from services.reaper.recovery import Context, on_recovery_due
+from vidjobs.common import bus, events
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import Runtime, consumer
+from vidjobs.reaper import gauges, retention, sweep
+from vidjobs.reaper.recovery import Context, on_recovery_due
 
 
 async def main(rt: Runtime) -> None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncpg
 import msgspec
 
-from libs.common import jobs, switch
-from libs.common.jobs import JobRow
-from libs.common.states import SQL_PENDING, SQL_RENDERING
-from services.submitter import limits
+from vidjobs.common import jobs, switch
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.states import SQL_PENDING, SQL_RENDERING
+from vidjobs.submitter import limits
 
 MAX_PATIENCE_S = jobs.WAIT_LOOK_S
 

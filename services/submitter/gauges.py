@@ -13,8 +13,8 @@ from functools import partial
 
 from prometheus_client import Gauge
 
-from libs.common.runtime import Runtime, every
-from libs.common.states import SQL_RENDERING
+from vidjobs.common.runtime import Runtime, every
+from vidjobs.common.states import SQL_RENDERING
 
 REFRESH_S = 10.0
 BREAKER_STATES = ("closed", "open", "half_open")

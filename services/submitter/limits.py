@@ -14,10 +14,10 @@ from datetime import UTC, datetime
 import asyncpg
 import msgspec
 
-from libs.common.breakers import BreakerState
-from libs.common.errors import ErrorCode
-from libs.common.settings import ProviderLimits, Settings
-from libs.common.states import SQL_RENDERING
+from vidjobs.common.breakers import BreakerState
+from vidjobs.common.errors import ErrorCode
+from vidjobs.common.settings import ProviderLimits, Settings
+from vidjobs.common.states import SQL_RENDERING
 
 MAX_COOLDOWN_S = 600.0
 

@@ -12,8 +12,8 @@ import enum
 import asyncpg
 import msgspec
 
-from libs.common.errors import JobError
-from libs.providers.base import SubmitRequest
+from vidjobs.common.errors import JobError
+from vidjobs.providers.base import SubmitRequest
 
 
 class Claim(enum.Enum):

@@ -20,23 +20,23 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter
 
-from libs.common import bus, events, faults, jobs, logs, metrics, outbox, tracing, uploads
-from libs.common.bus import Delivery
-from libs.common.errors import ErrorCode, ProviderError, Redeliver
-from libs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
-from libs.common.jobs import JobRow
-from libs.common.outcomes import fail_or_retry
-from libs.common.retry import Policies
-from libs.common.runtime import Runtime, consumer
-from libs.common.states import JobStatus
-from libs.common.transitions import Guard, JobUpdate, transition
-from libs.providers.base import ProviderAdapter, Submission, SubmitRequest
-from libs.providers.registry import adapter_for, build_adapters
-from libs.storage.base import Storage
-from libs.storage.factory import open_storage
-from services.submitter import dispatch, gauges, limits, submissions
-from services.submitter.dispatch import Wait
-from services.submitter.submissions import Claim
+from vidjobs.common import bus, events, faults, jobs, logs, metrics, outbox, tracing, uploads
+from vidjobs.common.bus import Delivery
+from vidjobs.common.errors import ErrorCode, ProviderError, Redeliver
+from vidjobs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.outcomes import fail_or_retry
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import Runtime, consumer
+from vidjobs.common.states import JobStatus
+from vidjobs.common.transitions import Guard, JobUpdate, transition
+from vidjobs.providers.base import ProviderAdapter, Submission, SubmitRequest
+from vidjobs.providers.registry import adapter_for, build_adapters
+from vidjobs.storage.base import Storage
+from vidjobs.storage.factory import open_storage
+from vidjobs.submitter import dispatch, gauges, limits, submissions
+from vidjobs.submitter.dispatch import Wait
+from vidjobs.submitter.submissions import Claim
 
 log = logging.getLogger("vidjobs.submitter")
 

@@ -10,8 +10,8 @@ from datetime import datetime
 import aiohttp
 import asyncpg
 
-from libs.common.states import TERMINAL
 from tests.faults.report import Row
+from vidjobs.common.states import TERMINAL
 
 TERMINAL_NAMES = [s.value for s in TERMINAL]
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from libs.common import db
 from tests.faults.collector import fill_row, wait_settled
 from tests.faults.jsapi import wait_jetstream
 from tests.faults.natsd import NatsCluster, NatsNode
@@ -30,6 +29,7 @@ from tests.faults.report import Row
 from tests.faults.servicelogs import LoggingSupervisor
 from tests.faults.workload import Created, create_jobs
 from tests.stack import Stack, demo_key, running_stack, stack_settings
+from vidjobs.common import db
 
 if TYPE_CHECKING:
     from tests.faults.scenarios.plans import Plan

@@ -12,7 +12,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerInfo
 
-from libs.common.bus import WORK_STREAM
+from vidjobs.common.bus import WORK_STREAM
 
 
 @contextlib.asynccontextmanager

@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from cli.embedded import end_process, free_port, nats_binary
+from vidjobs.cli.embedded import end_process, free_port, nats_binary
 
 READY_LINE = "Server is ready"
 START_TIMEOUT_S = 20.0

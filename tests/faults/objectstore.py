@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cli.embedded import free_port
 from tests.s3server import MotoS3, _wait_until_answering
+from vidjobs.cli.embedded import free_port
 
 SIDELINED = ".outage"  # where the filesystem root waits out an outage, beside itself
 

@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from cli.embedded import free_port
+from vidjobs.cli.embedded import free_port
 
 SERVER_USER = "pgserver"
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cli.supervisor import Supervisor, log
+from vidjobs.cli.supervisor import Supervisor, log
 
 
 class LoggingSupervisor(Supervisor):

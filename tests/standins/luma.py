@@ -45,8 +45,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from tests.standins.server import CallingStandin, serving
+from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "luma"
 RETRY_AFTER_S = 2

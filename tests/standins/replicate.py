@@ -49,9 +49,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from libs.providers import webhooks
-from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from tests.standins.server import CallingStandin, serving
+from vidjobs.providers import webhooks
+from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "replicate"
 RETRY_AFTER_S = 1

@@ -37,8 +37,8 @@ from typing import Any
 
 from aiohttp import web
 
-from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from tests.standins.server import serving
+from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "runway"
 API_VERSION = "2024-11-06"

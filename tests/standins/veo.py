@@ -39,8 +39,8 @@ from typing import Any
 
 from aiohttp import web
 
-from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from tests.standins.server import serving
+from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "veo"
 KEY_HEADER = "x-goog-api-key"

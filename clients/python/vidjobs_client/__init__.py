@@ -11,9 +11,9 @@
 `AsyncClient` (from `vidjobs_client.aio`, also exported here) has the same methods, awaitable.
 """
 
-from vidjobs_client.aio import AsyncClient
-from vidjobs_client.client import Client
-from vidjobs_client.errors import (
+from .aio import AsyncClient
+from .client import Client
+from .errors import (
     APIError,
     AuthenticationError,
     ChecksumMismatch,
@@ -29,8 +29,8 @@ from vidjobs_client.errors import (
     VidjobsError,
     WaitTimeout,
 )
-from vidjobs_client.models import TERMINAL, Account, Estimate, Job, JobPage, Model, Transition, Upload
-from vidjobs_client.retrying import RetryPolicy
+from .models import TERMINAL, Account, Estimate, Job, JobPage, Model, Transition, Upload
+from .retrying import RetryPolicy
 
 __version__ = "0.1.0"
 __all__ = [

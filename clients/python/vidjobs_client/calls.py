@@ -18,8 +18,8 @@ from urllib.parse import quote
 
 import msgspec
 
-from vidjobs_client import models
-from vidjobs_client.errors import APIError, error_class
+from . import models
+from .errors import APIError, error_class
 
 T = TypeVar("T")
 Query = list[tuple[str, str | int | float | bool | None]]  # as httpx takes it

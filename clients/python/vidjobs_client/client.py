@@ -9,12 +9,12 @@ from typing import BinaryIO, TypeVar, Unpack
 
 import httpx
 
-from vidjobs_client import calls, connection, models
-from vidjobs_client.calls import Call, api_error, decode
-from vidjobs_client.downloads import CHUNK, Download, Part, source, target_path
-from vidjobs_client.errors import WaitTimeout
-from vidjobs_client.following import READ_TIMEOUT_S, Follower, StreamEnded, StreamRefused
-from vidjobs_client.retrying import RetryPolicy
+from . import calls, connection, models
+from .calls import Call, api_error, decode
+from .downloads import CHUNK, Download, Part, source, target_path
+from .errors import WaitTimeout
+from .following import READ_TIMEOUT_S, Follower, StreamEnded, StreamRefused
+from .retrying import RetryPolicy
 
 T = TypeVar("T")
 

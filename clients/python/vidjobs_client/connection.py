@@ -6,8 +6,8 @@ import os
 import secrets
 from typing import Any
 
-from vidjobs_client.calls import Call
-from vidjobs_client.errors import ConfigurationError
+from .calls import Call
+from .errors import ConfigurationError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_VARIABLE = "VIDJOBS_URL"

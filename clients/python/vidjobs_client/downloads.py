@@ -12,8 +12,8 @@ import hashlib
 from pathlib import Path
 from typing import Literal
 
-from vidjobs_client.errors import ChecksumMismatch, JobNotReady
-from vidjobs_client.models import Job
+from .errors import ChecksumMismatch, JobNotReady
+from .models import Job
 
 Part = Literal["video", "thumbnail", "preview"]
 _SUFFIX = {"video": ".mp4", "thumbnail": ".jpg", "preview": ".mp4"}

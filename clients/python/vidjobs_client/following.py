@@ -13,10 +13,10 @@ import dataclasses
 import httpx
 import msgspec
 
-from vidjobs_client.calls import Call, stream_path
-from vidjobs_client.errors import APIError
-from vidjobs_client.models import Job
-from vidjobs_client.retrying import RetryPolicy
+from .calls import Call, stream_path
+from .errors import APIError
+from .models import Job
+from .retrying import RetryPolicy
 
 # The API writes a keepalive comment every 15 s; three missed in a row means the connection is gone.
 READ_TIMEOUT_S = 45.0

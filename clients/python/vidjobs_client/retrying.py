@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from vidjobs_client.calls import Call
-from vidjobs_client.errors import APIError, ConnectionFailed
+from .calls import Call
+from .errors import APIError, ConnectionFailed
 
 _NEVER_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 

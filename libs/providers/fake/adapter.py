@@ -13,10 +13,10 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError
-from libs.common.jobs import JobRequest
-from libs.providers import webhooks
-from libs.providers.base import (
+from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError
+from vidjobs.common.jobs import JobRequest
+from vidjobs.providers import webhooks
+from vidjobs.providers.base import (
     ALL_RATIOS,
     ALL_RESOLUTIONS,
     ModelInfo,
@@ -26,8 +26,8 @@ from libs.providers.base import (
     SubmitRequest,
     formats,
 )
-from libs.providers.checks import invalid, is_number
-from libs.providers.http import (
+from vidjobs.providers.checks import invalid, is_number
+from vidjobs.providers.http import (
     INPUT_STATUSES,
     ErrorTable,
     HttpAdapter,

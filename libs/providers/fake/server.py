@@ -37,9 +37,9 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from libs.common import ids
-from libs.providers import webhooks
-from libs.providers.fake.render import ClipSpec, clip_size, inspect_image, render_mp4
+from vidjobs.common import ids
+from vidjobs.providers import webhooks
+from vidjobs.providers.fake.render import ClipSpec, clip_size, inspect_image, render_mp4
 
 log = logging.getLogger("vidjobs.fake_provider")
 

@@ -10,10 +10,10 @@ from functools import partial
 
 import asyncpg
 
-from libs.common import db
 from tests.faults.harness import fault_run, under_fault
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
+from vidjobs.common import db
 
 LOCK = (Plan(jobs=30, over_s=10, at_s=2, lasts_s=25, settle_s=60, render_s=0.5),
         Plan.long(jobs=100, over_s=60, at_s=5, lasts_s=420, settle_s=240, render_s=1))

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import asyncpg
 
-from services.media import scratch
-from services.media.worker import DECODER_CRASHES
 from tests.faults.harness import fault_run
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
 from tests.faults.workload import Workload, create_jobs
 from tests.stack import Stack
+from vidjobs.media import scratch
+from vidjobs.media.worker import DECODER_CRASHES
 
 POISON = (Plan(jobs=20, over_s=6, at_s=0, lasts_s=0, settle_s=90, render_s=0.3),
           Plan.long(jobs=150, over_s=60, at_s=0, lasts_s=0, settle_s=300, render_s=0.5))
