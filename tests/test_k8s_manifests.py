@@ -155,6 +155,24 @@ def test_services_get_their_own_nats_user(objects: list[dict]) -> None:
         assert env["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "vidjobs-nats", "key": name}
 
 
+def test_in_prod_each_service_reaches_the_database_on_its_own_login() -> None:
+    """Least privilege by default: each Deployment's containers take VIDJOBS_DATABASE_URL last from the
+    service's own Secret (a login in its role, libs/common/grants.py); only the migrations Job uses the
+    schema owner's."""
+    objects = render("prod")
+    secrets = {s["metadata"]["name"]: s for s in of_kind(objects, "Secret")}
+    for deployment in of_kind(objects, "Deployment"):
+        name = deployment["metadata"]["name"]
+        for container in (c for c in containers(deployment) if c.get("envFrom")):
+            refs = [e["secretRef"]["name"] for e in container["envFrom"] if "secretRef" in e]
+            assert refs[-1] == f"vidjobs-db-{name}", (name, container["name"], refs)
+        url = secrets[f"vidjobs-db-{name}"]["stringData"]["VIDJOBS_DATABASE_URL"]
+        assert url.startswith(f"postgresql://vidjobs_{name}_login:"), url
+    for job in of_kind(objects, "Job"):
+        refs = {e["secretRef"]["name"] for c in containers(job) for e in c.get("envFrom", []) if "secretRef" in e}
+        assert not {r for r in refs if r.startswith("vidjobs-db-")}, refs
+
+
 async def test_a_service_user_can_do_its_work_in_nats_and_nothing_else(tmp_path: Path) -> None:
     """The NATS users and permissions of the manifests, on a real nats-server: a service creates the
     streams, publishes work, pulls and acks it; a publish outside the vidjobs subjects is refused, and so
