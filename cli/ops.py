@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import msgspec
@@ -23,6 +23,8 @@ from vidjobs.cli.exitcodes import BackendUnreachable, NotFound, Refused
 from vidjobs.common import breakers, deadletters, jobs, outbox, rescue
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.events import InboxReceived
+
+T = TypeVar("T")
 
 BusCommand = Callable[[JetStreamContext], Awaitable[None]]
 
@@ -112,23 +114,24 @@ async def _job(conn: asyncpg.Connection, job_id: str) -> jobs.JobRow:
     return job
 
 
-async def job_retry(conn: asyncpg.Connection, *, job_id: str, recovery_delay_s: float) -> None:
+async def _rescue(conn: asyncpg.Connection, job_id: str,
+                  act: Callable[[jobs.JobRow], Awaitable[T]]) -> tuple[jobs.JobRow, T]:
+    """The job as it was, and what `act` made of it, in one transaction; a job not stuck is refused."""
     async with conn.transaction():
         job = await _job(conn, job_id)
         try:
-            done = await rescue.retry(conn, job, recovery_delay_s=recovery_delay_s)
+            return job, await act(job)
         except rescue.CannotRescue as exc:
             raise Refused(str(exc)) from exc
+
+
+async def job_retry(conn: asyncpg.Connection, *, job_id: str, recovery_delay_s: float) -> None:
+    job, done = await _rescue(conn, job_id, lambda job: rescue.retry(conn, job, recovery_delay_s=recovery_delay_s))
     _note(f"{job_id} ({job.status.value}, attempt {job.attempt}): {done}")
 
 
 async def job_fail(conn: asyncpg.Connection, *, job_id: str, reason: str) -> None:
-    async with conn.transaction():
-        job = await _job(conn, job_id)
-        try:
-            ended = await rescue.fail(conn, job, reason=reason)
-        except rescue.CannotRescue as exc:
-            raise Refused(str(exc)) from exc
+    job, ended = await _rescue(conn, job_id, lambda job: rescue.fail(conn, job, reason=reason))
     _note(f"{job_id} failed (was {job.status.value}); its reservation of {ended.estimated_credits} credits was "
           f"released and {ended.actual_credits or 0} charged")
 

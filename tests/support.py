@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 
@@ -23,3 +28,25 @@ async def wait_until(predicate, *, within: float = 30.0, interval: float = 0.1, 
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}; last value: {value!r}")
         await asyncio.sleep(interval)
+
+
+class Run(NamedTuple):
+    code: int
+    out: str
+    err: str
+
+
+def operator_command(database_url: str, nats_url: str = "") -> Callable[..., Awaitable[Run]]:
+    """`vidjobs ...` as an operator runs it, on this database (and NATS), with no other VIDJOBS_* setting."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDJOBS_")}
+    env.update(VIDJOBS_DATABASE_URL=database_url, VIDJOBS_NATS_URL=nats_url)
+
+    async def run(*args: str) -> Run:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vidjobs.cli", *args, env=env, cwd=Path(__file__).resolve().parents[1],
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        return Run(proc.returncode, out.decode(), err.decode())
+
+    return run

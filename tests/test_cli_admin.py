@@ -5,41 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
-from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
+from tests.support import operator_command
 from vidjobs.cli.exitcodes import Exit
 from vidjobs.common import credits, ratecard, switch
 from vidjobs.gateway import accounts
 from vidjobs.gateway.accounts import Account, hash_key
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-class Run(NamedTuple):
-    code: int
-    out: str
-    err: str
-
 
 @pytest.fixture
 def vidjobs(database_url: str):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDJOBS_")}
-    env["VIDJOBS_DATABASE_URL"] = database_url
-
-    async def run(*args: str) -> Run:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "vidjobs.cli", *args, env=env, cwd=REPO,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate()
-        return Run(proc.returncode, out.decode(), err.decode())
-
-    return run
+    return operator_command(database_url)
 
 
 def _json_lines(text: str) -> list[dict]:

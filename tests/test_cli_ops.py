@@ -6,44 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
-import sys
-from pathlib import Path
-from typing import NamedTuple
 
 import asyncpg
 import pytest
 
 from tests.stack import running_stack, stack_settings
-from tests.support import wait_until, with_database
+from tests.support import operator_command, wait_until, with_database
 from vidjobs.cli.exitcodes import Exit
 from vidjobs.common.errors import ErrorCode
 from vidjobs.common.settings import Settings
 from vidjobs.submitter import limits
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-class Run(NamedTuple):
-    code: int
-    out: str
-    err: str
-
-
-def _runner(database_url: str, nats_url: str = ""):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VIDJOBS_")}
-    env.update(VIDJOBS_DATABASE_URL=database_url, VIDJOBS_NATS_URL=nats_url)
-
-    async def run(*args: str) -> Run:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "vidjobs.cli", *args, env=env, cwd=REPO,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate()
-        return Run(proc.returncode, out.decode(), err.decode())
-
-    return run
 
 
 def _lines(text: str) -> list[dict]:
@@ -63,7 +36,7 @@ async def empty_database_url(pg_admin_url: str):
 
 
 async def test_migrate_check_names_the_gap_and_admin_commands_refuse_without_migrating(empty_database_url):
-    vidjobs = _runner(empty_database_url)
+    vidjobs = operator_command(empty_database_url)
     behind, listed = await vidjobs("migrate", "--check"), await vidjobs("accounts", "list")
     assert behind.code == Exit.SCHEMA_BEHIND and "0001" in behind.err and "vidjobs migrate" in behind.err
     assert listed.code == Exit.SCHEMA_BEHIND and listed.out == "" and "vidjobs migrate" in listed.err
@@ -87,9 +60,9 @@ async def test_migrate_check_names_the_gap_and_admin_commands_refuse_without_mig
 
 
 async def test_unreachable_database_and_missing_things_have_their_own_exit_codes(database_url):
-    gone = await _runner("postgresql://postgres@127.0.0.1:1/nothing")("jobs", "inspect", "job_x")
+    gone = await operator_command("postgresql://postgres@127.0.0.1:1/nothing")("jobs", "inspect", "job_x")
     assert gone.code == Exit.BACKEND_UNREACHABLE and "cannot reach the database" in gone.err
-    vidjobs = _runner(database_url)
+    vidjobs = operator_command(database_url)
     missing = await asyncio.gather(vidjobs("jobs", "inspect", "job_nope"), vidjobs("jobs", "retry", "job_nope"),
                                    vidjobs("inbox", "replay", "424242"), vidjobs("breakers", "reset", "nobody"))
     assert [m.code for m in missing] == [Exit.NOT_FOUND] * 4, [m.err for m in missing]
@@ -103,7 +76,7 @@ async def test_breakers_listed_and_reset_as_the_submitter_sees_them(database_url
         for _ in range(2):  # the submitter's own bookkeeping of two outages in a row opens the breaker
             await limits.record_answer(conn, "fake", ErrorCode.PROVIDER_UNAVAILABLE, settings)
         assert (await limits.breaker_gate(conn, "fake", "job_a")).kind == "breaker"
-    vidjobs = _runner(database_url)
+    vidjobs = operator_command(database_url)
 
     listed = await vidjobs("breakers", "list", "--json")
     [breaker] = _lines(listed.out)
@@ -136,7 +109,7 @@ async def test_dead_letters_are_listed_and_replayed_and_a_stored_callback_replay
     settings = stack_settings(tmp_path, database_url, nats_url, max_deliveries=2, recovery_delay_s=3600)
     db = await asyncpg.connect(database_url)
     await db.execute(_BLOCK_CALLBACKS)
-    vidjobs = _runner(database_url, nats_url)
+    vidjobs = operator_command(database_url, nats_url)
     try:
         async with running_stack(settings) as stack:
             first, second = [await stack.create_job(params={"render_s": 0.1}) for _ in range(2)]
@@ -200,7 +173,7 @@ async def test_stuck_jobs_are_inspected_retried_to_completion_or_failed(tmp_path
         BEGIN PERFORM nextval('inbox_refusals'); RAISE EXCEPTION 'inbox unavailable'; END $$;
         CREATE TRIGGER refuse_inbox BEFORE INSERT ON webhook_inbox FOR EACH ROW EXECUTE FUNCTION refuse_inbox();
     """)
-    vidjobs = _runner(database_url, nats_url)
+    vidjobs = operator_command(database_url, nats_url)
     try:
         async with running_stack(settings) as stack:
             lost = await stack.create_job(params={"render_s": 0.1})
