@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from cli.embedded import free_port
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
@@ -54,14 +57,19 @@ def attempt(model: str, prompt: str, **fields) -> SubmitRequest:
     return SubmitRequest(job_id="job_contract", attempt=1, idempotency_key=f"job_contract-{prompt}", request=request)
 
 
+def plays(**differ: str) -> dict[str, str]:
+    """Behaviour -> the stand-in's scenario, where most stand-ins name a behaviour as we do."""
+    same = ("succeed", "fail", "hang", "rate_limit", "unavailable")
+    return {**{b: b for b in same}, **differ}
+
+
 @contextlib.asynccontextmanager
 async def fake(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
     async with running_fake_provider(webhook_secret=SECRET, callback_backoff_s=0.05) as server:
         yield Provider(
             FakeAdapter(http, server.url, SECRET),
             lambda s: attempt("fake/default", f"a fox {s}", duration_s=2, params={"scenario": s, "render_s": 0.3}),
-            {"succeed": "succeed", "fail": "fail_always", "hang": "hang", "rate_limit": "rate_limit_then_succeed",
-             "unavailable": "unavailable_then_succeed"},
+            plays(fail="fail_always", rate_limit="rate_limit_then_succeed", unavailable="unavailable_then_succeed"),
             ProviderState.CANCELED, lambda body: webhooks.signed_headers(SECRET, body),
             json.dumps({"type": "render.succeeded", "data": {"id": "r_1", "status": "succeeded"}}).encode(),
         )
@@ -73,8 +81,7 @@ async def replicate(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
         yield Provider(
             ReplicateAdapter(http, standin.url, KEY, SECRET),
             lambda s: attempt("replicate/kwaivgi/kling-v2.0", f"a fox standin:{s}", duration_s=5),
-            {"succeed": "succeed", "fail": "oom", "hang": "hang", "rate_limit": "rate_limit",
-             "unavailable": "unavailable"},
+            plays(fail="oom"),
             ProviderState.CANCELED, lambda body: webhooks.signed_headers(SECRET, body),
             json.dumps({"id": "p1", "status": "processing"}).encode(),
         )
@@ -90,8 +97,7 @@ async def fal(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
         yield Provider(
             adapter, lambda s: attempt("fal/fal-ai/kling-video/v2/master/text-to-video",
                                        standin.plan(f"a fox {s}", plan[s]), duration_s=5),
-            {"succeed": "success", "fail": "runner_failure", "hang": "hang", "rate_limit": "rate_limited",
-             "unavailable": "unavailable"},
+            plays(succeed="success", fail="runner_failure", rate_limit="rate_limited"),
             ProviderState.FAILED, lambda b: standin.sign(b, "r1"), body,
         )
         await adapter.close()
@@ -103,44 +109,32 @@ async def luma(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
         yield Provider(
             LumaAdapter(http, standin.url, KEY),
             lambda s: attempt("luma/ray-2", f"a fox standin:{s}", duration_s=5),
-            {"succeed": "succeed", "fail": "fail", "hang": "hang", "rate_limit": "rate_limit",
-             "unavailable": "unavailable"},
+            plays(),
             ProviderState.FAILED, lambda body: {},
             json.dumps(luma_standin.payload("generation_completed")).encode(),
         )
 
 
-@contextlib.asynccontextmanager
-async def runway(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
-    async with running_runway(KEY) as standin:
-        yield Provider(
-            RunwayAdapter(http, standin.url, KEY), lambda s: attempt("runway/gen4.5", f"a fox scenario:{s}",
-                                                                     duration_s=5),
-            {"succeed": "succeed", "fail": "bad_output", "hang": "hang", "rate_limit": "rate_limit",
-             "unavailable": "unavailable"},
-            ProviderState.CANCELED,
-        )
+def polled(running: Callable[[str], Any], adapter: Callable[..., ProviderAdapter], model: str, duration_s: int,
+           fail: str, after_cancel: ProviderState) -> Callable[[aiohttp.ClientSession], Any]:
+    """A provider that sends no callbacks, whose stand-in reads the scenario from the prompt."""
+
+    @contextlib.asynccontextmanager
+    async def wire(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
+        async with running(KEY) as standin:
+            job = functools.partial(attempt, model, duration_s=duration_s)
+            yield Provider(adapter(http, standin.url, KEY), lambda s: job(f"a fox scenario:{s}"), plays(fail=fail),
+                           after_cancel)
+
+    return wire
 
 
-@contextlib.asynccontextmanager
-async def veo(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
-    async with running_veo(KEY) as standin:
-        yield Provider(
-            VeoAdapter(http, standin.url, KEY), lambda s: attempt("veo/veo-3.0-generate-001", f"a fox scenario:{s}",
-                                                                  duration_s=8),
-            {"succeed": "succeed", "fail": "internal", "hang": "hang", "rate_limit": "rate_limit",
-             "unavailable": "unavailable"},
-            ProviderState.RUNNING,  # the Gemini API cannot stop an operation
-        )
-
-
-PROVIDERS = {"fake": fake, "replicate": replicate, "fal": fal, "luma": luma, "runway": runway, "veo": veo}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        yield session
+PROVIDERS = {
+    "fake": fake, "replicate": replicate, "fal": fal, "luma": luma,
+    "runway": polled(running_runway, RunwayAdapter, "runway/gen4.5", 5, "bad_output", ProviderState.CANCELED),
+    # The Gemini API cannot stop an operation.
+    "veo": polled(running_veo, VeoAdapter, "veo/veo-3.0-generate-001", 8, "internal", ProviderState.RUNNING),
+}
 
 
 @pytest.fixture(params=sorted(PROVIDERS))
@@ -253,3 +247,10 @@ async def test_a_malformed_answer_is_internal(provider: Provider):
             await retarget(provider.adapter, url).submit(play(provider, "succeed"))
 
     assert caught.value.code is ErrorCode.INTERNAL and "malformed" in caught.value.message
+
+
+async def test_an_unreachable_provider_is_unavailable(provider: Provider):
+    with pytest.raises(ProviderError) as caught:
+        await retarget(provider.adapter, f"http://127.0.0.1:{free_port()}").submit(play(provider, "succeed"))
+
+    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE and caught.value.retryable

@@ -3,18 +3,12 @@ replays them, and end to end through the whole stack, where an unsigned callback
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import aiohttp
 import asyncpg
 import msgspec
 import pytest
-from aiohttp import web
 
-from cli.embedded import free_port
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.common.settings import Settings
@@ -22,29 +16,17 @@ from libs.providers import luma
 from libs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
 from libs.providers.luma import LumaAdapter
 from libs.providers.registry import build_adapters
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import finished, recorded, refusal, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.luma import LumaStandin, payload, running_luma_standin
 from tests.support import wait_until
 
 KEY = "luma-test-7c41e2"
-PAYLOADS = Path(__file__).parent / "payloads" / "luma"
 
 
-@pytest.fixture
-async def standin() -> AsyncIterator[LumaStandin]:
-    async with running_luma_standin(api_key=KEY, step_s=0.1) as s:
-        yield s
-
-
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-        yield s
-
-
-@pytest.fixture
-def adapter(session: aiohttp.ClientSession, standin: LumaStandin) -> LumaAdapter:
-    return LumaAdapter(session, standin.url, KEY)
+standin, adapter = wired(lambda: running_luma_standin(api_key=KEY, step_s=0.1),
+                         lambda http, s: LumaAdapter(http, s.url, KEY))
 
 
 def request(prompt: str = "a glass whale drifting over a desert", model: str = "ray-2", **fields) -> JobRequest:
@@ -52,26 +34,11 @@ def request(prompt: str = "a glass whale drifting over a desert", model: str = "
 
 
 def submit_request(standin: LumaStandin, job: JobRequest, attempt: int = 1, job_id: str = "job_luma1") -> SubmitRequest:
-    return SubmitRequest(job_id=job_id, attempt=attempt, idempotency_key=f"{job_id}-a{attempt}", request=job,
-                         callback_url=f"{standin.url}/_sink")
+    return scaffold.attempt(job, job_id=job_id, number=attempt, callback_url=f"{standin.url}/_sink")
 
 
 def raw(name: str) -> bytes:
-    return (PAYLOADS / f"{name}.json").read_bytes()
-
-
-async def finished(adapter: LumaAdapter, generation_id: str):
-    async def done():
-        sig = await adapter.status(generation_id)
-        return sig if sig.state not in (ProviderState.QUEUED, ProviderState.RUNNING) else None
-
-    return await wait_until(done, within=10, what=f"generation {generation_id} to finish")
-
-
-async def refusal(adapter: LumaAdapter, req: SubmitRequest) -> ProviderError:
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(req)
-    return caught.value
+    return recorded("luma", name)
 
 
 # --- the recorded payloads, read directly --------------------------------------------------------------
@@ -245,40 +212,13 @@ async def test_each_refused_submit_maps_to_its_code(adapter, standin, scenario, 
     assert words in err.message
 
 
-async def test_a_wrong_key_names_the_setting_and_never_the_key(session, standin):
-    adapter = LumaAdapter(session, standin.url, "luma-wrong-key-value")
+async def test_a_wrong_key_names_the_setting_and_never_the_key(http, standin):
+    adapter = LumaAdapter(http, standin.url, "luma-wrong-key-value")
 
     err = await refusal(adapter, submit_request(standin, request()))
 
     assert err.code is ErrorCode.INTERNAL and "VIDJOBS_LUMA_API_KEY" in err.message
     assert "luma-wrong-key-value" not in err.message and "wrong" not in repr(adapter)
-
-
-async def test_an_unreachable_provider_is_unavailable(session):
-    adapter = LumaAdapter(session, f"http://127.0.0.1:{free_port()}", KEY)
-    with pytest.raises(ProviderError) as caught:
-        await adapter.status(payload("generation_queued")["id"])
-    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
-async def test_a_slow_answer_is_a_timeout():
-    async def slow(_: web.Request) -> web.Response:
-        await asyncio.sleep(2)
-        return web.json_response(payload("generation_queued"))
-
-    app = web.Application()
-    app.router.add_get("/dream-machine/v1/generations/{id}", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as session:
-            adapter = LumaAdapter(session, f"http://127.0.0.1:{runner.addresses[0][1]}", KEY)
-            with pytest.raises(ProviderError) as caught:
-                await adapter.status(payload("generation_queued")["id"])
-    finally:
-        await runner.cleanup()
-    assert caught.value.code is ErrorCode.TIMEOUT
 
 
 async def test_find_looks_the_attempt_up_by_its_callback_url(adapter, standin):
@@ -316,9 +256,9 @@ async def test_cancel_deletes_the_generation_and_a_lost_one_is_failed(adapter, s
     assert lost.state is ProviderState.FAILED and lost.error.code is ErrorCode.PROVIDER_UNAVAILABLE
 
 
-def test_the_registry_offers_luma_only_with_a_key(session):
-    assert "luma" not in build_adapters(Settings(), session)
-    offered = build_adapters(Settings(luma_api_key=KEY), session)["luma"]
+def test_the_registry_offers_luma_only_with_a_key(http):
+    assert "luma" not in build_adapters(Settings(), http)
+    offered = build_adapters(Settings(luma_api_key=KEY), http)["luma"]
     assert isinstance(offered, LumaAdapter) and isinstance(offered, ProviderAdapter)
 
 

@@ -6,62 +6,30 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import av
 import pytest
 
-from cli.embedded import free_port
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.common.settings import Settings
-from libs.providers.base import ProviderSignal, ProviderState, SubmitRequest
+from libs.providers.base import ProviderState
 from libs.providers.registry import build_adapters
 from libs.providers.runway import RunwayAdapter, http_error, read_task
+from tests.adapter_scaffold import attempt, polls, until_finished, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.runway import PAYLOADS, RunwayStandin, running_runway
 
 KEY = "key_test"
 
 
-@pytest.fixture
-async def runway() -> AsyncIterator[RunwayStandin]:
-    async with running_runway(KEY) as standin:
-        yield standin
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
-@pytest.fixture
-def adapter(runway: RunwayStandin, http: aiohttp.ClientSession) -> RunwayAdapter:
-    return RunwayAdapter(http, runway.url, KEY)
+runway, adapter = wired(lambda: running_runway(KEY), lambda http, s: RunwayAdapter(http, s.url, KEY), name="runway")
 
 
 def job(prompt: str = "a red fox in snow", **fields) -> JobRequest:
     return JobRequest(**{"model": "runway/gen4.5", "prompt": prompt, "duration_s": 5, **fields})
-
-
-def attempt(request: JobRequest, *, image_url: str | None = None) -> SubmitRequest:
-    return SubmitRequest(job_id="job_test", attempt=1, idempotency_key="job_test-a1", request=request,
-                         input_image_url=image_url)
-
-
-async def polls(adapter: RunwayAdapter, task_id: str, count: int) -> list[ProviderSignal]:
-    return [await adapter.status(task_id) for _ in range(count)]
-
-
-async def until_finished(adapter: RunwayAdapter, task_id: str, limit: int = 10) -> ProviderSignal:
-    for _ in range(limit):
-        sig = await adapter.status(task_id)
-        if sig.state not in (ProviderState.QUEUED, ProviderState.RUNNING):
-            return sig
-    raise AssertionError(f"task {task_id} never finished")
 
 
 # --- the recorded payloads, read directly ---------------------------------------------------------------
@@ -235,35 +203,6 @@ async def test_a_wrong_key_is_our_configuration_and_is_never_shown(runway: Runwa
     assert wrong not in caught.value.message and wrong not in repr(RunwayAdapter(http, runway.url, wrong))
     assert wrong not in caplog.text
     assert runway.submissions == []
-
-
-@pytest.mark.parametrize("scenario", ["malformed", "garbled"])
-async def test_a_malformed_status_answer_is_internal(adapter: RunwayAdapter, scenario: str):
-    accepted = await adapter.submit(attempt(job(f"a fox scenario:{scenario}")))
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.status(accepted.provider_job_id)
-
-    assert caught.value.code is ErrorCode.INTERNAL
-
-
-async def test_a_slow_answer_is_a_timeout(runway: RunwayStandin):
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as impatient:
-        adapter = RunwayAdapter(impatient, runway.url, KEY)
-        accepted = await adapter.submit(attempt(job("a fox scenario:slow")))
-        with pytest.raises(ProviderError) as caught:
-            await adapter.status(accepted.provider_job_id)
-
-    assert caught.value.code is ErrorCode.TIMEOUT
-
-
-async def test_an_unreachable_runway_is_unavailable(http: aiohttp.ClientSession):
-    adapter = RunwayAdapter(http, f"http://127.0.0.1:{free_port()}", KEY)
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(job()))
-
-    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE
 
 
 async def test_a_task_runway_forgot_fails_the_attempt(adapter: RunwayAdapter):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import io
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -16,13 +15,13 @@ import av
 import pytest
 from PIL import Image
 
-from cli.embedded import free_port
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.common.settings import Settings
-from libs.providers.base import ProviderSignal, ProviderState, SubmitRequest
+from libs.providers.base import ProviderState
 from libs.providers.registry import build_adapters
 from libs.providers.veo import VeoAdapter, http_error, read_operation
+from tests.adapter_scaffold import attempt, polls, until_finished, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.veo import PAYLOADS, VeoStandin, running_veo
 
@@ -30,42 +29,11 @@ KEY = "AIzaSy-test-key"
 MODEL = "veo-2.0-generate-001"
 
 
-@pytest.fixture
-async def veo() -> AsyncIterator[VeoStandin]:
-    async with running_veo(KEY) as standin:
-        yield standin
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
-@pytest.fixture
-def adapter(veo: VeoStandin, http: aiohttp.ClientSession) -> VeoAdapter:
-    return VeoAdapter(http, veo.url, KEY)
+veo, adapter = wired(lambda: running_veo(KEY), lambda http, s: VeoAdapter(http, s.url, KEY), name="veo")
 
 
 def job(prompt: str = "a red fox in snow", **fields) -> JobRequest:
     return JobRequest(**{"model": f"veo/{MODEL}", "prompt": prompt, "duration_s": 5, **fields})
-
-
-def attempt(request: JobRequest, *, image_url: str | None = None) -> SubmitRequest:
-    return SubmitRequest(job_id="job_test", attempt=1, idempotency_key="job_test-a1", request=request,
-                         input_image_url=image_url)
-
-
-async def polls(adapter: VeoAdapter, name: str, count: int) -> list[ProviderSignal]:
-    return [await adapter.status(name) for _ in range(count)]
-
-
-async def until_finished(adapter: VeoAdapter, name: str, limit: int = 10) -> ProviderSignal:
-    for _ in range(limit):
-        sig = await adapter.status(name)
-        if sig.state not in (ProviderState.QUEUED, ProviderState.RUNNING):
-            return sig
-    raise AssertionError(f"operation {name} never finished")
 
 
 # --- the recorded payloads, read directly ---------------------------------------------------------------
@@ -260,35 +228,6 @@ async def test_a_wrong_or_missing_key_is_our_configuration_and_is_never_shown(
     if key:
         assert key not in caught.value.message and key not in repr(adapter) and key not in caplog.text
     assert veo.submissions == []
-
-
-@pytest.mark.parametrize("scenario", ["malformed", "garbled"])
-async def test_a_malformed_status_answer_is_internal(adapter: VeoAdapter, scenario: str):
-    accepted = await adapter.submit(attempt(job(f"a fox scenario:{scenario}")))
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.status(accepted.provider_job_id)
-
-    assert caught.value.code is ErrorCode.INTERNAL
-
-
-async def test_a_slow_answer_is_a_timeout(veo: VeoStandin):
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as impatient:
-        adapter = VeoAdapter(impatient, veo.url, KEY)
-        accepted = await adapter.submit(attempt(job("a fox scenario:slow")))
-        with pytest.raises(ProviderError) as caught:
-            await adapter.status(accepted.provider_job_id)
-
-    assert caught.value.code is ErrorCode.TIMEOUT
-
-
-async def test_an_unreachable_veo_is_unavailable(http: aiohttp.ClientSession):
-    adapter = VeoAdapter(http, f"http://127.0.0.1:{free_port()}", KEY)
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(job()))
-
-    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE
 
 
 async def test_an_operation_veo_forgot_fails_the_attempt(adapter: VeoAdapter):

@@ -33,25 +33,18 @@ import asyncio
 import contextlib
 import enum
 import json
-import re
 import secrets
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
-from tests.standins.server import CallingStandin, serving
+from tests.standins.server import CallingStandin, listening, now, payloads, scenario_in, standin_app, truncated
 
-PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "luma"
 RETRY_AFTER_S = 2
 CALLBACK_RETRIES, CALLBACK_RETRY_DELAY_S = 3, 0.1
-_SCENARIO_WORD = re.compile(r"standin:(\w+)")
 
 
 class Scenario(enum.StrEnum):
@@ -77,18 +70,11 @@ _REFUSALS = {
 _FAILED = {Scenario.MODERATION: "generation_failed_moderation", Scenario.FAIL: "generation_failed"}
 
 
-def payload(name: str) -> dict[str, Any]:
-    """One recorded payload, as Luma's documentation shows it."""
-    return json.loads((PAYLOADS / f"{name}.json").read_text())
+payload = payloads("luma")  # as Luma's documentation shows them
 
 
 def scenario_of(prompt: str) -> Scenario:
-    match = _SCENARIO_WORD.search(prompt)
-    return Scenario(match.group(1)) if match else Scenario.SUCCEED
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return Scenario(scenario_in(prompt))
 
 
 @dataclass
@@ -98,21 +84,12 @@ class Generation:
     scenario: Scenario
     clip: ClipSpec
     state: str = "queued"
-    created_at: str = field(default_factory=_now)
+    created_at: str = field(default_factory=now)
     task: asyncio.Task | None = None
 
     @property
     def finished(self) -> bool:
         return self.state in ("completed", "failed")
-
-
-@dataclass
-class Delivery:
-    """One callback POST the stand-in made, and how the receiver answered (a status or an error)."""
-
-    url: str
-    body: bytes
-    outcome: int | str
 
 
 class LumaStandin(CallingStandin):
@@ -125,7 +102,6 @@ class LumaStandin(CallingStandin):
         self.generations: dict[str, Generation] = {}  # in creation order
         self.creates: list[dict[str, Any]] = []  # every create body, as sent
         self.deleted: list[str] = []
-        self.deliveries: list[Delivery] = []
 
     def view(self, gen: Generation) -> dict[str, Any]:
         """The generation as Luma shows it: the recorded payload for its state, rewritten for it."""
@@ -165,20 +141,10 @@ class LumaStandin(CallingStandin):
         url = gen.request.get("callback_url")
         if url and gen.scenario is not Scenario.NO_CALLBACK:
             body = json.dumps(self.view(gen)).encode()
-            self.spawn(self._deliver(url, body), f"callback-{gen.id}-{state}")
-
-    async def _deliver(self, url: str, body: bytes) -> None:
-        assert self.session is not None
-        for attempt in range(1 + CALLBACK_RETRIES):
-            try:
-                async with self.session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
-                    outcome: int | str = resp.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                outcome = repr(exc)
-            self.deliveries.append(Delivery(url, body, outcome))
-            if outcome == 200 or attempt == CALLBACK_RETRIES:
-                return
-            await asyncio.sleep(CALLBACK_RETRY_DELAY_S)
+            # Unsigned; anything but a 200 is retried at a fixed pace, as Luma documents.
+            delivery = self.deliver(url, body, attempts=1 + CALLBACK_RETRIES, headers=dict,
+                                    taken=lambda outcome: outcome == 200, pause=lambda _: CALLBACK_RETRY_DELAY_S)
+            self.spawn(delivery, f"callback-{gen.id}-{state}")
 
     def delete(self, gen: Generation) -> None:
         if gen.task is not None:
@@ -209,8 +175,7 @@ async def create_generation(request: web.Request) -> web.Response:
         headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
         return _error(name, status, headers)
     if scenario is Scenario.MALFORMED:
-        whole = json.dumps(payload("generation_queued")).encode()
-        return web.Response(body=whole[: len(whole) // 2], status=201, content_type="application/json")
+        return truncated(payload("generation_queued"), 201)
     return web.json_response(standin.view(standin.create(body)), status=201)
 
 
@@ -247,7 +212,6 @@ async def get_video(request: web.Request) -> web.Response:
     return web.Response(body=await render_mp4(gen.clip), content_type="video/mp4")
 
 
-@web.middleware
 async def require_key(request: web.Request, handler) -> web.StreamResponse:
     if request.path.startswith("/dream-machine/"):
         if request.headers.get("Authorization") != f"Bearer {request.app[STANDIN].api_key}":
@@ -255,22 +219,17 @@ async def require_key(request: web.Request, handler) -> web.StreamResponse:
     return await handler(request)
 
 
-def create_app(standin: LumaStandin) -> web.Application:
-    app = web.Application(middlewares=[require_key])
-    app[STANDIN] = standin
-    app.router.add_post("/dream-machine/v1/generations", create_generation)
-    app.router.add_get("/dream-machine/v1/generations", list_generations)
-    app.router.add_get("/dream-machine/v1/generations/{id}", get_generation)
-    app.router.add_delete("/dream-machine/v1/generations/{id}", delete_generation)
-    app.router.add_get("/files/{id}/video.mp4", get_video)
-    app.router.add_post("/_sink", standin.sink)
-    app.cleanup_ctx.append(standin.lifetime)
-    return app
+ROUTES = [
+    web.post("/dream-machine/v1/generations", create_generation),
+    web.get("/dream-machine/v1/generations", list_generations),
+    web.get("/dream-machine/v1/generations/{id}", get_generation),
+    web.delete("/dream-machine/v1/generations/{id}", delete_generation),
+    web.get("/files/{id}/video.mp4", get_video),
+]
 
 
-@contextlib.asynccontextmanager
-async def running_luma_standin(*, api_key: str, host: str = "127.0.0.1", **options: Any) -> AsyncIterator[LumaStandin]:
+def running_luma_standin(*, api_key: str, host: str = "127.0.0.1",
+                         **options: Any) -> contextlib.AbstractAsyncContextManager[LumaStandin]:
     """A Luma stand-in listening on a free port of `host` until the block exits."""
     standin = LumaStandin(api_key=api_key, **options)
-    async with serving(create_app(standin), host) as standin.url:
-        yield standin
+    return listening(standin, standin_app(STANDIN, standin, ROUTES, require_key), host)

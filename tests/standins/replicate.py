@@ -37,25 +37,18 @@ import base64
 import contextlib
 import enum
 import json
-import re
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from libs.providers import webhooks
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
-from tests.standins.server import CallingStandin, serving
+from tests.standins.server import CallingStandin, listening, now, payloads, scenario_in, standin_app, truncated
 
-PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "replicate"
 RETRY_AFTER_S = 1
-_SCENARIO_WORD = re.compile(r"standin:(\w+)")
 
 
 class Scenario(enum.StrEnum):
@@ -81,18 +74,11 @@ _FAILED = {Scenario.SENSITIVE: "prediction_failed_sensitive", Scenario.OOM: "pre
 _TERMINAL = frozenset({"succeeded", "failed", "canceled", "aborted"})
 
 
-def payload(name: str) -> dict[str, Any]:
-    """One recorded payload, as Replicate's documentation shows it."""
-    return json.loads((PAYLOADS / f"{name}.json").read_text())
+payload = payloads("replicate")  # as Replicate's documentation shows them
 
 
 def scenario_of(prompt: str) -> Scenario:
-    match = _SCENARIO_WORD.search(prompt)
-    return Scenario(match.group(1)) if match else Scenario.SUCCEED
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+    return Scenario(scenario_in(prompt))
 
 
 @dataclass
@@ -105,7 +91,7 @@ class Prediction:
     events: tuple[str, ...]
     clip: ClipSpec
     status: str = "starting"
-    created_at: str = field(default_factory=_now)
+    created_at: str = field(default_factory=now)
     started_at: str | None = None
     completed_at: str | None = None
     task: asyncio.Task | None = None
@@ -113,15 +99,6 @@ class Prediction:
     @property
     def finished(self) -> bool:
         return self.status in _TERMINAL
-
-
-@dataclass
-class Delivery:
-    """One webhook POST the stand-in made, and how the receiver answered (a status or an error)."""
-
-    headers: dict[str, str]
-    body: bytes
-    outcome: int | str
 
 
 class ReplicateStandin(CallingStandin):
@@ -135,7 +112,6 @@ class ReplicateStandin(CallingStandin):
         self.predictions: dict[str, Prediction] = {}
         self.creates: list[dict[str, Any]] = []  # every create body, as sent
         self.creates_by_prompt: Counter[str] = Counter()
-        self.deliveries: list[Delivery] = []
 
     # views
 
@@ -183,7 +159,7 @@ class ReplicateStandin(CallingStandin):
         if pred.scenario is Scenario.ABORTED:
             self._finish(pred, "aborted")
             return
-        pred.status, pred.started_at = "processing", _now()
+        pred.status, pred.started_at = "processing", now()
         self.notify(pred, "logs")
         if pred.scenario is Scenario.HANG:
             return
@@ -199,7 +175,7 @@ class ReplicateStandin(CallingStandin):
     def _finish(self, pred: Prediction, status: str) -> None:
         if pred.finished:
             return
-        pred.status, pred.completed_at = status, _now()
+        pred.status, pred.completed_at = status, now()
         self.notify(pred, "completed")
 
     def cancel(self, pred: Prediction) -> None:
@@ -215,23 +191,14 @@ class ReplicateStandin(CallingStandin):
         if pred.webhook is None or event not in pred.events or pred.scenario is Scenario.NO_WEBHOOK:
             return
         body = json.dumps(self.view(pred)).encode()
-        self.spawn(self._deliver(pred.webhook, body), f"webhook-{pred.id}-{event}")
-
-    async def _deliver(self, url: str, body: bytes) -> None:
-        assert self.session is not None
+        # Signed afresh for each try under one message id; retried with backoff on 429, 5xx and no answer.
         msg_id = webhooks.new_message_id()
-        for attempt in range(self.webhook_attempts):
-            headers = {"Content-Type": "application/json",
-                       **webhooks.signed_headers(self.webhook_secret, body, msg_id=msg_id)}
-            try:
-                async with self.session.post(url, data=body, headers=headers) as resp:
-                    outcome: int | str = resp.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                outcome = repr(exc)
-            self.deliveries.append(Delivery(headers, body, outcome))
-            if isinstance(outcome, int) and (outcome < 500 and outcome != 429):
-                return
-            await asyncio.sleep(0.2 * 2**attempt)
+        delivery = self.deliver(
+            pred.webhook, body, attempts=self.webhook_attempts,
+            headers=lambda: webhooks.signed_headers(self.webhook_secret, body, msg_id=msg_id),
+            taken=lambda outcome: isinstance(outcome, int) and outcome < 500 and outcome != 429,
+            pause=lambda attempt: 0.2 * 2**attempt)
+        self.spawn(delivery, f"webhook-{pred.id}-{event}")
 
 
 # --- HTTP ----------------------------------------------------------------------------------------------
@@ -272,8 +239,7 @@ async def create_prediction(request: web.Request) -> web.Response:
         return refused
     model = f"{request.match_info['owner']}/{request.match_info['name']}"
     if scenario is Scenario.MALFORMED:
-        whole = json.dumps(payload("prediction_starting")).encode()
-        return web.Response(body=whole[: len(whole) // 2], status=201, content_type="application/json")
+        return truncated(payload("prediction_starting"), 201)
     pred = standin.create(model, body)
     return web.json_response(standin.view(pred), status=201)
 
@@ -302,7 +268,6 @@ async def get_output(request: web.Request) -> web.Response:
     return web.Response(body=await render_mp4(pred.clip), content_type="video/mp4")
 
 
-@web.middleware
 async def require_token(request: web.Request, handler) -> web.StreamResponse:
     if request.path.startswith("/v1/"):
         if request.headers.get("Authorization") != f"Bearer {request.app[STANDIN].api_token}":
@@ -310,22 +275,16 @@ async def require_token(request: web.Request, handler) -> web.StreamResponse:
     return await handler(request)
 
 
-def create_app(standin: ReplicateStandin) -> web.Application:
-    app = web.Application(middlewares=[require_token])
-    app[STANDIN] = standin
-    app.router.add_post("/v1/models/{owner}/{name}/predictions", create_prediction)
-    app.router.add_get("/v1/predictions/{id}", get_prediction)
-    app.router.add_post("/v1/predictions/{id}/cancel", cancel_prediction)
-    app.router.add_get("/files/{id}/output.mp4", get_output)
-    app.router.add_post("/_sink", standin.sink)
-    app.cleanup_ctx.append(standin.lifetime)
-    return app
+ROUTES = [
+    web.post("/v1/models/{owner}/{name}/predictions", create_prediction),
+    web.get("/v1/predictions/{id}", get_prediction),
+    web.post("/v1/predictions/{id}/cancel", cancel_prediction),
+    web.get("/files/{id}/output.mp4", get_output),
+]
 
 
-@contextlib.asynccontextmanager
-async def running_replicate_standin(*, api_token: str, webhook_secret: str, host: str = "127.0.0.1",
-                                    **options: Any) -> AsyncIterator[ReplicateStandin]:
+def running_replicate_standin(*, api_token: str, webhook_secret: str, host: str = "127.0.0.1",
+                              **options: Any) -> contextlib.AbstractAsyncContextManager[ReplicateStandin]:
     """A Replicate stand-in listening on a free port of `host` until the block exits."""
     standin = ReplicateStandin(api_token=api_token, webhook_secret=webhook_secret, **options)
-    async with serving(create_app(standin), host) as standin.url:
-        yield standin
+    return listening(standin, standin_app(STANDIN, standin, ROUTES, require_token), host)

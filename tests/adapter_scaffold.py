@@ -1,0 +1,77 @@
+"""What the per-provider adapter tests share: the stand-in and the adapter pointed at it as fixtures, the
+attempt they submit, the recorded payloads, and waiting for a render to finish or a submit to be refused."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+
+from libs.common.errors import ProviderError
+from libs.common.jobs import JobRequest
+from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
+from tests.support import wait_until
+
+PAYLOADS = Path(__file__).parent / "payloads"
+WAITING = (ProviderState.QUEUED, ProviderState.RUNNING)
+S = TypeVar("S")
+
+
+def wired(start: Callable[[], contextlib.AbstractAsyncContextManager[S]],
+          build: Callable[[aiohttp.ClientSession, S], Any], *, name: str = "standin") -> tuple[Any, Any]:
+    """A provider's two fixtures: its stand-in (`name`) running for one test, and `adapter`, built by
+    `build(http, stand_in)` against it. Bind both in the test module: `standin, adapter = wired(...)`."""
+
+    @pytest.fixture(name=name)
+    async def standin() -> AsyncIterator[S]:
+        async with start() as running:
+            yield running
+
+    @pytest.fixture
+    def adapter(http: aiohttp.ClientSession, request: pytest.FixtureRequest) -> Any:
+        return build(http, request.getfixturevalue(name))
+
+    return standin, adapter
+
+
+def recorded(provider: str, name: str) -> bytes:
+    """One recorded payload of `provider`, as it came over the wire."""
+    return (PAYLOADS / provider / f"{name}.json").read_bytes()
+
+
+def attempt(request: JobRequest, *, job_id: str = "job_test", number: int = 1, callback_url: str | None = None,
+            image_url: str | None = None) -> SubmitRequest:
+    return SubmitRequest(job_id=job_id, attempt=number, idempotency_key=f"{job_id}-a{number}", request=request,
+                         callback_url=callback_url, input_image_url=image_url)
+
+
+async def polls(adapter: ProviderAdapter, provider_job_id: str, count: int) -> list[ProviderSignal]:
+    return [await adapter.status(provider_job_id) for _ in range(count)]
+
+
+async def until_finished(adapter: ProviderAdapter, provider_job_id: str, limit: int = 10) -> ProviderSignal:
+    """The first finished signal within `limit` polls, for a stand-in that moves a step per poll."""
+    for _ in range(limit):
+        sig = await adapter.status(provider_job_id)
+        if sig.state not in WAITING:
+            return sig
+    raise AssertionError(f"{provider_job_id} never finished")
+
+
+async def finished(adapter: ProviderAdapter, provider_job_id: str) -> ProviderSignal:
+    """The first finished signal within ten seconds, for a stand-in that moves on a clock."""
+    async def done() -> ProviderSignal | None:
+        sig = await adapter.status(provider_job_id)
+        return sig if sig.state not in WAITING else None
+
+    return await wait_until(done, within=10, what=f"{provider_job_id} to finish")
+
+
+async def refusal(adapter: ProviderAdapter, req: SubmitRequest) -> ProviderError:
+    with pytest.raises(ProviderError) as caught:
+        await adapter.submit(req)
+    return caught.value
