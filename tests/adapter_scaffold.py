@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 
-from libs.common.errors import ProviderError
+from libs.common.errors import ErrorCode, JobError, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
+from tests.stack import Stack, host_port, running_stack, stack_settings
 from tests.support import wait_until
 
 PAYLOADS = Path(__file__).parent / "payloads"
@@ -43,6 +44,11 @@ def recorded(provider: str, name: str) -> bytes:
     return (PAYLOADS / provider / f"{name}.json").read_bytes()
 
 
+def outcome(sig: ProviderSignal) -> tuple[str, ProviderState, ErrorCode | None]:
+    """What a signal says in brief: whose it is, where it stands, and the error code if it failed."""
+    return sig.provider_job_id, sig.state, sig.error.code if sig.error else None
+
+
 def attempt(request: JobRequest, *, job_id: str = "job_test", number: int = 1, callback_url: str | None = None,
             image_url: str | None = None) -> SubmitRequest:
     return SubmitRequest(job_id=job_id, attempt=number, idempotency_key=f"{job_id}-a{number}", request=request,
@@ -69,6 +75,24 @@ async def finished(adapter: ProviderAdapter, provider_job_id: str) -> ProviderSi
         return sig if sig.state not in WAITING else None
 
     return await wait_until(done, within=10, what=f"{provider_job_id} to finish")
+
+
+async def failed(adapter: ProviderAdapter, req: SubmitRequest) -> JobError:
+    """The error of a render that is submitted, polled to its end, and fails."""
+    accepted = await adapter.submit(req)
+    sig = await until_finished(adapter, accepted.provider_job_id)
+    assert sig.state is ProviderState.FAILED and sig.error is not None
+    return sig.error
+
+
+@contextlib.asynccontextmanager
+async def polling_stack(tmp_path: Path, database_url: str, nats_url: str, standin_url: str,
+                        **provider_settings: Any) -> AsyncIterator[Stack]:
+    """The whole stack on a provider that sends no callbacks: only the tapered polls can find the results."""
+    settings = stack_settings(tmp_path, database_url, nats_url, recovery_delay_s=600,
+                              download_allow_hosts=host_port(standin_url), **provider_settings)
+    async with running_stack(settings) as stack:
+        yield stack
 
 
 async def refusal(adapter: ProviderAdapter, req: SubmitRequest) -> ProviderError:

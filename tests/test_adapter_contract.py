@@ -19,12 +19,14 @@ from aiohttp import web
 from cli.embedded import free_port
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
+from libs.common.settings import Settings
 from libs.providers import webhooks
 from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from libs.providers.fake.adapter import FakeAdapter
 from libs.providers.fake.server import running_fake_provider
 from libs.providers.fal import FalAdapter
 from libs.providers.luma import LumaAdapter
+from libs.providers.registry import build_adapters
 from libs.providers.replicate import ReplicateAdapter
 from libs.providers.runway import RunwayAdapter
 from libs.providers.veo import VeoAdapter
@@ -211,6 +213,34 @@ async def test_a_genuine_callback_is_taken_and_a_forged_one_refused(provider: Pr
     forged = provider.callback(b"{}") if provider.callback else {}
     with pytest.raises(WebhookRejected):
         adapter.verify_callback(forged, b'{"id": "not yours", "status": "succeeded"}')
+
+
+async def test_a_provider_without_callbacks_reads_none_and_finds_no_earlier_render(provider: Provider):
+    if provider.callback is not None:
+        pytest.skip("this provider calls back")
+
+    with pytest.raises(ProviderError) as caught:
+        provider.adapter.parse_callback(b'{"id": "x", "status": "SUCCEEDED", "done": true}')
+
+    assert caught.value.code is ErrorCode.INTERNAL
+    assert await provider.adapter.find(play(provider, "succeed")) is None
+
+
+@pytest.mark.parametrize(("name", "settings"), [
+    ("replicate", {"replicate_api_token": KEY, "replicate_webhook_secret": SECRET}),
+    ("luma", {"luma_api_key": KEY}),
+    ("runway", {"runway_api_key": KEY}),
+    ("veo", {"veo_api_key": KEY}),
+])
+async def test_the_registry_offers_a_provider_only_with_its_key(http: aiohttp.ClientSession, name: str,
+                                                                settings: dict[str, str]):
+    url = f"http://{name}.invalid"
+
+    offered = build_adapters(Settings(**settings, **{f"{name}_url": url}), http)
+
+    assert name not in build_adapters(Settings(), http)
+    assert isinstance(offered[name], ProviderAdapter) and offered[name].name == name
+    assert offered[name].base_url == url  # type: ignore[attr-defined]
 
 
 # --- what no stand-in plays: answers too slow, and answers that are not the provider's ----------------------

@@ -11,11 +11,9 @@ import pytest
 
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
 from libs.providers import luma
-from libs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
+from libs.providers.base import ProviderState, SubmitRequest
 from libs.providers.luma import LumaAdapter
-from libs.providers.registry import build_adapters
 from tests import adapter_scaffold as scaffold
 from tests.adapter_scaffold import finished, recorded, refusal, wired
 from tests.stack import host_port, running_stack, stack_settings
@@ -254,12 +252,6 @@ async def test_cancel_deletes_the_generation_and_a_lost_one_is_failed(adapter, s
     assert standin.deleted == [accepted.provider_job_id]
     lost = await adapter.status(accepted.provider_job_id)
     assert lost.state is ProviderState.FAILED and lost.error.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
-def test_the_registry_offers_luma_only_with_a_key(http):
-    assert "luma" not in build_adapters(Settings(), http)
-    offered = build_adapters(Settings(luma_api_key=KEY), http)["luma"]
-    assert isinstance(offered, LumaAdapter) and isinstance(offered, ProviderAdapter)
 
 
 # --- end to end through the stack ----------------------------------------------------------------------

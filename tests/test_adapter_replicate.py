@@ -13,10 +13,8 @@ import pytest
 
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
 from libs.providers import replicate
-from libs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
-from libs.providers.registry import build_adapters
+from libs.providers.base import ProviderState, SubmitRequest
 from libs.providers.replicate import ReplicateAdapter
 from libs.providers.webhooks import new_secret, signed_headers
 from services.gateway.bodies import Model as GatewayModelName
@@ -281,15 +279,6 @@ async def test_without_a_signing_secret_no_webhook_is_asked_for_or_trusted(http,
     assert "webhook" not in standin.creates[-1] and "webhook_events_filter" not in standin.creates[-1]
     with pytest.raises(WebhookRejected):
         adapter.verify_callback(signed_headers(new_secret(), b"{}"), b"{}")
-
-
-def test_the_registry_offers_replicate_only_with_a_token(http):
-    without = build_adapters(Settings(), http)
-    with_token = build_adapters(Settings(replicate_api_token=TOKEN, replicate_webhook_secret=new_secret()), http)
-
-    assert "replicate" not in without
-    assert isinstance(with_token["replicate"], ReplicateAdapter)
-    assert isinstance(with_token["replicate"], ProviderAdapter)
 
 
 # --- end to end through the stack ----------------------------------------------------------------------

@@ -12,14 +12,11 @@ import aiohttp
 import av
 import pytest
 
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from libs.common.errors import ErrorCode, ProviderError
 from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
 from libs.providers.base import ProviderState
-from libs.providers.registry import build_adapters
 from libs.providers.runway import RunwayAdapter, http_error, read_task
-from tests.adapter_scaffold import attempt, polls, until_finished, wired
-from tests.stack import host_port, running_stack, stack_settings
+from tests.adapter_scaffold import attempt, failed, outcome, polling_stack, polls, recorded, wired
 from tests.standins.runway import PAYLOADS, RunwayStandin, running_runway
 
 KEY = "key_test"
@@ -51,13 +48,9 @@ TASKS = [
 
 @pytest.mark.parametrize(("name", "state", "code"), TASKS)
 def test_each_recorded_task_reads_as_its_signal(name: str, state: ProviderState, code: ErrorCode | None):
-    raw = (PAYLOADS / f"{name}.json").read_bytes()
+    sig = read_task(recorded("runway", name))
 
-    sig = read_task(raw)
-
-    assert sig.provider_job_id == "17f20503-6c24-4c16-946b-35dbbce2af2f"
-    assert sig.state is state
-    assert (sig.error.code if sig.error else None) is code
+    assert outcome(sig) == ("17f20503-6c24-4c16-946b-35dbbce2af2f", state, code)
 
 
 def test_the_recorded_details_are_kept():
@@ -151,14 +144,9 @@ async def test_an_image_render_sends_the_image_address_to_image_to_video(adapter
 ])
 async def test_a_failed_task_reports_its_kind_and_runways_words(adapter: RunwayAdapter, scenario: str,
                                                                 code: ErrorCode, retryable: bool):
-    accepted = await adapter.submit(attempt(job(f"a fox scenario:{scenario}")))
+    error = await failed(adapter, attempt(job(f"a fox scenario:{scenario}")))
 
-    sig = await until_finished(adapter, accepted.provider_job_id)
-
-    assert sig.state is ProviderState.FAILED
-    assert sig.error is not None
-    assert (sig.error.code, sig.error.retryable) == (code, retryable)
-    assert "Runway said:" in sig.error.message
+    assert (error.code, error.retryable) == (code, retryable) and "Runway said:" in error.message
 
 
 async def test_a_rate_limit_carries_retry_after_and_the_next_submit_is_taken(adapter: RunwayAdapter,
@@ -225,16 +213,6 @@ async def test_cancel_deletes_the_task_and_a_gone_task_is_no_error(adapter: Runw
     assert sig.state is ProviderState.CANCELED
 
 
-async def test_there_are_no_callbacks_and_nothing_to_look_up(adapter: RunwayAdapter):
-    assert adapter.supports_callbacks is False
-    with pytest.raises(WebhookRejected, match="runway sends no callbacks"):
-        adapter.verify_callback({"webhook-id": "x"}, b"{}")
-    with pytest.raises(ProviderError) as caught:
-        adapter.parse_callback(b'{"id": "x", "status": "SUCCEEDED"}')
-    assert caught.value.code is ErrorCode.INTERNAL
-    assert await adapter.find(attempt(job())) is None
-
-
 # --- what Runway cannot render is refused before any call --------------------------------------------
 
 
@@ -292,24 +270,13 @@ async def test_submit_validates_before_calling(adapter: RunwayAdapter, runway: R
     assert runway.submissions == []
 
 
-async def test_runway_is_offered_only_when_its_key_is_set(http: aiohttp.ClientSession):
-    without = build_adapters(Settings(), http)
-    with_key = build_adapters(Settings(runway_api_key=KEY, runway_url="http://runway.invalid"), http)
-
-    assert "runway" not in without
-    assert isinstance(with_key["runway"], RunwayAdapter)
-    assert with_key["runway"].base_url == "http://runway.invalid"
-
-
 # --- through the whole stack -----------------------------------------------------------------------------
 
 
 async def test_runway_jobs_finish_through_tapered_polling(tmp_path: Path, database_url: str, nats_url: str):
     async with running_runway(KEY) as runway:
-        settings = stack_settings(tmp_path, database_url, nats_url, runway_url=runway.url, runway_api_key=KEY,
-                                  recovery_delay_s=600,  # only the tapered polls can find the results
-                                  download_allow_hosts=host_port(runway.url))
-        async with running_stack(settings) as stack:
+        async with polling_stack(tmp_path, database_url, nats_url, runway.url, runway_url=runway.url,
+                                 runway_api_key=KEY) as stack:
             ok = await stack.create_job(model="runway/gen4.5", prompt="a red fox in snow", duration_s=5)
             rejected = await stack.create_job(model="runway/gen4.5", prompt="a fox scenario:safety", duration_s=5)
             async with stack.session.post(f"{stack.url}/v1/jobs", headers=stack.auth, json={

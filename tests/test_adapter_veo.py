@@ -15,14 +15,11 @@ import av
 import pytest
 from PIL import Image
 
-from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from libs.common.errors import ErrorCode, ProviderError
 from libs.common.jobs import JobRequest
-from libs.common.settings import Settings
 from libs.providers.base import ProviderState
-from libs.providers.registry import build_adapters
 from libs.providers.veo import VeoAdapter, http_error, read_operation
-from tests.adapter_scaffold import attempt, polls, until_finished, wired
-from tests.stack import host_port, running_stack, stack_settings
+from tests.adapter_scaffold import attempt, failed, outcome, polling_stack, polls, recorded, wired
 from tests.standins.veo import PAYLOADS, VeoStandin, running_veo
 
 KEY = "AIzaSy-test-key"
@@ -54,13 +51,9 @@ OPERATIONS = [
 
 @pytest.mark.parametrize(("name", "state", "code"), OPERATIONS)
 def test_each_recorded_operation_reads_as_its_signal(name: str, state: ProviderState, code: ErrorCode | None):
-    raw = (PAYLOADS / f"{name}.json").read_bytes()
+    sig = read_operation(recorded("veo", name))
 
-    sig = read_operation(raw)
-
-    assert sig.provider_job_id == f"models/{MODEL}/operations/9a3kd8r7xq2m"
-    assert sig.state is state
-    assert (sig.error.code if sig.error else None) is code
+    assert outcome(sig) == (f"models/{MODEL}/operations/9a3kd8r7xq2m", state, code)
     assert sig.progress is None  # Veo reports none, and none is invented
 
 
@@ -169,14 +162,9 @@ async def test_an_input_image_that_is_not_an_image_is_refused(adapter: VeoAdapte
 ])
 async def test_a_failed_operation_reports_its_kind_and_veos_words(adapter: VeoAdapter, scenario: str,
                                                                   code: ErrorCode, retryable: bool):
-    accepted = await adapter.submit(attempt(job(f"a fox scenario:{scenario}")))
+    error = await failed(adapter, attempt(job(f"a fox scenario:{scenario}")))
 
-    sig = await until_finished(adapter, accepted.provider_job_id)
-
-    assert sig.state is ProviderState.FAILED
-    assert sig.error is not None
-    assert (sig.error.code, sig.error.retryable) == (code, retryable)
-    assert "Veo said:" in sig.error.message
+    assert (error.code, error.retryable) == (code, retryable) and "Veo said:" in error.message
 
 
 async def test_a_cancelled_operation_is_canceled(adapter: VeoAdapter):
@@ -255,16 +243,6 @@ async def test_cancel_asks_nothing_of_veo(adapter: VeoAdapter, veo: VeoStandin):
     assert veo.operations[accepted.provider_job_id.rsplit("/", 1)[1]].polls == 0
 
 
-async def test_there_are_no_callbacks_and_nothing_to_look_up(adapter: VeoAdapter):
-    assert adapter.supports_callbacks is False
-    with pytest.raises(WebhookRejected, match="veo sends no callbacks"):
-        adapter.verify_callback({"webhook-id": "x"}, b"{}")
-    with pytest.raises(ProviderError) as caught:
-        adapter.parse_callback(b'{"name": "models/x/operations/y", "done": true}')
-    assert caught.value.code is ErrorCode.INTERNAL
-    assert await adapter.find(attempt(job())) is None
-
-
 # --- what Veo cannot render is refused before any call -----------------------------------------------
 
 
@@ -305,24 +283,13 @@ def test_validate_accepts_what_the_model_renders(adapter: VeoAdapter, fields: di
     adapter.validate(job(**fields))
 
 
-async def test_veo_is_offered_only_when_its_key_is_set(http: aiohttp.ClientSession):
-    without = build_adapters(Settings(), http)
-    with_key = build_adapters(Settings(veo_api_key=KEY, veo_url="http://veo.invalid"), http)
-
-    assert "veo" not in without
-    assert isinstance(with_key["veo"], VeoAdapter)
-    assert with_key["veo"].base_url == "http://veo.invalid"
-
-
 # --- through the whole stack -----------------------------------------------------------------------------
 
 
 async def test_veo_jobs_finish_through_tapered_polling(tmp_path: Path, database_url: str, nats_url: str):
     async with running_veo(KEY) as veo:
-        settings = stack_settings(tmp_path, database_url, nats_url, veo_url=veo.url, veo_api_key=KEY,
-                                  recovery_delay_s=600,  # only the tapered polls can find the results
-                                  download_allow_hosts=host_port(veo.url))
-        async with running_stack(settings) as stack:
+        async with polling_stack(tmp_path, database_url, nats_url, veo.url, veo_url=veo.url,
+                                 veo_api_key=KEY) as stack:
             ok = await stack.create_job(model=f"veo/{MODEL}", prompt="a red fox in snow", duration_s=5)
             filtered = await stack.create_job(model=f"veo/{MODEL}", prompt="a fox scenario:rai", duration_s=5)
             unusable = await stack.create_job(model=f"veo/{MODEL}", prompt="a fox scenario:invalid_argument",
