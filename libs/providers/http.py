@@ -13,7 +13,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import aiohttp
 import msgspec
 
-from libs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
+from libs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.providers import webhooks
 from libs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
@@ -142,6 +142,20 @@ def rows(statuses: Iterable[int], refusal: Refusal) -> dict[int, Refusal]:
 # --- the adapter's half of the conversation ---------------------------------------------------------------
 
 
+def read_or_none(raw: bytes, kind: type[T]) -> T | None:
+    """An error answer's body as the Struct a provider writes it in, or None when it is some other page."""
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.DecodeError:
+        return None
+
+
+def said_error(code: ErrorCode, who: str, said: str | None) -> JobError:
+    """A failed render's error: our words for the code, then the provider's own (at most 500 characters)."""
+    detail = f" {who} said: {said[:500]}" if said else ""
+    return JobError.of(code, DEFAULT_MESSAGES[code] + detail)
+
+
 def decode(raw: bytes, kind: type[T], who: str, what: str = "answer") -> T:
     """A provider's answer as the Struct we read it into; a malformed one is ProviderError(INTERNAL)."""
     try:
@@ -165,17 +179,24 @@ class HttpAdapter:
     supports_callbacks: bool = False
     # False: the HTTP library's own words never reach our messages (they may name a keyed URL).
     echo_transport: ClassVar[bool] = True
+    # The header that carries the API key, and its value around the key; None for a provider without one.
+    key_header: ClassVar[tuple[str, str] | None] = ("Authorization", "Bearer {}")
+    api_headers: ClassVar[Mapping[str, str]] = {}  # what every call carries besides the key (an API version)
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str):
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str = ""):
         self.session = session  # the caller's: closed by the caller
         self.base_url = base_url.rstrip("/")
+        self._auth = dict(self.api_headers)  # never logged, never part of a message
+        if self.key_header is not None:
+            header, value = self.key_header
+            self._auth[header] = value.format(api_key)
 
     def __repr__(self) -> str:  # never a key
         return f"{type(self).__name__}({self.base_url!r})"
 
     def auth_headers(self) -> dict[str, str]:
-        """The headers every API call carries (the key); none by default."""
-        return {}
+        """The headers every API call carries: the key, and any the API wants besides."""
+        return self._auth
 
     def says_missing(self, body: bytes) -> bool:
         """Whether a 404's body is the provider's own "no such job", not some other server's page."""
@@ -194,6 +215,11 @@ class HttpAdapter:
         if not answer.ok:
             raise self.errors.error(*answer)
         return answer.body
+
+    async def send(self, path: str, body: msgspec.Struct, headers: Mapping[str, str] | None = None) -> bytes:
+        """POST a Struct as JSON; the body of the 2xx answer, as `call`."""
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        return await self.call("POST", path, data=msgspec.json.encode(body), headers=headers)
 
     async def call_known(self, method: str, path: str, **kwargs: Any) -> bytes | None:
         """As `call`, but None when the provider says it has no such job (the caller gives that a meaning)."""
