@@ -97,3 +97,13 @@ def check_duration(model_id: str, durations: Iterable[int], request: JobRequest)
     if request.duration_s not in durations:
         raise invalid(f"duration_s: {model_id} renders clips of {listed(durations)} seconds, "
                       f"not {request.duration_s}")
+
+
+def round_up(model_id: str, durations: Iterable[int], request: JobRequest) -> int:
+    """The shortest clip length the model makes that is at least as long as asked; a longer ask is refused."""
+    durations = sorted(durations)
+    length = next((d for d in durations if d >= request.duration_s), None)
+    if length is None:
+        made = " or ".join(f"{d} s" for d in durations)
+        raise invalid(f"duration_s: {model_id} makes {made} clips; {request.duration_s} s is longer")
+    return length

@@ -164,6 +164,30 @@ def decode(raw: bytes, kind: type[T], who: str, what: str = "answer") -> T:
         raise ProviderError(ErrorCode.INTERNAL, f"{who} sent a malformed {what}: {exc}") from exc
 
 
+async def read_image(session: aiohttp.ClientSession, url: str | None, types: Iterable[str],
+                     max_bytes: int) -> tuple[bytes, str]:
+    """An input image fetched for a provider that takes images inline: its bytes and media type. One that
+    cannot be read, is not of `types` or is larger than `max_bytes` is refused naming `input_image`."""
+    if not url:
+        raise ProviderError(ErrorCode.INVALID_INPUT, "input_image: the image has no address to read it from")
+    limit = f"{' or '.join(t.removeprefix('image/').upper() for t in types)} image up to {max_bytes // 2**20} MB"
+    try:
+        async with session.get(url) as resp:
+            mime = resp.content_type
+            if resp.status != 200 or mime not in types or (resp.content_length or 0) > max_bytes:
+                raise ProviderError(ErrorCode.INVALID_INPUT, f"input_image: cannot be read as a {limit} "
+                                                             f"(HTTP {resp.status}, {mime})")
+            data = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                data += chunk
+                if len(data) > max_bytes:
+                    raise ProviderError(ErrorCode.INVALID_INPUT, f"input_image: larger than a {limit}")
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise ProviderError(ErrorCode.INTERNAL, f"the input image could not be read: {type(exc).__name__}") \
+            from exc
+    return bytes(data), mime
+
+
 def lost(provider_job_id: str, message: str) -> ProviderSignal:
     """A job the provider no longer knows: it will never finish, so the attempt has failed."""
     error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, message)

@@ -15,7 +15,6 @@ from libs.common.errors import ErrorCode, JobError, ProviderError, WebhookReject
 from libs.common.jobs import JobRequest
 from libs.providers import checks, http
 from libs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
-from libs.providers.checks import invalid
 from libs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost
 
 T = TypeVar("T")
@@ -226,11 +225,7 @@ def _attempt_of(generation: _Generation) -> tuple[str | None, int | None]:
 
 
 def _duration(request: JobRequest) -> str:
-    length = next((d for d in DURATIONS if d >= request.duration_s), None)
-    if length is None:
-        raise invalid(f"duration_s: Luma {request.model_name} makes 5 s or 9 s clips; "
-                       f"{request.duration_s} s is longer")
-    return DURATIONS[length]
+    return DURATIONS[checks.round_up(f"luma/{request.model_name}", DURATIONS, request)]
 
 
 def _create_body(req: SubmitRequest) -> _CreateGeneration:

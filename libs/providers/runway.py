@@ -50,7 +50,7 @@ class _Catalog(msgspec.Struct):
 
 
 _CATALOG = models.load("runway", _Catalog)
-FRAMES = {name: {models.frame_key(k): v for k, v in frames.items()} for name, frames in _CATALOG.frames.items()}
+FRAMES = models.frame_sets(_CATALOG.frames)
 MODELS = _CATALOG.models
 TEXT_MODELS = tuple(f"runway/{name}" for name, m in MODELS.items() if not m.needs_image)
 

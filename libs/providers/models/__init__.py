@@ -16,7 +16,12 @@ def load(provider: str, kind: type[T]) -> T:
     return msgspec.toml.decode((Path(__file__).parent / f"{provider}.toml").read_bytes(), type=kind)
 
 
-def frame_key(text: str) -> tuple[str, str]:
-    """A frame as the tables write it, `"16:9 720p"`, as (aspect ratio, resolution)."""
+def frame_sets(tables: dict[str, dict[str, str]]) -> dict[str, dict[tuple[str, str], str]]:
+    """Frame sets as the tables write them (`"16:9 720p" = <the provider's value>`), keyed by (aspect ratio,
+    resolution) as a request names them."""
+    return {name: {_frame(key): value for key, value in frames.items()} for name, frames in tables.items()}
+
+
+def _frame(text: str) -> tuple[str, str]:
     ratio, resolution = text.split()
     return ratio, resolution
