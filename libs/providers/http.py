@@ -98,6 +98,9 @@ UNAVAILABLE = Refusal(ErrorCode.PROVIDER_UNAVAILABLE, "{title} is unavailable: {
 # An unexpected 404 and the like: our configuration is wrong, not the job.
 REFUSED_CALL = Refusal(ErrorCode.INTERNAL, "{title} refused our call ({status}): {said}")
 INPUT_STATUSES = (400, 409, 413, 415, 422)  # answers that judge the request itself
+# What a provider's words may make of an error answer, in place of its status.
+NO_CREDIT = Refusal(ErrorCode.INTERNAL, "Our {title} account is out of credit: {said}")
+CONTENT_REFUSED = Refusal(ErrorCode.CONTENT_REJECTED, "{title} refused the request: {said}")
 
 
 def quiet(status: int, body: bytes) -> Said:
@@ -137,6 +140,16 @@ class ErrorTable:
 def rows(statuses: Iterable[int], refusal: Refusal) -> dict[int, Refusal]:
     """One refusal for several statuses, to build a table from."""
     return dict.fromkeys(statuses, refusal)
+
+
+def refusals(key_setting: str, *, key: str = "API key", inputs: Iterable[int] = INPUT_STATUSES) -> dict[int, Refusal]:
+    """The rows most providers share: a refused key is our configuration (the message names its setting), a
+    refused request is the job's."""
+    return {
+        **rows((401, 403), Refusal(ErrorCode.INTERNAL, f"{{title}} refused our {key} ({{status}}: {{said}}); check "
+                                                       f"the {key_setting} setting.")),
+        **rows(inputs, Refusal(ErrorCode.INVALID_INPUT, "{title} refused the request: {said}")),
+    }
 
 
 # --- the adapter's half of the conversation ---------------------------------------------------------------
@@ -240,10 +253,10 @@ class HttpAdapter:
             raise self.errors.error(*answer)
         return answer.body
 
-    async def send(self, path: str, body: msgspec.Struct, headers: Mapping[str, str] | None = None) -> bytes:
-        """POST a Struct as JSON; the body of the 2xx answer, as `call`."""
+    async def send(self, path: str, body: Any, headers: Mapping[str, str] | None = None, **kwargs: Any) -> bytes:
+        """POST a body (a Struct, or the provider's own dict) as JSON; the body of the 2xx answer, as `call`."""
         headers = {"Content-Type": "application/json", **(headers or {})}
-        return await self.call("POST", path, data=msgspec.json.encode(body), headers=headers)
+        return await self.call("POST", path, data=msgspec.json.encode(body), headers=headers, **kwargs)
 
     async def call_known(self, method: str, path: str, **kwargs: Any) -> bytes | None:
         """As `call`, but None when the provider says it has no such job (the caller gives that a meaning)."""

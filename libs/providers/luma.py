@@ -15,7 +15,7 @@ from libs.common.errors import ErrorCode, JobError, ProviderError, WebhookReject
 from libs.common.jobs import JobRequest
 from libs.providers import checks, http
 from libs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
-from libs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost
+from libs.providers.http import ErrorTable, HttpAdapter, Said, decode, lost, refusals
 
 T = TypeVar("T")
 
@@ -93,19 +93,12 @@ class _CreateGeneration(msgspec.Struct, kw_only=True, omit_defaults=True):
 def _read(status: int, body: bytes) -> Said:
     said = _said(_error_answer(body))
     if status not in (401, 403) and _CREDIT_WORDS.search(said):
-        return Said(said, _NO_CREDIT)
+        return Said(said, http.NO_CREDIT)
     refused = status in http.INPUT_STATUSES and _CONTENT_WORDS.search(said)
-    return Said(said, _CONTENT_REFUSED if refused else None)
+    return Said(said, http.CONTENT_REFUSED if refused else None)
 
 
-_NO_CREDIT = Refusal(ErrorCode.INTERNAL, "Our {title} account is out of credit: {said}")
-_CONTENT_REFUSED = Refusal(ErrorCode.CONTENT_REJECTED, "{title} refused the request: {said}")
-ERRORS = ErrorTable("Luma", {
-    **http.rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}: {said}); check the "
-                                                   f"{KEY_SETTING} setting.")),
-    402: _NO_CREDIT,
-    **http.rows(http.INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{title} refused the request: {said}")),
-}, _read)
+ERRORS = ErrorTable("Luma", {**refusals(KEY_SETTING), 402: http.NO_CREDIT}, _read)
 http_error = ERRORS.error
 
 

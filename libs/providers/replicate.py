@@ -14,7 +14,7 @@ from libs.common.errors import ErrorCode, JobError, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers import checks, http, models, webhooks
 from libs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
-from libs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, SignedCallbacks, decode, lost
+from libs.providers.http import ErrorTable, HttpAdapter, Said, SignedCallbacks, decode, lost, refusals
 
 # Webhooks on creation and on the terminal state; `output` and `logs` would only repeat what a poll tells.
 WEBHOOK_EVENTS = ("start", "completed")
@@ -92,16 +92,10 @@ def _read(status: int, body: bytes) -> Said:
     said = _said(_problem(body))
     wait = float(match.group(1)) if (match := _THROTTLE_WAIT.search(said)) else None
     refused = status in http.INPUT_STATUSES and _CONTENT_WORDS.search(said)
-    return Said(said, _CONTENT_REFUSED if refused else None, wait)
+    return Said(said, http.CONTENT_REFUSED if refused else None, wait)
 
 
-_CONTENT_REFUSED = Refusal(ErrorCode.CONTENT_REJECTED, "{title} refused the request: {said}")
-ERRORS = ErrorTable("Replicate", {
-    **http.rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API token ({status}: {said}); check the "
-                                                   f"{TOKEN_SETTING} setting.")),
-    402: Refusal(ErrorCode.INTERNAL, "Our {title} account is out of credit: {said}"),
-    **http.rows(http.INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{title} refused the request: {said}")),
-}, _read)
+ERRORS = ErrorTable("Replicate", {**refusals(TOKEN_SETTING, key="API token"), 402: http.NO_CREDIT}, _read)
 http_error = ERRORS.error
 
 

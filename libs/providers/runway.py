@@ -8,12 +8,11 @@ from urllib.parse import quote
 
 import msgspec
 
-from libs.common.errors import ErrorCode, JobError, ProviderError
+from libs.common.errors import ErrorCode, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers import checks, models
 from libs.providers.base import Format, ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
-from libs.providers.checks import invalid
-from libs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, decode, lost, read_or_none, rows, said_error
+from libs.providers.http import ErrorTable, HttpAdapter, Said, decode, lost, read_or_none, refusals, said_error
 
 API_VERSION = "2024-11-06"
 KEY_SETTING = "VIDJOBS_RUNWAY_API_KEY"
@@ -21,8 +20,7 @@ MAX_PROMPT_UNITS = 1000  # Runway counts promptText in UTF-16 code units
 MAX_SEED = 2**32 - 1
 
 # What each `params` entry a model may take must be.
-PARAM_CHECKS: dict[str, checks.Check] = {"public_figure_threshold": checks.one_of("auto", "low"),
-                                         "audio": checks.boolean}
+PARAM_CHECKS = {"public_figure_threshold": checks.one_of("auto", "low"), "audio": checks.boolean}
 
 
 class Model(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,10 +90,7 @@ def _said(status: int, body: bytes) -> Said:
     return Said(answer.error if answer else "")
 
 
-ERRORS = ErrorTable("Runway", {
-    **rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}): check " + KEY_SETTING)),
-    **rows((400, 413, 415, 422), Refusal(ErrorCode.INVALID_INPUT, "{title} cannot render this request: {said}")),
-}, _said)
+ERRORS = ErrorTable("Runway", refusals(KEY_SETTING, inputs=(400, 413, 415, 422)), _said)
 http_error = ERRORS.error
 
 
@@ -112,21 +107,21 @@ class RunwayAdapter(HttpAdapter):
         model = checks.pick_model(self.name, "Runway", request.model_name, MODELS)
         model_id, has_image = f"runway/{request.model_name}", request.input_image is not None
         if model.needs_image and not has_image:
-            raise invalid(f"input_image: {model_id} renders from an image, so it needs input_image; "
+            raise checks.invalid(f"input_image: {model_id} renders from an image, so it needs input_image; "
                           f"for a prompt alone choose {' or '.join(TEXT_MODELS)}")
         checks.check_frame(model_id, model.frames(has_image), request)
         checks.check_duration(model_id, model.durations, request)
         checks.check_optional(model_id, request, seed=model.seed, negative_prompt=model.negative_prompt)
         if request.seed is not None and not 0 <= request.seed <= MAX_SEED:
-            raise invalid(f"seed: must be from 0 to {MAX_SEED}")
+            raise checks.invalid(f"seed: must be from 0 to {MAX_SEED}")
         if (units := len(request.prompt.encode("utf-16-le")) // 2) > MAX_PROMPT_UNITS:
-            raise invalid(f"prompt: Runway takes at most {MAX_PROMPT_UNITS} characters, this one has {units}")
+            raise checks.invalid(f"prompt: Runway takes at most {MAX_PROMPT_UNITS} characters, this one has {units}")
         checks.check_params(model_id, request.params, {p: PARAM_CHECKS[p] for p in model.params})
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         if req.request.input_image is not None and not req.input_image_url:
-            raise invalid("input_image: the image has no address Runway could fetch it from")
+            raise checks.invalid("input_image: the image has no address Runway could fetch it from")
         path = "/v1/image_to_video" if req.request.input_image is not None else "/v1/text_to_video"
         raw = await self.call("POST", path, json=task_body(req))
         return Submission(provider_job_id=decode(raw, _Created, "Runway").id, state=ProviderState.QUEUED)
@@ -179,10 +174,11 @@ def read_task(raw: bytes) -> ProviderSignal:
     if (state := STATES.get(task.status)) is None:
         raise ProviderError(ErrorCode.INTERNAL, f"Runway reported an unknown task status {task.status!r}")
     progress = task.progress if task.progress is not None and 0 <= task.progress <= 1 else None
+    failed = said_error(failure_code(task.failure_code), "Runway", task.failure)
     return ProviderSignal(
         provider_job_id=task.id, state=state, progress=progress if state is ProviderState.RUNNING else None,
         output_url=task.output[0] if state is ProviderState.SUCCEEDED and task.output else None,
-        error=failure_error(task.failure_code, task.failure) if state is ProviderState.FAILED else None)
+        error=failed if state is ProviderState.FAILED else None)
 
 
 def failure_code(code: str | None) -> ErrorCode:
@@ -196,10 +192,6 @@ def failure_code(code: str | None) -> ErrorCode:
     if segments[0] in ("ASSET", "INPUT_PREPROCESSING"):
         return ErrorCode.INVALID_INPUT
     return ErrorCode.PROVIDER_UNAVAILABLE
-
-
-def failure_error(code: str | None, failure: str | None) -> JobError:
-    return said_error(failure_code(code), "Runway", failure)
 
 
 def _task_path(task_id: str) -> str:

@@ -12,21 +12,10 @@ import msgspec
 
 from libs.common.errors import ErrorCode, ProviderError
 from libs.common.jobs import JobRequest
-from libs.providers import checks, models
+from libs.providers import checks, http, models
 from libs.providers.base import Format, ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
 from libs.providers.checks import invalid
-from libs.providers.http import (
-    ErrorTable,
-    HttpAdapter,
-    Refusal,
-    Said,
-    decode,
-    lost,
-    read_image,
-    read_or_none,
-    rows,
-    said_error,
-)
+from libs.providers.http import ErrorTable, HttpAdapter, Said, decode, lost, read_or_none, refusals
 
 KEY_SETTING = "VIDJOBS_VEO_API_KEY"
 KEY_HEADER = "x-goog-api-key"
@@ -128,11 +117,8 @@ def _said(status: int, body: bytes) -> Said:
     return Said(given.message, _KEY_REFUSED if wrong_key else None, _retry_delay(given))
 
 
-_KEY_REFUSED = Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}): check " + KEY_SETTING)
-ERRORS = ErrorTable("Veo", {
-    **rows((401, 403), _KEY_REFUSED),
-    **rows((400, 413, 415, 422), Refusal(ErrorCode.INVALID_INPUT, "{title} cannot render this request: {said}")),
-}, _said)
+ERRORS = ErrorTable("Veo", refusals(KEY_SETTING, inputs=(400, 413, 415, 422)), _said)
+_KEY_REFUSED = ERRORS.rows[401]
 http_error = ERRORS.error
 
 
@@ -185,7 +171,7 @@ class VeoAdapter(HttpAdapter):
 
     async def _inline_image(self, req: SubmitRequest) -> dict[str, str]:
         """The input image as the Gemini API takes it: inline, base64-encoded (it fetches no URLs)."""
-        data, mime = await read_image(self.session, req.input_image_url, IMAGE_TYPES, MAX_IMAGE_BYTES)
+        data, mime = await http.read_image(self.session, req.input_image_url, IMAGE_TYPES, MAX_IMAGE_BYTES)
         return {"bytesBase64Encoded": base64.b64encode(data).decode(), "mimeType": mime}
 
 
@@ -223,9 +209,9 @@ def read_operation(raw: bytes) -> ProviderSignal:
         return ProviderSignal(provider_job_id=op.name, state=ProviderState.SUCCEEDED, output_url=uri)
     if answer.rai_media_filtered_count > 0 or answer.rai_media_filtered_reasons:
         said = f"Veo's safety filters held the video back. {' '.join(answer.rai_media_filtered_reasons)}"
-        error = said_error(ErrorCode.CONTENT_REJECTED, "Veo", said.strip())
+        error = http.said_error(ErrorCode.CONTENT_REJECTED, "Veo", said.strip())
     else:
-        error = said_error(ErrorCode.PROVIDER_UNAVAILABLE, "Veo", "Veo finished without a video.")
+        error = http.said_error(ErrorCode.PROVIDER_UNAVAILABLE, "Veo", "Veo finished without a video.")
     return ProviderSignal(provider_job_id=op.name, state=ProviderState.FAILED, error=error)
 
 
@@ -234,7 +220,7 @@ def _errored(name: str, status: _Status) -> ProviderSignal:
     if grpc == "CANCELLED":
         return ProviderSignal(provider_job_id=name, state=ProviderState.CANCELED)
     code = _STATUS_CODES.get(grpc, ErrorCode.PROVIDER_UNAVAILABLE)
-    error = said_error(code, "Veo", f"{grpc}: {status.message}" if status.message else grpc)
+    error = http.said_error(code, "Veo", f"{grpc}: {status.message}" if status.message else grpc)
     return ProviderSignal(provider_job_id=name, state=ProviderState.FAILED, error=error)
 
 

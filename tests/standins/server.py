@@ -9,7 +9,7 @@ import contextlib
 import json
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,6 +17,8 @@ from typing import Any, ClassVar, TypeVar
 
 import aiohttp
 from aiohttp import web
+
+from libs.providers.fake.server import BackgroundTasks
 
 
 @contextlib.asynccontextmanager
@@ -103,7 +105,7 @@ class Received:
     body: bytes
 
 
-class CallingStandin:
+class CallingStandin(BackgroundTasks):
     """A stand-in that works in the background and calls out: its tasks and session live as long as its app
     (`app.cleanup_ctx.append(standin.lifetime)`), and `/_sink` keeps what is POSTed to it."""
 
@@ -114,18 +116,7 @@ class CallingStandin:
         self.received: list[Received] = []
         self.deliveries: list[Delivery] = []
         self.session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        super().__init__()
 
     async def lifetime(self, app: web.Application) -> AsyncIterator[None]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.session_timeout_s)) as session:
