@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import asyncpg
 import pytest
 
 from libs.common.errors import ErrorCode, JobError, ProviderError
@@ -53,6 +54,28 @@ def attempt(request: JobRequest, *, job_id: str = "job_test", number: int = 1, c
             image_url: str | None = None) -> SubmitRequest:
     return SubmitRequest(job_id=job_id, attempt=number, idempotency_key=f"{job_id}-a{number}", request=request,
                          callback_url=callback_url, input_image_url=image_url)
+
+
+def called_back(standin: Any, request: JobRequest, number: int = 1, job_id: str = "job_test") -> SubmitRequest:
+    """An attempt whose callbacks go to the stand-in's own `/_sink`."""
+    return attempt(request, job_id=job_id, number=number, callback_url=f"{standin.url}/_sink")
+
+
+def refused_field(adapter: ProviderAdapter, request: JobRequest) -> str:
+    """The field a refusal by `validate` names (its message starts `<field>:`)."""
+    with pytest.raises(ProviderError) as caught:
+        adapter.validate(request)
+    assert caught.value.code is ErrorCode.INVALID_INPUT
+    return caught.value.message.split(":", 1)[0]
+
+
+async def inbox_count(database_url: str, provider: str) -> int:
+    """How many callbacks of `provider` the gateway stored."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchval("SELECT count(*) FROM webhook_inbox WHERE provider = $1", provider)
+    finally:
+        await conn.close()
 
 
 async def polls(adapter: ProviderAdapter, provider_job_id: str, count: int) -> list[ProviderSignal]:

@@ -3,19 +3,18 @@ replays them, and end to end through the whole stack, where an unsigned callback
 
 from __future__ import annotations
 
+import functools
 import json
 
-import asyncpg
 import msgspec
 import pytest
 
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
 from libs.providers import luma
-from libs.providers.base import ProviderState, SubmitRequest
+from libs.providers.base import ProviderState
 from libs.providers.luma import LumaAdapter
-from tests import adapter_scaffold as scaffold
-from tests.adapter_scaffold import finished, recorded, refusal, wired
+from tests.adapter_scaffold import called_back, finished, inbox_count, recorded, refusal, refused_field, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.luma import LumaStandin, payload, running_luma_standin
 from tests.support import wait_until
@@ -31,12 +30,8 @@ def request(prompt: str = "a glass whale drifting over a desert", model: str = "
     return JobRequest(model=f"luma/{model}", prompt=prompt, **fields)
 
 
-def submit_request(standin: LumaStandin, job: JobRequest, attempt: int = 1, job_id: str = "job_luma1") -> SubmitRequest:
-    return scaffold.attempt(job, job_id=job_id, number=attempt, callback_url=f"{standin.url}/_sink")
-
-
-def raw(name: str) -> bytes:
-    return recorded("luma", name)
+submit_request = functools.partial(called_back, job_id="job_luma1")
+raw = functools.partial(recorded, "luma")
 
 
 # --- the recorded payloads, read directly --------------------------------------------------------------
@@ -125,10 +120,7 @@ def test_failure_reasons_map_to_the_taxonomy():
     (request(model="ray-9"), "model"),
 ])
 def test_validate_refuses_what_luma_cannot_take_naming_the_field(adapter, job, field):
-    with pytest.raises(ProviderError) as caught:
-        adapter.validate(job)
-    assert caught.value.code is ErrorCode.INVALID_INPUT
-    assert caught.value.message.startswith(f"{field}:"), caught.value.message
+    assert refused_field(adapter, job) == field
 
 
 @pytest.mark.parametrize(("fields", "duration", "resolution"), [
@@ -140,7 +132,7 @@ def test_validate_refuses_what_luma_cannot_take_naming_the_field(adapter, job, f
 async def test_our_fields_map_to_the_documented_request(adapter, standin, fields, duration, resolution):
     job = request(aspect_ratio="9:16", params={"loop": True}, **fields)
 
-    await adapter.submit(submit_request(standin, job, attempt=2))
+    await adapter.submit(submit_request(standin, job, number=2))
 
     sent = standin.creates[-1]
     assert sent == {"generation_type": "video", "model": job.model_name, "prompt": job.prompt,
@@ -220,7 +212,7 @@ async def test_a_wrong_key_names_the_setting_and_never_the_key(http, standin):
 
 
 async def test_find_looks_the_attempt_up_by_its_callback_url(adapter, standin):
-    first = submit_request(standin, request(), attempt=1)
+    first = submit_request(standin, request(), number=1)
     accepted = await adapter.submit(first)
     for n in range(3):  # other jobs' generations in between
         await adapter.submit(submit_request(standin, request(), job_id=f"job_other{n}"))
@@ -228,7 +220,7 @@ async def test_find_looks_the_attempt_up_by_its_callback_url(adapter, standin):
     found = await adapter.find(first)
 
     assert found is not None and found.provider_job_id == accepted.provider_job_id
-    assert await adapter.find(submit_request(standin, request(), attempt=2)) is None
+    assert await adapter.find(submit_request(standin, request(), number=2)) is None
 
 
 async def test_find_pages_through_the_recent_generations(adapter, standin, monkeypatch):
@@ -257,14 +249,6 @@ async def test_cancel_deletes_the_generation_and_a_lost_one_is_failed(adapter, s
 # --- end to end through the stack ----------------------------------------------------------------------
 
 
-async def _inbox_count(database_url: str, provider: str) -> int:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await conn.fetchval("SELECT count(*) FROM webhook_inbox WHERE provider = $1", provider)
-    finally:
-        await conn.close()
-
-
 async def test_luma_jobs_run_end_to_end_by_unsigned_callbacks_confirmed_by_polls(tmp_path, database_url, nats_url):
     async with running_luma_standin(api_key=KEY, step_s=0.2) as standin:
         settings = stack_settings(tmp_path, database_url, nats_url, luma_url=standin.url, luma_api_key=KEY,
@@ -289,7 +273,7 @@ async def test_luma_jobs_run_end_to_end_by_unsigned_callbacks_confirmed_by_polls
             # Each job's two callbacks (dreaming, then completed or failed) were taken and stored once each,
             # however often a slow answer made the stand-in retry; and each job was rendered once.
             taken = {d.body for d in standin.deliveries if d.outcome == 200}
-            assert len(taken) == 4 and await _inbox_count(settings.database_url, "luma") == 4
+            assert len(taken) == 4 and await inbox_count(settings.database_url, "luma") == 4
             assert len(standin.generations) == 2
             sent = next(c for c in standin.creates if c["prompt"] == created["prompt"])
             assert sent["callback_url"] == f"{stack.url}/v1/webhooks/luma?job={job['id']}&attempt=1"

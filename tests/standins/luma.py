@@ -41,7 +41,8 @@ from typing import Any
 from aiohttp import web
 
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
-from tests.standins.server import CallingStandin, listening, now, payloads, scenario_in, standin_app, truncated
+from tests.standins import server
+from tests.standins.server import CallingStandin, bearer_door, found, listening, now, payloads, scenario_in
 
 RETRY_AFTER_S = 2
 CALLBACK_RETRIES, CALLBACK_RETRY_DELAY_S = 3, 0.1
@@ -71,10 +72,6 @@ _FAILED = {Scenario.MODERATION: "generation_failed_moderation", Scenario.FAIL: "
 
 
 payload = payloads("luma")  # as Luma's documentation shows them
-
-
-def scenario_of(prompt: str) -> Scenario:
-    return Scenario(scenario_in(prompt))
 
 
 @dataclass
@@ -118,7 +115,8 @@ class LumaStandin(CallingStandin):
     def create(self, request: dict[str, Any]) -> Generation:
         width, height = clip_size(request.get("aspect_ratio", "16:9"))
         seconds = float(str(request.get("duration", "5s")).rstrip("s"))
-        gen = Generation(id=str(uuid.uuid4()), request=request, scenario=scenario_of(str(request.get("prompt", ""))),
+        scenario = Scenario(scenario_in(str(request.get("prompt", ""))))
+        gen = Generation(id=str(uuid.uuid4()), request=request, scenario=scenario,
                          clip=ClipSpec(width, height, seconds, secrets.randbelow(2**31)))
         self.generations[gen.id] = gen
         gen.task = self.spawn(self._run(gen), f"generation-{gen.id}")
@@ -155,6 +153,7 @@ class LumaStandin(CallingStandin):
 
 # --- HTTP ----------------------------------------------------------------------------------------------
 
+ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", LumaStandin)
 
 
@@ -162,6 +161,7 @@ def _error(name: str, status: int, headers: dict[str, str] | None = None) -> web
     return web.json_response(payload(name), status=status, headers=headers)
 
 
+@ROUTES.post("/dream-machine/v1/generations")
 async def create_generation(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     try:
@@ -169,16 +169,17 @@ async def create_generation(request: web.Request) -> web.Response:
     except ValueError:
         return web.json_response({"detail": "Invalid JSON body"}, status=400)
     standin.creates.append(body)
-    scenario = scenario_of(str(body.get("prompt", "")))
+    scenario = Scenario(scenario_in(str(body.get("prompt", ""))))
     if scenario in _REFUSALS:
         name, status = _REFUSALS[scenario]
         headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
         return _error(name, status, headers)
     if scenario is Scenario.MALFORMED:
-        return truncated(payload("generation_queued"), 201)
+        return server.truncated(payload("generation_queued"), 201)
     return web.json_response(standin.view(standin.create(body)), status=201)
 
 
+@ROUTES.get("/dream-machine/v1/generations")
 async def list_generations(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     limit, offset = int(request.query.get("limit", "100")), int(request.query.get("offset", "0"))
@@ -190,46 +191,34 @@ async def list_generations(request: web.Request) -> web.Response:
 
 
 def _generation(request: web.Request) -> Generation:
-    gen = request.app[STANDIN].generations.get(request.match_info["id"])
-    if gen is None:
-        raise web.HTTPNotFound(text=json.dumps(payload("error_404_not_found")), content_type="application/json")
-    return gen
+    return found(request.app[STANDIN].generations, request, payload("error_404_not_found"))
 
 
+@ROUTES.get("/dream-machine/v1/generations/{id}")
 async def get_generation(request: web.Request) -> web.Response:
     return web.json_response(request.app[STANDIN].view(_generation(request)))
 
 
+@ROUTES.delete("/dream-machine/v1/generations/{id}")
 async def delete_generation(request: web.Request) -> web.Response:
     request.app[STANDIN].delete(_generation(request))
     return web.Response(status=204)
 
 
+@ROUTES.get("/files/{id}/video.mp4")
 async def get_video(request: web.Request) -> web.Response:
     gen = request.app[STANDIN].generations.get(request.match_info["id"])
-    if gen is None or gen.state != "completed":
-        raise web.HTTPNotFound()
-    return web.Response(body=await render_mp4(gen.clip), content_type="video/mp4")
+    return await server.video(gen.clip if gen is not None and gen.state == "completed" else None)
 
 
-async def require_key(request: web.Request, handler) -> web.StreamResponse:
-    if request.path.startswith("/dream-machine/"):
-        if request.headers.get("Authorization") != f"Bearer {request.app[STANDIN].api_key}":
-            return _error("error_401_invalid_key", 401)
-    return await handler(request)
+require_key = bearer_door("/dream-machine/", lambda request: request.app[STANDIN].api_key,
+                          lambda: _error("error_401_invalid_key", 401))
 
 
-ROUTES = [
-    web.post("/dream-machine/v1/generations", create_generation),
-    web.get("/dream-machine/v1/generations", list_generations),
-    web.get("/dream-machine/v1/generations/{id}", get_generation),
-    web.delete("/dream-machine/v1/generations/{id}", delete_generation),
-    web.get("/files/{id}/video.mp4", get_video),
-]
 
 
 def running_luma_standin(*, api_key: str, host: str = "127.0.0.1",
                          **options: Any) -> contextlib.AbstractAsyncContextManager[LumaStandin]:
     """A Luma stand-in listening on a free port of `host` until the block exits."""
     standin = LumaStandin(api_key=api_key, **options)
-    return listening(standin, standin_app(STANDIN, standin, ROUTES, require_key), host)
+    return listening(standin, server.standin_app(STANDIN, standin, ROUTES, require_key), host)

@@ -46,7 +46,8 @@ from aiohttp import web
 
 from libs.providers import webhooks
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
-from tests.standins.server import CallingStandin, listening, now, payloads, scenario_in, standin_app, truncated
+from tests.standins import server
+from tests.standins.server import CallingStandin, bearer_door, found, listening, now, payloads, scenario_in
 
 RETRY_AFTER_S = 1
 
@@ -75,10 +76,6 @@ _TERMINAL = frozenset({"succeeded", "failed", "canceled", "aborted"})
 
 
 payload = payloads("replicate")  # as Replicate's documentation shows them
-
-
-def scenario_of(prompt: str) -> Scenario:
-    return Scenario(scenario_in(prompt))
 
 
 @dataclass
@@ -144,7 +141,7 @@ class ReplicateStandin(CallingStandin):
         width, height = clip_size(given.get("aspect_ratio", "16:9"))
         clip = ClipSpec(width, height, float(given.get("duration", 6)), secrets.randbelow(2**31))
         pred = Prediction(
-            id=pid, model=model, input=given, scenario=scenario_of(str(given.get("prompt", ""))),
+            id=pid, model=model, input=given, scenario=Scenario(scenario_in(str(given.get("prompt", "")))),
             webhook=body.get("webhook"), clip=clip,
             events=tuple(body.get("webhook_events_filter") or ("start", "output", "logs", "completed")),
         )
@@ -203,6 +200,7 @@ class ReplicateStandin(CallingStandin):
 
 # --- HTTP ----------------------------------------------------------------------------------------------
 
+ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", ReplicateStandin)
 
 
@@ -225,6 +223,7 @@ def _refusal(standin: ReplicateStandin, scenario: Scenario, prompt: str) -> web.
     return None
 
 
+@ROUTES.post("/v1/models/{owner}/{name}/predictions")
 async def create_prediction(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     try:
@@ -234,57 +233,46 @@ async def create_prediction(request: web.Request) -> web.Response:
     standin.creates.append(body)
     prompt = str((body.get("input") or {}).get("prompt", ""))
     standin.creates_by_prompt[prompt] += 1
-    scenario = scenario_of(prompt)
+    scenario = Scenario(scenario_in(prompt))
     if (refused := _refusal(standin, scenario, prompt)) is not None:
         return refused
     model = f"{request.match_info['owner']}/{request.match_info['name']}"
     if scenario is Scenario.MALFORMED:
-        return truncated(payload("prediction_starting"), 201)
+        return server.truncated(payload("prediction_starting"), 201)
     pred = standin.create(model, body)
     return web.json_response(standin.view(pred), status=201)
 
 
 def _prediction(request: web.Request) -> Prediction:
-    pred = request.app[STANDIN].predictions.get(request.match_info["id"])
-    if pred is None:
-        raise web.HTTPNotFound(text=json.dumps(payload("error_404_not_found")), content_type="application/json")
-    return pred
+    return found(request.app[STANDIN].predictions, request, payload("error_404_not_found"))
 
 
+@ROUTES.get("/v1/predictions/{id}")
 async def get_prediction(request: web.Request) -> web.Response:
     return web.json_response(request.app[STANDIN].view(_prediction(request)))
 
 
+@ROUTES.post("/v1/predictions/{id}/cancel")
 async def cancel_prediction(request: web.Request) -> web.Response:
     standin, pred = request.app[STANDIN], _prediction(request)
     standin.cancel(pred)
     return web.json_response(standin.view(pred))
 
 
+@ROUTES.get("/files/{id}/output.mp4")
 async def get_output(request: web.Request) -> web.Response:
     pred = request.app[STANDIN].predictions.get(request.match_info["id"])
-    if pred is None or pred.status != "succeeded":
-        raise web.HTTPNotFound()
-    return web.Response(body=await render_mp4(pred.clip), content_type="video/mp4")
+    return await server.video(pred.clip if pred is not None and pred.status == "succeeded" else None)
 
 
-async def require_token(request: web.Request, handler) -> web.StreamResponse:
-    if request.path.startswith("/v1/"):
-        if request.headers.get("Authorization") != f"Bearer {request.app[STANDIN].api_token}":
-            return _problem("error_401_unauthenticated", 401)
-    return await handler(request)
+require_token = bearer_door("/v1/", lambda request: request.app[STANDIN].api_token,
+                            lambda: _problem("error_401_unauthenticated", 401))
 
 
-ROUTES = [
-    web.post("/v1/models/{owner}/{name}/predictions", create_prediction),
-    web.get("/v1/predictions/{id}", get_prediction),
-    web.post("/v1/predictions/{id}/cancel", cancel_prediction),
-    web.get("/files/{id}/output.mp4", get_output),
-]
 
 
 def running_replicate_standin(*, api_token: str, webhook_secret: str, host: str = "127.0.0.1",
                               **options: Any) -> contextlib.AbstractAsyncContextManager[ReplicateStandin]:
     """A Replicate stand-in listening on a free port of `host` until the block exits."""
     standin = ReplicateStandin(api_token=api_token, webhook_secret=webhook_secret, **options)
-    return listening(standin, standin_app(STANDIN, standin, ROUTES, require_token), host)
+    return listening(standin, server.standin_app(STANDIN, standin, ROUTES, require_token), host)

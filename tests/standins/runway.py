@@ -78,6 +78,7 @@ def scenario_of(prompt: str) -> str:
     return scenario_in(prompt, "scenario")
 
 
+ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", RunwayStandin)
 
 
@@ -95,6 +96,8 @@ async def runway_checks(request: web.Request, handler: Any) -> web.StreamRespons
     return await handler(request)
 
 
+@ROUTES.post("/v1/text_to_video")
+@ROUTES.post("/v1/image_to_video")
 async def create_task(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     body = await request.json()
@@ -109,6 +112,7 @@ async def create_task(request: web.Request) -> web.Response:
     return _answer(200, {**payload("create_task"), "id": task.id})
 
 
+@ROUTES.get("/v1/tasks/{task_id}")
 async def get_task(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     task = standin.tasks.get(request.match_info["task_id"])
@@ -132,6 +136,7 @@ def _task_state(standin: RunwayStandin, task: Task) -> dict[str, Any]:
     return state
 
 
+@ROUTES.delete("/v1/tasks/{task_id}")
 async def delete_task(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     task = standin.tasks.get(request.match_info["task_id"])
@@ -142,6 +147,7 @@ async def delete_task(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+@ROUTES.get("/outputs/{task_id}.mp4")
 async def get_output(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     task = standin.tasks.get(request.match_info["task_id"])
@@ -158,13 +164,6 @@ def _clip(body: dict[str, Any]) -> ClipSpec:
     return ClipSpec(*clip_size(aspect), duration_s=float(body.get("duration", 5)), seed=int(body.get("seed", 7)))
 
 
-ROUTES = [
-    web.post("/v1/text_to_video", create_task),
-    web.post("/v1/image_to_video", create_task),
-    web.get("/v1/tasks/{task_id}", get_task),
-    web.delete("/v1/tasks/{task_id}", delete_task),
-    web.get("/outputs/{task_id}.mp4", get_output),
-]
 
 
 def running_runway(api_key: str, **options: Any) -> contextlib.AbstractAsyncContextManager[RunwayStandin]:

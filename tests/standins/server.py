@@ -9,7 +9,7 @@ import contextlib
 import json
 import re
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any, ClassVar, TypeVar
 import aiohttp
 from aiohttp import web
 
+from libs.providers.fake.render import ClipSpec, render_mp4
 from libs.providers.fake.server import BackgroundTasks
 
 
@@ -69,6 +70,32 @@ def scenario_in(prompt: str, word: str = "standin", default: str = "succeed") ->
     """The scenario a `<word>:<scenario>` in the prompt picks, else `default`."""
     found = re.search(rf"{word}:(\w+)", prompt)
     return found.group(1) if found else default
+
+
+def found(items: Mapping[str, S], request: web.Request, missing: dict[str, Any] | None = None) -> S:
+    """The item the request's `{id}` names, or a 404 carrying the provider's own `missing` body."""
+    item = items.get(request.match_info["id"])
+    if item is None:
+        raise web.HTTPNotFound(text=json.dumps(missing or {}), content_type="application/json")
+    return item
+
+
+async def video(clip: ClipSpec | None) -> web.Response:
+    """The render as a real MP4, as the provider's CDN serves it; None: nothing to serve yet."""
+    if clip is None:
+        raise web.HTTPNotFound()
+    return web.Response(body=await render_mp4(clip), content_type="video/mp4")
+
+
+def bearer_door(prefix: str, key: Callable[[web.Request], str],
+                refused: Callable[[], web.Response]) -> Callable[..., Any]:
+    """The door of an API under `prefix` that wants `Authorization: Bearer <key>` on every call."""
+    async def door(request: web.Request, handler: Callable[..., Any]) -> web.StreamResponse:
+        if request.path.startswith(prefix) and request.headers.get("Authorization") != f"Bearer {key(request)}":
+            return refused()
+        return await handler(request)
+
+    return door
 
 
 def now() -> str:

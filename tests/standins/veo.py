@@ -90,6 +90,7 @@ def scenario_of(prompt: str) -> str:
     return scenario_in(prompt, "scenario")
 
 
+ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", VeoStandin)
 
 
@@ -116,6 +117,7 @@ async def gemini_checks(request: web.Request, handler: Any) -> web.StreamRespons
     return await handler(request)
 
 
+@ROUTES.post("/v1beta/models/{call}")
 async def predict_long_running(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     model, _, method = request.match_info["call"].partition(":")
@@ -133,6 +135,7 @@ async def predict_long_running(request: web.Request) -> web.Response:
     return _answer(200, {**payload("operation_started"), "name": op.name})
 
 
+@ROUTES.get("/v1beta/models/{model}/operations/{op_id}")
 async def get_operation(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     op = standin.operations.get(request.match_info["op_id"])
@@ -150,6 +153,7 @@ async def get_operation(request: web.Request) -> web.Response:
     return _answer(200, state)
 
 
+@ROUTES.get("/v1beta/files/{call}")
 async def download_file(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     op_id, _, method = request.match_info["call"].partition(":")
@@ -160,6 +164,7 @@ async def download_file(request: web.Request) -> web.Response:
     return web.Response(body=await render_mp4(_clip(op.body)), content_type="video/mp4")
 
 
+@ROUTES.get("/images/{name}")
 async def get_image(request: web.Request) -> web.Response:
     found = request.app[STANDIN].images.get(request.match_info["name"])
     if found is None:
@@ -173,12 +178,6 @@ def _clip(body: dict[str, Any]) -> ClipSpec:
     return ClipSpec(*clip_size(aspect), duration_s=float(parameters.get("durationSeconds", 8)), seed=11)
 
 
-ROUTES = [
-    web.post("/v1beta/models/{call}", predict_long_running),
-    web.get("/v1beta/models/{model}/operations/{op_id}", get_operation),
-    web.get("/v1beta/files/{call}", download_file),
-    web.get("/images/{name}", get_image),
-]
 
 
 def running_veo(api_key: str, **options: Any) -> contextlib.AbstractAsyncContextManager[VeoStandin]:
