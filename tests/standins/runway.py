@@ -25,6 +25,7 @@ states the task walks through, one per status poll, the last repeated. The rest 
 from __future__ import annotations
 
 import contextlib
+import functools
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -33,7 +34,7 @@ from aiohttp import web
 
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from tests.standins.server import PAYLOADS as ALL_PAYLOADS
-from tests.standins.server import PolledStandin, listening, payloads, scenario_in, standin_app, step
+from tests.standins.server import PolledStandin, answer, listening, payloads, scenario_in, standin_app, step
 
 PAYLOADS = ALL_PAYLOADS / "runway"
 API_VERSION = "2024-11-06"
@@ -74,25 +75,20 @@ class RunwayStandin(PolledStandin):
         return [body for body in self.submissions if body.get("promptText") == prompt]
 
 
-def scenario_of(prompt: str) -> str:
-    return scenario_in(prompt, "scenario")
+scenario_of = functools.partial(scenario_in, word="scenario")
 
 
 ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", RunwayStandin)
 
 
-def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(body, status=status, headers=headers)
-
-
 async def runway_checks(request: web.Request, handler: Any) -> web.StreamResponse:
     """Runway's door: a Bearer API key and the API version header on every API route."""
     if request.path.startswith("/v1/"):
         if request.headers.get("Authorization") != f"Bearer {request.app[STANDIN].api_key}":
-            return _answer(401, payload("error_unauthorized"))
+            return answer(401, payload("error_unauthorized"))
         if request.headers.get("X-Runway-Version") != API_VERSION:
-            return _answer(400, {"error": "The X-Runway-Version header is missing or names an unknown version."})
+            return answer(400, {"error": "The X-Runway-Version header is missing or names an unknown version."})
     return await handler(request)
 
 
@@ -104,12 +100,12 @@ async def create_task(request: web.Request) -> web.Response:
     scenario = scenario_of(str(body.get("promptText", "")))
     if refused := standin.at_the_door(scenario, str(body.get("promptText", ""))):
         status, name, headers = refused
-        return _answer(status, payload(name), headers)
+        return answer(status, payload(name), headers)
     task = Task(id=str(uuid.uuid4()), scenario=scenario, body=body)
     standin.tasks[task.id] = task
     standin.submissions.append(body)
     standin.routes.append(request.path)
-    return _answer(200, {**payload("create_task"), "id": task.id})
+    return answer(200, {**payload("create_task"), "id": task.id})
 
 
 @ROUTES.get("/v1/tasks/{task_id}")
@@ -117,10 +113,10 @@ async def get_task(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     task = standin.tasks.get(request.match_info["task_id"])
     if task is None or task.scenario == "lost":
-        return _answer(404, payload("error_not_found"))
+        return answer(404, payload("error_not_found"))
     if (misbehaved := await standin.misbehaving(task.scenario)) is not None:
         return misbehaved
-    return _answer(200, _task_state(standin, task))
+    return answer(200, _task_state(standin, task))
 
 
 def _task_state(standin: RunwayStandin, task: Task) -> dict[str, Any]:
@@ -141,7 +137,7 @@ async def delete_task(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     task = standin.tasks.get(request.match_info["task_id"])
     if task is None:
-        return _answer(404, payload("error_not_found"))
+        return answer(404, payload("error_not_found"))
     standin.deletes.append(task.id)
     task.canceled = True
     return web.Response(status=204)

@@ -72,6 +72,10 @@ def scenario_in(prompt: str, word: str = "standin", default: str = "succeed") ->
     return found.group(1) if found else default
 
 
+def answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(body, status=status, headers=headers)
+
+
 def found(items: Mapping[str, S], request: web.Request, missing: dict[str, Any] | None = None) -> S:
     """The item the request's `{id}` names, or a 404 carrying the provider's own `missing` body."""
     item = items.get(request.match_info["id"])

@@ -27,6 +27,7 @@ states walked through one per status poll, the last repeated. The rest misbehave
 from __future__ import annotations
 
 import contextlib
+import functools
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -35,7 +36,7 @@ from aiohttp import web
 
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from tests.standins.server import PAYLOADS as ALL_PAYLOADS
-from tests.standins.server import PolledStandin, listening, payloads, scenario_in, standin_app, step
+from tests.standins.server import PolledStandin, answer, listening, payloads, scenario_in, standin_app, step
 
 PAYLOADS = ALL_PAYLOADS / "veo"
 KEY_HEADER = "x-goog-api-key"
@@ -86,24 +87,19 @@ class VeoStandin(PolledStandin):
         return f"{self.url}/images/{name}"
 
 
-def scenario_of(prompt: str) -> str:
-    return scenario_in(prompt, "scenario")
+scenario_of = functools.partial(scenario_in, word="scenario")
 
 
 ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", VeoStandin)
 
 
-def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(body, status=status, headers=headers)
-
-
 def _key_refusal(request: web.Request) -> web.Response | None:
     given = request.headers.get(KEY_HEADER)
     if given is None:
-        return _answer(403, payload("error_permission_denied"))
+        return answer(403, payload("error_permission_denied"))
     if given != request.app[STANDIN].api_key:
-        return _answer(400, payload("error_api_key_invalid"))
+        return answer(400, payload("error_api_key_invalid"))
     return None
 
 
@@ -128,11 +124,11 @@ async def predict_long_running(request: web.Request) -> web.Response:
     scenario = scenario_of(prompt)
     if refused := standin.at_the_door(scenario, prompt):
         status, name, headers = refused
-        return _answer(status, payload(name), headers)
+        return answer(status, payload(name), headers)
     op = Operation(id=secrets.token_hex(6), model=model, scenario=scenario, body=body)
     standin.operations[op.id] = op
     standin.submissions.append(body)
-    return _answer(200, {**payload("operation_started"), "name": op.name})
+    return answer(200, {**payload("operation_started"), "name": op.name})
 
 
 @ROUTES.get("/v1beta/models/{model}/operations/{op_id}")
@@ -140,17 +136,17 @@ async def get_operation(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     op = standin.operations.get(request.match_info["op_id"])
     if op is None or op.model != request.match_info["model"] or op.scenario == "lost":
-        return _answer(404, payload("error_not_found"))
+        return answer(404, payload("error_not_found"))
     if (misbehaved := await standin.misbehaving(op.scenario)) is not None:
         return misbehaved
     state = payload(step(SCRIPTS, op.scenario, op.polls))
     op.polls += 1
     state["name"] = op.name
-    answer = state.get("response")
-    videos = answer.get("generateVideoResponse", {}) if isinstance(answer, dict) else {}
+    response = state.get("response")
+    videos = response.get("generateVideoResponse", {}) if isinstance(response, dict) else {}
     for sample in videos.get("generatedSamples", []):
         sample["video"]["uri"] = f"{standin.url}/v1beta/files/{op.id}:download?alt=media"
-    return _answer(200, state)
+    return answer(200, state)
 
 
 @ROUTES.get("/v1beta/files/{call}")
@@ -159,7 +155,7 @@ async def download_file(request: web.Request) -> web.Response:
     op_id, _, method = request.match_info["call"].partition(":")
     op = standin.operations.get(op_id)
     if op is None or method != "download" or request.query.get("alt") != "media":
-        return _answer(404, payload("error_not_found"))
+        return answer(404, payload("error_not_found"))
     standin.downloads += 1
     return web.Response(body=await render_mp4(_clip(op.body)), content_type="video/mp4")
 
