@@ -163,6 +163,19 @@ def read_or_none(raw: bytes, kind: type[T]) -> T | None:
         return None
 
 
+def detail_text(detail: Any) -> str:
+    """An error body's `detail` as a person reads it: a sentence, or (for a request that breaks the schema) each
+    `{"loc": [...], "msg": ...}` entry as `field.path: message`."""
+    if isinstance(detail, str):
+        return " ".join(detail.split())
+    parts = []
+    for item in detail if isinstance(detail, list) else ():
+        if isinstance(item, dict):
+            where = ".".join(str(p) for p in item.get("loc", []) if p != "body")
+            parts.append(f"{where}: {item.get('msg', '')}" if where else str(item.get("msg", "")))
+    return "; ".join(parts)
+
+
 def said_error(code: ErrorCode, who: str, said: str | None) -> JobError:
     """A failed render's error: our words for the code, then the provider's own (at most 500 characters)."""
     detail = f" {who} said: {said[:500]}" if said else ""

@@ -249,15 +249,4 @@ def _error_answer(body: bytes) -> _ErrorAnswer | None:
 
 
 def _said(answer: _ErrorAnswer | None) -> str:
-    if answer is None:
-        return ""
-    if isinstance(answer.detail, str):
-        return " ".join(answer.detail.split())
-    if isinstance(answer.detail, list):  # schema errors: name each field as Luma located it
-        parts = []
-        for item in answer.detail:
-            if isinstance(item, dict):
-                where = ".".join(str(p) for p in item.get("loc", []) if p != "body")
-                parts.append(f"{where}: {item.get('msg', '')}" if where else str(item.get("msg", "")))
-        return "; ".join(parts)
-    return ""
+    return http.detail_text(answer.detail) if answer is not None else ""

@@ -44,11 +44,7 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
     params: tuple[str, ...] = ()
 
 
-class _Catalog(msgspec.Struct):
-    models: dict[str, Model]
-
-
-MODELS = models.load("replicate", _Catalog).models
+MODELS = models.load("replicate", dict[str, Model])
 
 
 # --- Replicate's wire format, as far as we read it -----------------------------------------------------
@@ -228,5 +224,4 @@ def _problem(body: bytes) -> _Problem | None:
 def _said(problem: _Problem | None) -> str:
     if problem is None:
         return ""
-    detail = problem.detail if isinstance(problem.detail, str) else ""
-    return " ".join(detail.split()) or problem.title or ""
+    return (http.detail_text(problem.detail) if isinstance(problem.detail, str) else "") or problem.title or ""
