@@ -4,8 +4,7 @@ app, webhooks signed with ED25519 (`fal_signature.py`). docs/PROVIDERS.md has th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
@@ -13,56 +12,39 @@ import msgspec
 
 from libs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
 from libs.common.jobs import JobRequest
-from libs.providers import checks, http
+from libs.providers import checks, http, models
 from libs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
 from libs.providers.checks import boolean, invalid, number
 from libs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
 from libs.providers.http import Answer, ErrorTable, HttpAdapter, Refusal, Said, decode, lost
 
+T = TypeVar("T")
 NAME = "fal"
 _KEY_HINT = "check VIDJOBS_FAL_API_KEY"
 _MAX_SAID = 300  # characters of fal's own words carried into a job's error message
 
 # --- the models we offer, and what each takes ------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """How one fal model takes our normalised request. Each mapping is our value → the value fal is sent,
-    or None for a value the model accepts without being told (a fixed length, a ratio taken from the image)."""
+# What each `params` entry a model may take must be.
+PARAM_CHECKS: dict[str, checks.Check] = {"cfg_scale": number(0, 1), "prompt_optimizer": boolean,
+                                         "generate_audio": boolean, "enhance_prompt": boolean, "auto_fix": boolean}
+
+
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How one fal model takes our normalised request: a row of `models/fal.toml`. Each mapping is our value →
+    the value fal is sent, "" for one the model accepts without being told."""
 
     app: str  # owner/name: where its requests' status, result and cancel URLs live
-    durations: Mapping[int, str | None]
-    aspect_ratios: Mapping[str, str | None]
-    resolutions: Mapping[str, str | None]
+    durations: dict[int, str]
+    aspect_ratios: dict[str, str]
+    resolutions: dict[str, str]
     negative_prompt: bool = False
     seed: bool = False
     image: bool = False  # image-to-video: the input image is required and sent as `image_url`
-    params: Mapping[str, checks.Check] = field(default_factory=dict)
+    params: tuple[str, ...] = ()
 
 
-_RATIOS = ("16:9", "9:16", "1:1")
-_KLING_T2V = ModelSpec(
-    app="fal-ai/kling-video", durations={5: "5", 10: "10"}, aspect_ratios={r: r for r in _RATIOS},
-    resolutions={"720p": None}, negative_prompt=True, params={"cfg_scale": number(0, 1)},
-)
-_MINIMAX_T2V = ModelSpec(
-    app="fal-ai/minimax", durations={6: None}, aspect_ratios={"16:9": None}, resolutions={"720p": None},
-    params={"prompt_optimizer": boolean},
-)
-# Image-to-video models take their picture's shape, whatever ratio was asked.
-_FROM_IMAGE = dict.fromkeys(_RATIOS)
-
-MODELS: dict[str, ModelSpec] = {
-    "fal-ai/kling-video/v2/master/text-to-video": _KLING_T2V,
-    "fal-ai/kling-video/v2/master/image-to-video": replace(_KLING_T2V, aspect_ratios=_FROM_IMAGE, image=True),
-    "fal-ai/veo3": ModelSpec(
-        app="fal-ai/veo3", durations={4: "4s", 6: "6s", 8: "8s"}, aspect_ratios={r: r for r in _RATIOS},
-        resolutions={"720p": "720p", "1080p": "1080p"}, negative_prompt=True, seed=True,
-        params={"generate_audio": boolean, "enhance_prompt": boolean, "auto_fix": boolean},
-    ),
-    "fal-ai/minimax/video-01": _MINIMAX_T2V,
-    "fal-ai/minimax/video-01/image-to-video": replace(_MINIMAX_T2V, aspect_ratios=_FROM_IMAGE, image=True),
-}
+MODELS = models.load("fal", dict[str, ModelSpec])
 APPS = tuple(dict.fromkeys(spec.app for spec in MODELS.values()))
 
 # fal's model error types that say fal (or a service behind it) failed, not the input.
@@ -158,7 +140,7 @@ class FalAdapter(HttpAdapter):
 
     def validate(self, request: JobRequest) -> None:
         spec = checks.pick_model(self.name, NAME, request.model_name, MODELS)
-        checks.check_params(request.model_name, request.params, spec.params)
+        checks.check_params(request.model_name, request.params, {p: PARAM_CHECKS[p] for p in spec.params})
         _pick("duration_s", request.duration_s, spec.durations, request.model_name)
         _pick("aspect_ratio", request.aspect_ratio, spec.aspect_ratios, request.model_name)
         _pick("resolution", request.resolution, spec.resolutions, request.model_name)
@@ -298,20 +280,20 @@ def _said(body: _ErrorBody | None) -> str | None:
 
 
 def _error_body(payload: Any) -> _ErrorBody | None:
-    try:
-        return msgspec.convert(payload, _ErrorBody) if isinstance(payload, dict) else None
-    except msgspec.ValidationError:
-        return None
+    return _convert(payload, _ErrorBody)
 
 
 def _video_url(payload: Any) -> str | None:
-    if not isinstance(payload, dict):
-        return None
+    video = output.video if (output := _convert(payload, _Output)) is not None else None
+    return video.url if video is not None and video.url else None
+
+
+def _convert(payload: Any, kind: type[T]) -> T | None:
+    """A webhook's or result's JSON object as `kind`; None for anything else (fal's payloads vary by model)."""
     try:
-        video = msgspec.convert(payload, _Output).video
+        return msgspec.convert(payload, kind) if isinstance(payload, dict) else None
     except msgspec.ValidationError:
         return None
-    return video.url if video is not None and video.url else None
 
 
 # --- our request as fal's model input ---------------------------------------------------------------------
@@ -334,9 +316,9 @@ def _input(req: SubmitRequest) -> dict[str, Any]:
     r, spec = req.request, MODELS[req.request.model_name]
     body: dict[str, Any] = {"prompt": r.prompt}
     mapped = {
-        "duration": spec.durations[r.duration_s],
-        "aspect_ratio": spec.aspect_ratios[r.aspect_ratio],
-        "resolution": spec.resolutions[r.resolution],
+        "duration": spec.durations[r.duration_s] or None,  # "": the model is not told
+        "aspect_ratio": spec.aspect_ratios[r.aspect_ratio] or None,
+        "resolution": spec.resolutions[r.resolution] or None,
         "negative_prompt": r.negative_prompt,
         "seed": r.seed,
     }
