@@ -48,7 +48,9 @@ class Provider:
 
     adapter: ProviderAdapter
     job: Callable[[str], SubmitRequest]  # a submit that plays the named behaviour
-    plays: dict[str, str]  # behaviour (succeed, fail, hang, rate_limit, unavailable) -> the stand-in's scenario
+    # Behaviour (succeed, fail, hang, rate_limit, unavailable, and lost where the stand-in can forget a render)
+    # -> the stand-in's scenario.
+    plays: dict[str, str]
     after_cancel: ProviderState  # where a canceled render then stands (a provider that deletes forgets it)
     callback: Callable[[bytes], dict[str, str]] | None = None  # genuine headers for a callback body
     callback_body: bytes = b""
@@ -125,8 +127,8 @@ def polled(running: Callable[[str], Any], adapter: Callable[..., ProviderAdapter
     async def wire(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
         async with running(KEY) as standin:
             job = functools.partial(attempt, model, duration_s=duration_s)
-            yield Provider(adapter(http, standin.url, KEY), lambda s: job(f"a fox scenario:{s}"), plays(fail=fail),
-                           after_cancel)
+            yield Provider(adapter(http, standin.url, KEY), lambda s: job(f"a fox scenario:{s}"),
+                           plays(fail=fail, lost="lost"), after_cancel)
 
     return wire
 
@@ -185,6 +187,17 @@ async def test_cancel_stops_a_render_and_a_gone_one_is_no_error(provider: Provid
     after = await provider.adapter.status(accepted.provider_job_id)
 
     assert after.state is provider.after_cancel
+
+
+async def test_a_render_the_provider_forgot_has_failed(provider: Provider):
+    if "lost" not in provider.plays:
+        pytest.skip("this stand-in never forgets a render")
+    accepted = await provider.adapter.submit(play(provider, "lost"))
+
+    sig = await provider.adapter.status(accepted.provider_job_id)
+
+    assert sig.state is ProviderState.FAILED
+    assert sig.error is not None and sig.error.code is ErrorCode.PROVIDER_UNAVAILABLE
 
 
 async def test_a_rate_limit_carries_the_wait(provider: Provider):

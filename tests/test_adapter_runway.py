@@ -193,15 +193,6 @@ async def test_a_wrong_key_is_our_configuration_and_is_never_shown(runway: Runwa
     assert runway.submissions == []
 
 
-async def test_a_task_runway_forgot_fails_the_attempt(adapter: RunwayAdapter):
-    accepted = await adapter.submit(attempt(job("a fox scenario:lost")))
-
-    sig = await adapter.status(accepted.provider_job_id)
-
-    assert sig.state is ProviderState.FAILED
-    assert sig.error is not None and sig.error.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
 async def test_cancel_deletes_the_task_and_a_gone_task_is_no_error(adapter: RunwayAdapter, runway: RunwayStandin):
     accepted = await adapter.submit(attempt(job("a fox scenario:hang")))
 

@@ -218,15 +218,6 @@ async def test_a_wrong_or_missing_key_is_our_configuration_and_is_never_shown(
     assert veo.submissions == []
 
 
-async def test_an_operation_veo_forgot_fails_the_attempt(adapter: VeoAdapter):
-    accepted = await adapter.submit(attempt(job("a fox scenario:lost")))
-
-    sig = await adapter.status(accepted.provider_job_id)
-
-    assert sig.state is ProviderState.FAILED
-    assert sig.error is not None and sig.error.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
 @pytest.mark.parametrize("name", ["../../v1beta/files/x", "operations/abc", "models/veo/operations/a?b=c"])
 async def test_only_operation_names_reach_a_request_path(adapter: VeoAdapter, name: str):
     with pytest.raises(ProviderError) as caught:
