@@ -4,6 +4,7 @@ attempt they submit, the recorded payloads, and waiting for a render to finish o
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -45,6 +46,13 @@ def recorded(provider: str, name: str) -> bytes:
     return (PAYLOADS / provider / f"{name}.json").read_bytes()
 
 
+def expected_signals(provider: str) -> list[tuple[str, ProviderState, ErrorCode | None]]:
+    """What each recorded status payload of `provider` means: (payload, state, error code), as
+    `payloads/<provider>/expected_signals.json` lists them."""
+    table = json.loads((PAYLOADS / provider / "expected_signals.json").read_text())
+    return [(name, ProviderState(state), ErrorCode(code) if code else None) for name, (state, code) in table.items()]
+
+
 def outcome(sig: ProviderSignal) -> tuple[str, ProviderState, ErrorCode | None]:
     """What a signal says in brief: whose it is, where it stands, and the error code if it failed."""
     return sig.provider_job_id, sig.state, sig.error.code if sig.error else None
@@ -54,6 +62,14 @@ def attempt(request: JobRequest, *, job_id: str = "job_test", number: int = 1, c
             image_url: str | None = None) -> SubmitRequest:
     return SubmitRequest(job_id=job_id, attempt=number, idempotency_key=f"{job_id}-a{number}", request=request,
                          callback_url=callback_url, input_image_url=image_url)
+
+
+def requester(provider: str, model: str, prompt: str) -> Callable[..., JobRequest]:
+    """A maker of one provider's requests: `request(prompt, model=<its name without the provider>, **fields)`."""
+    def request(prompt: str = prompt, model: str = model, **fields: Any) -> JobRequest:
+        return JobRequest(model=f"{provider}/{model}", prompt=prompt, **fields)
+
+    return request
 
 
 def called_back(standin: Any, request: JobRequest, number: int = 1, job_id: str = "job_test") -> SubmitRequest:

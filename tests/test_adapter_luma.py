@@ -10,11 +10,11 @@ import msgspec
 import pytest
 
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
 from libs.providers import luma
 from libs.providers.base import ProviderState
 from libs.providers.luma import LumaAdapter
-from tests.adapter_scaffold import called_back, finished, inbox_count, recorded, refusal, refused_field, wired
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import called_back, expected_signals, finished, inbox_count, recorded, refusal, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.luma import LumaStandin, payload, running_luma_standin
 from tests.support import wait_until
@@ -26,10 +26,7 @@ standin, adapter = wired(lambda: running_luma_standin(api_key=KEY, step_s=0.1),
                          lambda http, s: LumaAdapter(http, s.url, KEY))
 
 
-def request(prompt: str = "a glass whale drifting over a desert", model: str = "ray-2", **fields) -> JobRequest:
-    return JobRequest(model=f"luma/{model}", prompt=prompt, **fields)
-
-
+request = scaffold.requester("luma", "ray-2", "a glass whale drifting over a desert")
 submit_request = functools.partial(called_back, job_id="job_luma1")
 raw = functools.partial(recorded, "luma")
 
@@ -37,13 +34,7 @@ raw = functools.partial(recorded, "luma")
 # --- the recorded payloads, read directly --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "state", "code"), [
-    ("generation_queued", ProviderState.QUEUED, None),
-    ("generation_dreaming", ProviderState.RUNNING, None),
-    ("generation_completed", ProviderState.SUCCEEDED, None),
-    ("generation_failed_moderation", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("generation_failed", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-])
+@pytest.mark.parametrize(("name", "state", "code"), expected_signals("luma"))
 def test_recorded_generations_become_unverified_signals(adapter, name, state, code):
     sig = adapter.parse_callback(raw(name))
 
@@ -120,7 +111,7 @@ def test_failure_reasons_map_to_the_taxonomy():
     (request(model="ray-9"), "model"),
 ])
 def test_validate_refuses_what_luma_cannot_take_naming_the_field(adapter, job, field):
-    assert refused_field(adapter, job) == field
+    assert scaffold.refused_field(adapter, job) == field
 
 
 @pytest.mark.parametrize(("fields", "duration", "resolution"), [

@@ -12,13 +12,13 @@ import msgspec
 import pytest
 
 from libs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from libs.common.jobs import JobRequest
 from libs.providers import replicate
 from libs.providers.base import ProviderState
 from libs.providers.replicate import ReplicateAdapter
 from libs.providers.webhooks import new_secret, signed_headers
 from services.gateway.bodies import Model as GatewayModelName
-from tests.adapter_scaffold import called_back, finished, inbox_count, recorded, refusal, refused_field, wired
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import called_back, expected_signals, finished, inbox_count, recorded, refusal, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.replicate import ReplicateStandin, payload, running_replicate_standin
 from tests.support import wait_until
@@ -36,10 +36,7 @@ standin, adapter = wired(lambda: running_replicate_standin(api_token=TOKEN, webh
                          lambda http, s: ReplicateAdapter(http, s.url, TOKEN, SECRET))
 
 
-def request(prompt: str = "a lighthouse in a storm", model: str = "minimax/video-01", **fields) -> JobRequest:
-    return JobRequest(model=f"replicate/{model}", prompt=prompt, **fields)
-
-
+request = scaffold.requester("replicate", "minimax/video-01", "a lighthouse in a storm")
 submit_request = functools.partial(called_back, job_id="job_test1")
 raw = functools.partial(recorded, "replicate")
 
@@ -47,16 +44,7 @@ raw = functools.partial(recorded, "replicate")
 # --- the recorded payloads, read directly --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "state", "code"), [
-    ("prediction_starting", ProviderState.QUEUED, None),
-    ("prediction_processing", ProviderState.RUNNING, None),
-    ("prediction_succeeded", ProviderState.SUCCEEDED, None),
-    ("prediction_succeeded_list", ProviderState.SUCCEEDED, None),
-    ("prediction_failed_sensitive", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("prediction_failed_oom", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("prediction_canceled", ProviderState.CANCELED, ErrorCode.CANCELED),
-    ("prediction_aborted", ProviderState.CANCELED, ErrorCode.TIMEOUT),
-])
+@pytest.mark.parametrize(("name", "state", "code"), expected_signals("replicate"))
 def test_recorded_predictions_become_signals(adapter, name, state, code):
     sig = adapter.parse_callback(raw(name))
 
@@ -123,7 +111,7 @@ def test_an_html_error_page_still_maps_by_status():
     (request(model="someone/unknown-model"), "model"),
 ])
 def test_validate_refuses_what_the_model_cannot_take_naming_the_field(adapter, job, field):
-    assert refused_field(adapter, job) == field
+    assert scaffold.refused_field(adapter, job) == field
 
 
 @pytest.mark.parametrize("job", [

@@ -16,7 +16,7 @@ from libs.common.errors import ErrorCode, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderState
 from libs.providers.runway import RunwayAdapter, http_error, read_task
-from tests.adapter_scaffold import attempt, failed, outcome, polling_stack, polls, recorded, wired
+from tests.adapter_scaffold import attempt, expected_signals, failed, outcome, polling_stack, polls, recorded, wired
 from tests.standins.runway import PAYLOADS, RunwayStandin, running_runway
 
 KEY = "key_test"
@@ -31,22 +31,7 @@ def job(prompt: str = "a red fox in snow", **fields) -> JobRequest:
 
 # --- the recorded payloads, read directly ---------------------------------------------------------------
 
-TASKS = [
-    ("task_pending", ProviderState.QUEUED, None),
-    ("task_throttled", ProviderState.QUEUED, None),
-    ("task_running", ProviderState.RUNNING, None),
-    ("task_succeeded", ProviderState.SUCCEEDED, None),
-    ("task_failed_safety", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("task_failed_safety_output", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("task_failed_preprocessing_safety", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("task_failed_internal", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("task_failed_preprocessing_internal", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("task_failed_asset_invalid", ProviderState.FAILED, ErrorCode.INVALID_INPUT),
-    ("task_cancelled", ProviderState.CANCELED, None),
-]
-
-
-@pytest.mark.parametrize(("name", "state", "code"), TASKS)
+@pytest.mark.parametrize(("name", "state", "code"), expected_signals("runway"))
 def test_each_recorded_task_reads_as_its_signal(name: str, state: ProviderState, code: ErrorCode | None):
     sig = read_task(recorded("runway", name))
 

@@ -19,7 +19,7 @@ from libs.common.errors import ErrorCode, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderState
 from libs.providers.veo import VeoAdapter, http_error, read_operation
-from tests.adapter_scaffold import attempt, failed, outcome, polling_stack, polls, recorded, wired
+from tests.adapter_scaffold import attempt, expected_signals, failed, outcome, polling_stack, polls, recorded, wired
 from tests.standins.veo import PAYLOADS, VeoStandin, running_veo
 
 KEY = "AIzaSy-test-key"
@@ -35,21 +35,7 @@ def job(prompt: str = "a red fox in snow", **fields) -> JobRequest:
 
 # --- the recorded payloads, read directly ---------------------------------------------------------------
 
-OPERATIONS = [
-    ("operation_running", ProviderState.RUNNING, None),
-    ("operation_running_explicit", ProviderState.RUNNING, None),
-    ("operation_succeeded", ProviderState.SUCCEEDED, None),
-    ("operation_rai_filtered", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("operation_error_invalid_argument", ProviderState.FAILED, ErrorCode.INVALID_INPUT),
-    ("operation_error_resource_exhausted", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("operation_error_internal", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("operation_error_deadline", ProviderState.FAILED, ErrorCode.TIMEOUT),
-    ("operation_empty", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("operation_cancelled", ProviderState.CANCELED, None),
-]
-
-
-@pytest.mark.parametrize(("name", "state", "code"), OPERATIONS)
+@pytest.mark.parametrize(("name", "state", "code"), expected_signals("veo"))
 def test_each_recorded_operation_reads_as_its_signal(name: str, state: ProviderState, code: ErrorCode | None):
     sig = read_operation(recorded("veo", name))
 
