@@ -53,6 +53,14 @@ def expected_signals(provider: str) -> list[tuple[str, ProviderState, ErrorCode 
     return [(name, ProviderState(state), ErrorCode(code) if code else None) for name, (state, code) in table.items()]
 
 
+def failing_scenarios(provider: str, scripts: dict[str, list[str]]) -> list[tuple[str, ErrorCode | None]]:
+    """The stand-in's scenarios that end in a failed render, each with the error code its last recorded state
+    means: the expectations of a polled stand-in, read from its scripts and the recorded payloads."""
+    meaning = {name: (state, code) for name, state, code in expected_signals(provider)}
+    ends = {scenario: meaning.get(script[-1]) for scenario, script in scripts.items()}
+    return [(scenario, end[1]) for scenario, end in ends.items() if end and end[0] is ProviderState.FAILED]
+
+
 def outcome(sig: ProviderSignal) -> tuple[str, ProviderState, ErrorCode | None]:
     """What a signal says in brief: whose it is, where it stands, and the error code if it failed."""
     return sig.provider_job_id, sig.state, sig.error.code if sig.error else None

@@ -16,8 +16,9 @@ from libs.common.errors import ErrorCode, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderState
 from libs.providers.runway import RunwayAdapter, http_error, read_task
-from tests.adapter_scaffold import attempt, expected_signals, failed, outcome, polling_stack, polls, recorded, wired
-from tests.standins.runway import PAYLOADS, RunwayStandin, running_runway
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import attempt, failed, polls, wired
+from tests.standins.runway import PAYLOADS, SCRIPTS, RunwayStandin, running_runway
 
 KEY = "key_test"
 
@@ -31,11 +32,11 @@ def job(prompt: str = "a red fox in snow", **fields) -> JobRequest:
 
 # --- the recorded payloads, read directly ---------------------------------------------------------------
 
-@pytest.mark.parametrize(("name", "state", "code"), expected_signals("runway"))
+@pytest.mark.parametrize(("name", "state", "code"), scaffold.expected_signals("runway"))
 def test_each_recorded_task_reads_as_its_signal(name: str, state: ProviderState, code: ErrorCode | None):
-    sig = read_task(recorded("runway", name))
+    sig = read_task(scaffold.recorded("runway", name))
 
-    assert outcome(sig) == ("17f20503-6c24-4c16-946b-35dbbce2af2f", state, code)
+    assert scaffold.outcome(sig) == ("17f20503-6c24-4c16-946b-35dbbce2af2f", state, code)
 
 
 def test_the_recorded_details_are_kept():
@@ -119,19 +120,11 @@ async def test_an_image_render_sends_the_image_address_to_image_to_video(adapter
     }]
 
 
-@pytest.mark.parametrize(("scenario", "code", "retryable"), [
-    ("safety", ErrorCode.CONTENT_REJECTED, False),
-    ("safety_output", ErrorCode.CONTENT_REJECTED, False),
-    ("preprocessing_safety", ErrorCode.CONTENT_REJECTED, False),
-    ("asset_invalid", ErrorCode.INVALID_INPUT, False),
-    ("bad_output", ErrorCode.PROVIDER_UNAVAILABLE, True),
-    ("preprocessing_internal", ErrorCode.PROVIDER_UNAVAILABLE, True),
-])
-async def test_a_failed_task_reports_its_kind_and_runways_words(adapter: RunwayAdapter, scenario: str,
-                                                                code: ErrorCode, retryable: bool):
+@pytest.mark.parametrize(("scenario", "code"), scaffold.failing_scenarios("runway", SCRIPTS))
+async def test_a_failed_task_reports_its_kind_and_runways_words(adapter: RunwayAdapter, scenario: str, code: ErrorCode):
     error = await failed(adapter, attempt(job(f"a fox scenario:{scenario}")))
 
-    assert (error.code, error.retryable) == (code, retryable) and "Runway said:" in error.message
+    assert error.code is code and "Runway said:" in error.message  # retryable follows from the code
 
 
 async def test_a_rate_limit_carries_retry_after_and_the_next_submit_is_taken(adapter: RunwayAdapter,
@@ -251,7 +244,7 @@ async def test_submit_validates_before_calling(adapter: RunwayAdapter, runway: R
 
 async def test_runway_jobs_finish_through_tapered_polling(tmp_path: Path, database_url: str, nats_url: str):
     async with running_runway(KEY) as runway:
-        async with polling_stack(tmp_path, database_url, nats_url, runway.url, runway_url=runway.url,
+        async with scaffold.polling_stack(tmp_path, database_url, nats_url, runway.url, runway_url=runway.url,
                                  runway_api_key=KEY) as stack:
             ok = await stack.create_job(model="runway/gen4.5", prompt="a red fox in snow", duration_s=5)
             rejected = await stack.create_job(model="runway/gen4.5", prompt="a fox scenario:safety", duration_s=5)

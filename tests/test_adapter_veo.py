@@ -19,8 +19,9 @@ from libs.common.errors import ErrorCode, ProviderError
 from libs.common.jobs import JobRequest
 from libs.providers.base import ProviderState
 from libs.providers.veo import VeoAdapter, http_error, read_operation
-from tests.adapter_scaffold import attempt, expected_signals, failed, outcome, polling_stack, polls, recorded, wired
-from tests.standins.veo import PAYLOADS, VeoStandin, running_veo
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import attempt, failed, polls, wired
+from tests.standins.veo import PAYLOADS, SCRIPTS, VeoStandin, running_veo
 
 KEY = "AIzaSy-test-key"
 MODEL = "veo-2.0-generate-001"
@@ -35,11 +36,11 @@ def job(prompt: str = "a red fox in snow", **fields) -> JobRequest:
 
 # --- the recorded payloads, read directly ---------------------------------------------------------------
 
-@pytest.mark.parametrize(("name", "state", "code"), expected_signals("veo"))
+@pytest.mark.parametrize(("name", "state", "code"), scaffold.expected_signals("veo"))
 def test_each_recorded_operation_reads_as_its_signal(name: str, state: ProviderState, code: ErrorCode | None):
-    sig = read_operation(recorded("veo", name))
+    sig = read_operation(scaffold.recorded("veo", name))
 
-    assert outcome(sig) == (f"models/{MODEL}/operations/9a3kd8r7xq2m", state, code)
+    assert scaffold.outcome(sig) == (f"models/{MODEL}/operations/9a3kd8r7xq2m", state, code)
     assert sig.progress is None  # Veo reports none, and none is invented
 
 
@@ -138,19 +139,11 @@ async def test_an_input_image_that_is_not_an_image_is_refused(adapter: VeoAdapte
     assert veo.submissions == []
 
 
-@pytest.mark.parametrize(("scenario", "code", "retryable"), [
-    ("rai", ErrorCode.CONTENT_REJECTED, False),
-    ("invalid_argument", ErrorCode.INVALID_INPUT, False),
-    ("resource_exhausted", ErrorCode.PROVIDER_UNAVAILABLE, True),
-    ("internal", ErrorCode.PROVIDER_UNAVAILABLE, True),
-    ("deadline", ErrorCode.TIMEOUT, True),
-    ("empty", ErrorCode.PROVIDER_UNAVAILABLE, True),
-])
-async def test_a_failed_operation_reports_its_kind_and_veos_words(adapter: VeoAdapter, scenario: str,
-                                                                  code: ErrorCode, retryable: bool):
+@pytest.mark.parametrize(("scenario", "code"), scaffold.failing_scenarios("veo", SCRIPTS))
+async def test_a_failed_operation_reports_its_kind_and_veos_words(adapter: VeoAdapter, scenario: str, code: ErrorCode):
     error = await failed(adapter, attempt(job(f"a fox scenario:{scenario}")))
 
-    assert (error.code, error.retryable) == (code, retryable) and "Veo said:" in error.message
+    assert error.code is code and "Veo said:" in error.message  # retryable follows from the code
 
 
 async def test_a_cancelled_operation_is_canceled(adapter: VeoAdapter):
@@ -265,7 +258,7 @@ def test_validate_accepts_what_the_model_renders(adapter: VeoAdapter, fields: di
 
 async def test_veo_jobs_finish_through_tapered_polling(tmp_path: Path, database_url: str, nats_url: str):
     async with running_veo(KEY) as veo:
-        async with polling_stack(tmp_path, database_url, nats_url, veo.url, veo_url=veo.url,
+        async with scaffold.polling_stack(tmp_path, database_url, nats_url, veo.url, veo_url=veo.url,
                                  veo_api_key=KEY) as stack:
             ok = await stack.create_job(model=f"veo/{MODEL}", prompt="a red fox in snow", duration_s=5)
             filtered = await stack.create_job(model=f"veo/{MODEL}", prompt="a fox scenario:rai", duration_s=5)
