@@ -15,7 +15,7 @@ import pytest
 
 from libs.common.errors import ErrorCode, JobError, ProviderError
 from libs.common.jobs import JobRequest
-from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
+from libs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, Submission, SubmitRequest
 from tests.stack import Stack, host_port, running_stack, stack_settings
 from tests.support import wait_until
 
@@ -140,6 +140,16 @@ async def polling_stack(tmp_path: Path, database_url: str, nats_url: str, standi
                               download_allow_hosts=host_port(standin_url), **provider_settings)
     async with running_stack(settings) as stack:
         yield stack
+
+
+async def limited_then_taken(adapter: ProviderAdapter, standin: Any,
+                             req: SubmitRequest) -> tuple[ProviderError, Submission]:
+    """A submit the polled stand-in rate-limits once, then the same submit again: the refusal and the
+    acceptance."""
+    standin.refusals = 1
+    with pytest.raises(ProviderError) as caught:
+        await adapter.submit(req)
+    return caught.value, await adapter.submit(req)
 
 
 async def refusal(adapter: ProviderAdapter, req: SubmitRequest) -> ProviderError:

@@ -129,15 +129,11 @@ async def test_a_failed_task_reports_its_kind_and_runways_words(adapter: RunwayA
 
 async def test_a_rate_limit_carries_retry_after_and_the_next_submit_is_taken(adapter: RunwayAdapter,
                                                                             runway: RunwayStandin):
-    runway.refusals = 1
     request = job("a fox scenario:rate_limit")
 
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(request))
-    accepted = await adapter.submit(attempt(request))
+    refused, accepted = await scaffold.limited_then_taken(adapter, runway, attempt(request))
 
-    assert (caught.value.code, caught.value.retry_after, caught.value.retryable) == (ErrorCode.RATE_LIMITED, 1.0,
-                                                                                       True)
+    assert (refused.code, refused.retry_after, refused.retryable) == (ErrorCode.RATE_LIMITED, 1.0, True)
     assert accepted.provider_job_id in runway.tasks
     assert len(runway.submitted(request.prompt)) == 1
 

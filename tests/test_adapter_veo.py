@@ -156,14 +156,11 @@ async def test_a_cancelled_operation_is_canceled(adapter: VeoAdapter):
 
 async def test_a_rate_limit_carries_the_retry_delay_and_the_next_submit_is_taken(adapter: VeoAdapter,
                                                                                 veo: VeoStandin):
-    veo.refusals = 1
     request = job("a fox scenario:rate_limit")
 
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(request))
-    accepted = await adapter.submit(attempt(request))
+    refused, accepted = await scaffold.limited_then_taken(adapter, veo, attempt(request))
 
-    assert (caught.value.code, caught.value.retry_after) == (ErrorCode.RATE_LIMITED, 33.0)
+    assert (refused.code, refused.retry_after) == (ErrorCode.RATE_LIMITED, 33.0)
     assert accepted.provider_job_id.startswith(f"models/{MODEL}/operations/")
     assert len(veo.submitted(request.prompt)) == 1
 
