@@ -35,14 +35,14 @@ import enum
 import json
 import secrets
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from tests.standins import server
-from tests.standins.server import CallingStandin, bearer_door, found, listening, now, payloads, scenario_in
+from tests.standins.server import CallingStandin, Render, bearer_door, found, listening, payloads, scenario_in
 
 RETRY_AFTER_S = 2
 CALLBACK_RETRIES, CALLBACK_RETRY_DELAY_S = 3, 0.1
@@ -74,15 +74,10 @@ _FAILED = {Scenario.MODERATION: "generation_failed_moderation", Scenario.FAIL: "
 payload = payloads("luma")  # as Luma's documentation shows them
 
 
-@dataclass
-class Generation:
-    id: str
+@dataclass(kw_only=True)
+class Generation(Render):
     request: dict[str, Any]
-    scenario: Scenario
-    clip: ClipSpec
     state: str = "queued"
-    created_at: str = field(default_factory=now)
-    task: asyncio.Task | None = None
 
     @property
     def finished(self) -> bool:

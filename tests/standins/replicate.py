@@ -39,7 +39,7 @@ import enum
 import json
 import secrets
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -47,7 +47,7 @@ from aiohttp import web
 from libs.providers import webhooks
 from libs.providers.fake.render import ClipSpec, clip_size, render_mp4
 from tests.standins import server
-from tests.standins.server import CallingStandin, bearer_door, found, listening, now, payloads, scenario_in
+from tests.standins.server import CallingStandin, Render, bearer_door, found, listening, now, payloads, scenario_in
 
 RETRY_AFTER_S = 1
 
@@ -78,20 +78,15 @@ _TERMINAL = frozenset({"succeeded", "failed", "canceled", "aborted"})
 payload = payloads("replicate")  # as Replicate's documentation shows them
 
 
-@dataclass
-class Prediction:
-    id: str
+@dataclass(kw_only=True)
+class Prediction(Render):
     model: str
     input: dict[str, Any]
-    scenario: Scenario
     webhook: str | None
     events: tuple[str, ...]
-    clip: ClipSpec
     status: str = "starting"
-    created_at: str = field(default_factory=now)
     started_at: str | None = None
     completed_at: str | None = None
-    task: asyncio.Task | None = None
 
     @property
     def finished(self) -> bool:

@@ -107,6 +107,17 @@ def now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
 
+@dataclass(kw_only=True)
+class Render:
+    """One render a calling stand-in works on in the background; a provider's record adds its own fields."""
+
+    id: str
+    scenario: Any  # the stand-in's Scenario
+    clip: ClipSpec  # what its video shows
+    created_at: str = field(default_factory=now)
+    task: asyncio.Task | None = None
+
+
 def truncated(body: dict[str, Any], status: int) -> web.Response:
     """A JSON answer cut off half way: what a provider's broken proxy sends."""
     whole = json.dumps(body).encode()
