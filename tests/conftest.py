@@ -9,6 +9,7 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import asyncpg
 import pytest
 
@@ -88,3 +89,10 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
     with moto_s3(tmp_path_factory.mktemp("moto")) as server, aws_environment(server):
         server.create_bucket(TEST_BUCKET)
         yield server
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """An HTTP client for one test, as the services hold one: adapters under test call through it."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session

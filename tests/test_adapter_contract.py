@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
@@ -20,14 +22,17 @@ from tests.standins.replicate import running_replicate_standin
 from tests.standins.runway import running_runway
 from tests.standins.server import serving
 from tests.standins.veo import running_veo
+from vidjobs.cli.embedded import free_port
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
 from vidjobs.providers import webhooks
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from vidjobs.providers.fake.adapter import FakeAdapter
 from vidjobs.providers.fake.server import running_fake_provider
 from vidjobs.providers.fal import FalAdapter
 from vidjobs.providers.luma import LumaAdapter
+from vidjobs.providers.registry import build_adapters
 from vidjobs.providers.replicate import ReplicateAdapter
 from vidjobs.providers.runway import RunwayAdapter
 from vidjobs.providers.veo import VeoAdapter
@@ -43,7 +48,9 @@ class Provider:
 
     adapter: ProviderAdapter
     job: Callable[[str], SubmitRequest]  # a submit that plays the named behaviour
-    plays: dict[str, str]  # behaviour (succeed, fail, hang, rate_limit, unavailable) -> the stand-in's scenario
+    # Behaviour (succeed, fail, hang, rate_limit, unavailable, and lost where the stand-in can forget a render)
+    # -> the stand-in's scenario.
+    plays: dict[str, str]
     after_cancel: ProviderState  # where a canceled render then stands (a provider that deletes forgets it)
     callback: Callable[[bytes], dict[str, str]] | None = None  # genuine headers for a callback body
     callback_body: bytes = b""
@@ -54,14 +61,19 @@ def attempt(model: str, prompt: str, **fields) -> SubmitRequest:
     return SubmitRequest(job_id="job_contract", attempt=1, idempotency_key=f"job_contract-{prompt}", request=request)
 
 
+def plays(**differ: str) -> dict[str, str]:
+    """Behaviour -> the stand-in's scenario, where most stand-ins name a behaviour as we do."""
+    same = ("succeed", "fail", "hang", "rate_limit", "unavailable")
+    return {**{b: b for b in same}, **differ}
+
+
 @contextlib.asynccontextmanager
 async def fake(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
     async with running_fake_provider(webhook_secret=SECRET, callback_backoff_s=0.05) as server:
         yield Provider(
             FakeAdapter(http, server.url, SECRET),
             lambda s: attempt("fake/default", f"a fox {s}", duration_s=2, params={"scenario": s, "render_s": 0.3}),
-            {"succeed": "succeed", "fail": "fail_always", "hang": "hang", "rate_limit": "rate_limit_then_succeed",
-             "unavailable": "unavailable_then_succeed"},
+            plays(fail="fail_always", rate_limit="rate_limit_then_succeed", unavailable="unavailable_then_succeed"),
             ProviderState.CANCELED, lambda body: webhooks.signed_headers(SECRET, body),
             json.dumps({"type": "render.succeeded", "data": {"id": "r_1", "status": "succeeded"}}).encode(),
         )
@@ -73,8 +85,7 @@ async def replicate(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
         yield Provider(
             ReplicateAdapter(http, standin.url, KEY, SECRET),
             lambda s: attempt("replicate/kwaivgi/kling-v2.0", f"a fox standin:{s}", duration_s=5),
-            {"succeed": "succeed", "fail": "oom", "hang": "hang", "rate_limit": "rate_limit",
-             "unavailable": "unavailable"},
+            plays(fail="oom"),
             ProviderState.CANCELED, lambda body: webhooks.signed_headers(SECRET, body),
             json.dumps({"id": "p1", "status": "processing"}).encode(),
         )
@@ -90,8 +101,7 @@ async def fal(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
         yield Provider(
             adapter, lambda s: attempt("fal/fal-ai/kling-video/v2/master/text-to-video",
                                        standin.plan(f"a fox {s}", plan[s]), duration_s=5),
-            {"succeed": "success", "fail": "runner_failure", "hang": "hang", "rate_limit": "rate_limited",
-             "unavailable": "unavailable"},
+            plays(succeed="success", fail="runner_failure", rate_limit="rate_limited"),
             ProviderState.FAILED, lambda b: standin.sign(b, "r1"), body,
         )
         await adapter.close()
@@ -103,44 +113,32 @@ async def luma(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
         yield Provider(
             LumaAdapter(http, standin.url, KEY),
             lambda s: attempt("luma/ray-2", f"a fox standin:{s}", duration_s=5),
-            {"succeed": "succeed", "fail": "fail", "hang": "hang", "rate_limit": "rate_limit",
-             "unavailable": "unavailable"},
+            plays(),
             ProviderState.FAILED, lambda body: {},
             json.dumps(luma_standin.payload("generation_completed")).encode(),
         )
 
 
-@contextlib.asynccontextmanager
-async def runway(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
-    async with running_runway(KEY) as standin:
-        yield Provider(
-            RunwayAdapter(http, standin.url, KEY), lambda s: attempt("runway/gen4.5", f"a fox scenario:{s}",
-                                                                     duration_s=5),
-            {"succeed": "succeed", "fail": "bad_output", "hang": "hang", "rate_limit": "rate_limit",
-             "unavailable": "unavailable"},
-            ProviderState.CANCELED,
-        )
+def polled(running: Callable[[str], Any], adapter: Callable[..., ProviderAdapter], model: str, duration_s: int,
+           fail: str, after_cancel: ProviderState) -> Callable[[aiohttp.ClientSession], Any]:
+    """A provider that sends no callbacks, whose stand-in reads the scenario from the prompt."""
+
+    @contextlib.asynccontextmanager
+    async def wire(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
+        async with running(KEY) as standin:
+            job = functools.partial(attempt, model, duration_s=duration_s)
+            yield Provider(adapter(http, standin.url, KEY), lambda s: job(f"a fox scenario:{s}"),
+                           plays(fail=fail, lost="lost"), after_cancel)
+
+    return wire
 
 
-@contextlib.asynccontextmanager
-async def veo(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
-    async with running_veo(KEY) as standin:
-        yield Provider(
-            VeoAdapter(http, standin.url, KEY), lambda s: attempt("veo/veo-3.0-generate-001", f"a fox scenario:{s}",
-                                                                  duration_s=8),
-            {"succeed": "succeed", "fail": "internal", "hang": "hang", "rate_limit": "rate_limit",
-             "unavailable": "unavailable"},
-            ProviderState.RUNNING,  # the Gemini API cannot stop an operation
-        )
-
-
-PROVIDERS = {"fake": fake, "replicate": replicate, "fal": fal, "luma": luma, "runway": runway, "veo": veo}
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        yield session
+PROVIDERS = {
+    "fake": fake, "replicate": replicate, "fal": fal, "luma": luma,
+    "runway": polled(running_runway, RunwayAdapter, "runway/gen4.5", 5, "bad_output", ProviderState.CANCELED),
+    # The Gemini API cannot stop an operation.
+    "veo": polled(running_veo, VeoAdapter, "veo/veo-3.0-generate-001", 8, "internal", ProviderState.RUNNING),
+}
 
 
 @pytest.fixture(params=sorted(PROVIDERS))
@@ -191,6 +189,17 @@ async def test_cancel_stops_a_render_and_a_gone_one_is_no_error(provider: Provid
     assert after.state is provider.after_cancel
 
 
+async def test_a_render_the_provider_forgot_has_failed(provider: Provider):
+    if "lost" not in provider.plays:
+        pytest.skip("this stand-in never forgets a render")
+    accepted = await provider.adapter.submit(play(provider, "lost"))
+
+    sig = await provider.adapter.status(accepted.provider_job_id)
+
+    assert sig.state is ProviderState.FAILED
+    assert sig.error is not None and sig.error.code is ErrorCode.PROVIDER_UNAVAILABLE
+
+
 async def test_a_rate_limit_carries_the_wait(provider: Provider):
     with pytest.raises(ProviderError) as caught:
         await provider.adapter.submit(play(provider, "rate_limit"))
@@ -217,6 +226,34 @@ async def test_a_genuine_callback_is_taken_and_a_forged_one_refused(provider: Pr
     forged = provider.callback(b"{}") if provider.callback else {}
     with pytest.raises(WebhookRejected):
         adapter.verify_callback(forged, b'{"id": "not yours", "status": "succeeded"}')
+
+
+async def test_a_provider_without_callbacks_reads_none_and_finds_no_earlier_render(provider: Provider):
+    if provider.callback is not None:
+        pytest.skip("this provider calls back")
+
+    with pytest.raises(ProviderError) as caught:
+        provider.adapter.parse_callback(b'{"id": "x", "status": "SUCCEEDED", "done": true}')
+
+    assert caught.value.code is ErrorCode.INTERNAL
+    assert await provider.adapter.find(play(provider, "succeed")) is None
+
+
+@pytest.mark.parametrize(("name", "settings"), [
+    ("replicate", {"replicate_api_token": KEY, "replicate_webhook_secret": SECRET}),
+    ("luma", {"luma_api_key": KEY}),
+    ("runway", {"runway_api_key": KEY}),
+    ("veo", {"veo_api_key": KEY}),
+])
+async def test_the_registry_offers_a_provider_only_with_its_key(http: aiohttp.ClientSession, name: str,
+                                                                settings: dict[str, str]):
+    url = f"http://{name}.invalid"
+
+    offered = build_adapters(Settings(**settings, **{f"{name}_url": url}), http)
+
+    assert name not in build_adapters(Settings(), http)
+    assert isinstance(offered[name], ProviderAdapter) and offered[name].name == name
+    assert offered[name].base_url == url  # type: ignore[attr-defined]
 
 
 # --- what no stand-in plays: answers too slow, and answers that are not the provider's ----------------------
@@ -253,3 +290,10 @@ async def test_a_malformed_answer_is_internal(provider: Provider):
             await retarget(provider.adapter, url).submit(play(provider, "succeed"))
 
     assert caught.value.code is ErrorCode.INTERNAL and "malformed" in caught.value.message
+
+
+async def test_an_unreachable_provider_is_unavailable(provider: Provider):
+    with pytest.raises(ProviderError) as caught:
+        await retarget(provider.adapter, f"http://127.0.0.1:{free_port()}").submit(play(provider, "succeed"))
+
+    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE and caught.value.retryable

@@ -44,14 +44,8 @@ async def standin():
 
 
 @pytest.fixture
-async def session():
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
-        yield s
-
-
-@pytest.fixture
-async def adapter(standin, session):
-    fal = FalAdapter(session, standin.url, KEY, standin.jwks_url)
+async def adapter(standin, http):
+    fal = FalAdapter(http, standin.url, KEY, standin.jwks_url)
     yield fal
     await fal.close()
 
@@ -97,8 +91,8 @@ def refused(err: pytest.ExceptionInfo[ProviderError], code: ErrorCode, field: st
     assert err.value.message.startswith(field), err.value.message
 
 
-def test_it_is_a_provider_adapter(session):
-    assert isinstance(FalAdapter(session, "http://x", KEY, "http://x/jwks", prefetch_keys=False), ProviderAdapter)
+def test_it_is_a_provider_adapter(http):
+    assert isinstance(FalAdapter(http, "http://x", KEY, "http://x/jwks", prefetch_keys=False), ProviderAdapter)
 
 
 # --- validation: each model family takes its own documented inputs ------------------------------------------
@@ -168,7 +162,7 @@ async def test_an_image_to_video_model_gets_the_image_url(adapter, standin):
 
 
 @pytest.mark.parametrize("model_name", [KLING, None])  # None: the adapter finds the request's app itself
-async def test_a_render_is_queued_with_positions_then_runs_then_succeeds(adapter, standin, session, model_name):
+async def test_a_render_is_queued_with_positions_then_runs_then_succeeds(adapter, standin, http, model_name):
     prompt = standin.plan("a long queue", Scenario.LONG_QUEUE)
     accepted = await adapter.submit(submit_request(job(prompt=prompt)))
 
@@ -179,7 +173,7 @@ async def test_a_render_is_queued_with_positions_then_runs_then_succeeds(adapter
     assert ProviderState.RUNNING in {s.state for s in seen}
     done = seen[-1]
     assert done.state is ProviderState.SUCCEEDED and done.provider_job_id == accepted.provider_job_id
-    async with session.get(done.output_url) as resp:
+    async with http.get(done.output_url) as resp:
         assert resp.status == 200 and (await resp.read())[4:8] == b"ftyp"
 
 
@@ -223,9 +217,9 @@ async def test_a_rate_limit_carries_retry_after_and_then_lets_the_submit_through
     assert accepted.provider_job_id in standin.requests and standin.renders[prompt] == 1
 
 
-async def test_a_wrong_key_is_our_configuration_and_the_key_is_never_repeated(standin, session, caplog):
+async def test_a_wrong_key_is_our_configuration_and_the_key_is_never_repeated(standin, http, caplog):
     wrong = "wrong-key-4f1d9c"
-    fal = FalAdapter(session, standin.url, wrong, standin.jwks_url, prefetch_keys=False)
+    fal = FalAdapter(http, standin.url, wrong, standin.jwks_url, prefetch_keys=False)
     caplog.set_level(logging.DEBUG)
 
     with pytest.raises(ProviderError) as err:
@@ -235,8 +229,8 @@ async def test_a_wrong_key_is_our_configuration_and_the_key_is_never_repeated(st
     assert wrong not in err.value.message and wrong not in repr(fal) and wrong not in caplog.text
 
 
-async def test_an_unreachable_fal_is_unavailable_and_a_silent_one_times_out(session):
-    closed = FalAdapter(session, "http://127.0.0.1:9", KEY, "http://127.0.0.1:9/jwks", prefetch_keys=False)
+async def test_an_unreachable_fal_is_unavailable_and_a_silent_one_times_out(http):
+    closed = FalAdapter(http, "http://127.0.0.1:9", KEY, "http://127.0.0.1:9/jwks", prefetch_keys=False)
     with pytest.raises(ProviderError) as err:
         await closed.submit(submit_request(job()))
     assert err.value.code is ErrorCode.PROVIDER_UNAVAILABLE
@@ -263,7 +257,7 @@ async def test_an_unreachable_fal_is_unavailable_and_a_silent_one_times_out(sess
     (200, None, {}, ProviderError),  # a result that is not JSON
 ])
 async def test_a_completed_requests_result_tells_a_failed_render_from_a_failed_fetch(
-        session, status, body, headers, outcome):
+        http, status, body, headers, outcome):
     async def queue(request: web.Request) -> web.Response:
         if request.path.endswith("/status"):
             return web.Response(body=payload("status_completed", request_id=RID, base_url=url, app="fal-ai/veo3"),
@@ -272,7 +266,7 @@ async def test_a_completed_requests_result_tells_a_failed_render_from_a_failed_f
         return web.Response(status=status, body=data, headers=headers, content_type="application/json")
 
     async with serving("GET", "/{tail:.*}", queue) as url:
-        fal = FalAdapter(session, url, KEY, url + "/jwks", prefetch_keys=False)
+        fal = FalAdapter(http, url, KEY, url + "/jwks", prefetch_keys=False)
         if outcome is ProviderError:
             with pytest.raises(ProviderError):
                 await fal.status(RID, model_name=VEO3)
@@ -357,11 +351,11 @@ async def test_a_signed_webhook_verifies_and_names_its_request(adapter, standin)
     assert adapter.verify_callback(standin.sign(BODY, RID), BODY) == RID
 
 
-async def test_a_validly_signed_webhook_for_another_fal_user_is_refused(standin, session):
+async def test_a_validly_signed_webhook_for_another_fal_user_is_refused(standin, http):
     """fal signs every customer's callbacks with one key set: another fal user can have fal sign a callback
     and point it at our URL. With our user id configured, only ours are taken."""
-    ours = FalAdapter(session, standin.url, KEY, standin.jwks_url, user_id=standin.user_id)
-    theirs = FalAdapter(session, standin.url, KEY, standin.jwks_url, user_id="another-fal-user")
+    ours = FalAdapter(http, standin.url, KEY, standin.jwks_url, user_id=standin.user_id)
+    theirs = FalAdapter(http, standin.url, KEY, standin.jwks_url, user_id="another-fal-user")
     try:
         await loaded(ours)
         await loaded(theirs)
@@ -405,10 +399,10 @@ async def test_keys_are_fetched_once_for_many_verifications(adapter, standin):
     assert standin.jwks_fetches == 1
 
 
-async def test_a_signature_by_a_new_key_refetches_once_then_verifies(standin, session):
+async def test_a_signature_by_a_new_key_refetches_once_then_verifies(standin, http):
     now = [1000.0]
-    jwks = Jwks(session, standin.jwks_url, refetch_gap_s=60, clock=lambda: now[0])
-    fal = await loaded(FalAdapter(session, standin.url, KEY, standin.jwks_url, jwks=jwks))
+    jwks = Jwks(http, standin.jwks_url, refetch_gap_s=60, clock=lambda: now[0])
+    fal = await loaded(FalAdapter(http, standin.url, KEY, standin.jwks_url, jwks=jwks))
     standin.rotate_key()  # fal published a new key; ours is the old one
     now[0] += 3600
     headers = standin.sign(BODY, RID)
@@ -429,8 +423,8 @@ async def _refreshed(fal: FalAdapter) -> bool:
     return not fal.jwks.refreshing and fal.jwks.fetches == 2
 
 
-async def test_before_the_keys_arrive_webhooks_are_refused_and_the_keys_fetched(standin, session):
-    fal = FalAdapter(session, standin.url, KEY, standin.jwks_url, prefetch_keys=False)
+async def test_before_the_keys_arrive_webhooks_are_refused_and_the_keys_fetched(standin, http):
+    fal = FalAdapter(http, standin.url, KEY, standin.jwks_url, prefetch_keys=False)
     headers = standin.sign(BODY, RID)
 
     with pytest.raises(UnknownKey, match="not loaded yet"):
@@ -441,10 +435,10 @@ async def test_before_the_keys_arrive_webhooks_are_refused_and_the_keys_fetched(
     await fal.close()
 
 
-async def test_old_keys_keep_verifying_while_fresh_ones_are_fetched(standin, session):
+async def test_old_keys_keep_verifying_while_fresh_ones_are_fetched(standin, http):
     now = [1000.0]
-    jwks = Jwks(session, standin.jwks_url, ttl_s=60, clock=lambda: now[0])
-    fal = await loaded(FalAdapter(session, standin.url, KEY, standin.jwks_url, jwks=jwks))
+    jwks = Jwks(http, standin.jwks_url, ttl_s=60, clock=lambda: now[0])
+    fal = await loaded(FalAdapter(http, standin.url, KEY, standin.jwks_url, jwks=jwks))
     now[0] += 61  # the cached set is a day old, so to speak
 
     assert fal.verify_callback(standin.sign(BODY, RID), BODY) == RID
@@ -456,9 +450,9 @@ async def _fetched_twice(standin: FalStandIn) -> bool:
     return standin.jwks_fetches == 2
 
 
-async def test_the_async_check_waits_for_the_keys_instead_of_refusing(standin, session):
-    fal = FalAdapter(session, standin.url, KEY, standin.jwks_url, prefetch_keys=False,
-                     jwks=Jwks(session, standin.jwks_url, refetch_gap_s=0))
+async def test_the_async_check_waits_for_the_keys_instead_of_refusing(standin, http):
+    fal = FalAdapter(http, standin.url, KEY, standin.jwks_url, prefetch_keys=False,
+                     jwks=Jwks(http, standin.jwks_url, refetch_gap_s=0))
     assert await fal.verifier.verify_fresh(standin.sign(BODY, RID), BODY) == RID
     standin.rotate_key()
     assert await fal.verifier.verify_fresh(standin.sign(BODY, RID), BODY) == RID  # refetched on the new key
@@ -466,8 +460,8 @@ async def test_the_async_check_waits_for_the_keys_instead_of_refusing(standin, s
     await fal.close()
 
 
-async def test_a_broken_key_endpoint_trusts_nothing(standin, session):
-    fal = FalAdapter(session, standin.url, KEY, standin.url + "/.well-known/missing.json")
+async def test_a_broken_key_endpoint_trusts_nothing(standin, http):
+    fal = FalAdapter(http, standin.url, KEY, standin.url + "/.well-known/missing.json")
     await wait_until(lambda: _tried(fal), within=5, what="the failed fetch")
     with pytest.raises(UnknownKey):
         fal.verify_callback(standin.sign(BODY, RID), BODY)
@@ -478,10 +472,10 @@ async def _tried(fal: FalAdapter) -> bool:
     return fal.jwks.fetches == 1 and not fal.jwks.refreshing
 
 
-async def test_webhooks_from_the_standin_are_verified_by_a_receiver_over_http(standin, session):
+async def test_webhooks_from_the_standin_are_verified_by_a_receiver_over_http(standin, http):
     """What the gateway does with a delivery — verify, 401 if untrusted, else read it — against the stand-in's
     own signed deliveries; the keys are not loaded when the first one arrives, so fal's retry is what lands."""
-    fal = FalAdapter(session, standin.url, KEY, standin.jwks_url, prefetch_keys=False)
+    fal = FalAdapter(http, standin.url, KEY, standin.jwks_url, prefetch_keys=False)
     received: list[ProviderSignal] = []
 
     async def receive(request: web.Request) -> web.Response:

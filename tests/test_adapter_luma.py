@@ -3,87 +3,38 @@ replays them, and end to end through the whole stack, where an unsigned callback
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import aiohttp
-import asyncpg
 import msgspec
 import pytest
-from aiohttp import web
 
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import called_back, expected_signals, finished, inbox_count, recorded, refusal, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.luma import LumaStandin, payload, running_luma_standin
 from tests.support import wait_until
-from vidjobs.cli.embedded import free_port
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from vidjobs.common.jobs import JobRequest
-from vidjobs.common.settings import Settings
 from vidjobs.providers import luma
-from vidjobs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
+from vidjobs.providers.base import ProviderState
 from vidjobs.providers.luma import LumaAdapter
-from vidjobs.providers.registry import build_adapters
 
 KEY = "luma-test-7c41e2"
-PAYLOADS = Path(__file__).parent / "payloads" / "luma"
 
 
-@pytest.fixture
-async def standin() -> AsyncIterator[LumaStandin]:
-    async with running_luma_standin(api_key=KEY, step_s=0.1) as s:
-        yield s
+standin, adapter = wired(lambda: running_luma_standin(api_key=KEY, step_s=0.1),
+                         lambda http, s: LumaAdapter(http, s.url, KEY))
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-        yield s
-
-
-@pytest.fixture
-def adapter(session: aiohttp.ClientSession, standin: LumaStandin) -> LumaAdapter:
-    return LumaAdapter(session, standin.url, KEY)
-
-
-def request(prompt: str = "a glass whale drifting over a desert", model: str = "ray-2", **fields) -> JobRequest:
-    return JobRequest(model=f"luma/{model}", prompt=prompt, **fields)
-
-
-def submit_request(standin: LumaStandin, job: JobRequest, attempt: int = 1, job_id: str = "job_luma1") -> SubmitRequest:
-    return SubmitRequest(job_id=job_id, attempt=attempt, idempotency_key=f"{job_id}-a{attempt}", request=job,
-                         callback_url=f"{standin.url}/_sink")
-
-
-def raw(name: str) -> bytes:
-    return (PAYLOADS / f"{name}.json").read_bytes()
-
-
-async def finished(adapter: LumaAdapter, generation_id: str):
-    async def done():
-        sig = await adapter.status(generation_id)
-        return sig if sig.state not in (ProviderState.QUEUED, ProviderState.RUNNING) else None
-
-    return await wait_until(done, within=10, what=f"generation {generation_id} to finish")
-
-
-async def refusal(adapter: LumaAdapter, req: SubmitRequest) -> ProviderError:
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(req)
-    return caught.value
+request = scaffold.requester("luma", "ray-2", "a glass whale drifting over a desert")
+submit_request = functools.partial(called_back, job_id="job_luma1")
+raw = functools.partial(recorded, "luma")
 
 
 # --- the recorded payloads, read directly --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "state", "code"), [
-    ("generation_queued", ProviderState.QUEUED, None),
-    ("generation_dreaming", ProviderState.RUNNING, None),
-    ("generation_completed", ProviderState.SUCCEEDED, None),
-    ("generation_failed_moderation", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("generation_failed", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-])
+@pytest.mark.parametrize(("name", "state", "code"), expected_signals("luma"))
 def test_recorded_generations_become_unverified_signals(adapter, name, state, code):
     sig = adapter.parse_callback(raw(name))
 
@@ -160,10 +111,7 @@ def test_failure_reasons_map_to_the_taxonomy():
     (request(model="ray-9"), "model"),
 ])
 def test_validate_refuses_what_luma_cannot_take_naming_the_field(adapter, job, field):
-    with pytest.raises(ProviderError) as caught:
-        adapter.validate(job)
-    assert caught.value.code is ErrorCode.INVALID_INPUT
-    assert caught.value.message.startswith(f"{field}:"), caught.value.message
+    assert scaffold.refused_field(adapter, job) == field
 
 
 @pytest.mark.parametrize(("fields", "duration", "resolution"), [
@@ -175,7 +123,7 @@ def test_validate_refuses_what_luma_cannot_take_naming_the_field(adapter, job, f
 async def test_our_fields_map_to_the_documented_request(adapter, standin, fields, duration, resolution):
     job = request(aspect_ratio="9:16", params={"loop": True}, **fields)
 
-    await adapter.submit(submit_request(standin, job, attempt=2))
+    await adapter.submit(submit_request(standin, job, number=2))
 
     sent = standin.creates[-1]
     assert sent == {"generation_type": "video", "model": job.model_name, "prompt": job.prompt,
@@ -245,8 +193,8 @@ async def test_each_refused_submit_maps_to_its_code(adapter, standin, scenario, 
     assert words in err.message
 
 
-async def test_a_wrong_key_names_the_setting_and_never_the_key(session, standin):
-    adapter = LumaAdapter(session, standin.url, "luma-wrong-key-value")
+async def test_a_wrong_key_names_the_setting_and_never_the_key(http, standin):
+    adapter = LumaAdapter(http, standin.url, "luma-wrong-key-value")
 
     err = await refusal(adapter, submit_request(standin, request()))
 
@@ -254,35 +202,8 @@ async def test_a_wrong_key_names_the_setting_and_never_the_key(session, standin)
     assert "luma-wrong-key-value" not in err.message and "wrong" not in repr(adapter)
 
 
-async def test_an_unreachable_provider_is_unavailable(session):
-    adapter = LumaAdapter(session, f"http://127.0.0.1:{free_port()}", KEY)
-    with pytest.raises(ProviderError) as caught:
-        await adapter.status(payload("generation_queued")["id"])
-    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
-async def test_a_slow_answer_is_a_timeout():
-    async def slow(_: web.Request) -> web.Response:
-        await asyncio.sleep(2)
-        return web.json_response(payload("generation_queued"))
-
-    app = web.Application()
-    app.router.add_get("/dream-machine/v1/generations/{id}", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as session:
-            adapter = LumaAdapter(session, f"http://127.0.0.1:{runner.addresses[0][1]}", KEY)
-            with pytest.raises(ProviderError) as caught:
-                await adapter.status(payload("generation_queued")["id"])
-    finally:
-        await runner.cleanup()
-    assert caught.value.code is ErrorCode.TIMEOUT
-
-
 async def test_find_looks_the_attempt_up_by_its_callback_url(adapter, standin):
-    first = submit_request(standin, request(), attempt=1)
+    first = submit_request(standin, request(), number=1)
     accepted = await adapter.submit(first)
     for n in range(3):  # other jobs' generations in between
         await adapter.submit(submit_request(standin, request(), job_id=f"job_other{n}"))
@@ -290,7 +211,7 @@ async def test_find_looks_the_attempt_up_by_its_callback_url(adapter, standin):
     found = await adapter.find(first)
 
     assert found is not None and found.provider_job_id == accepted.provider_job_id
-    assert await adapter.find(submit_request(standin, request(), attempt=2)) is None
+    assert await adapter.find(submit_request(standin, request(), number=2)) is None
 
 
 async def test_find_pages_through_the_recent_generations(adapter, standin, monkeypatch):
@@ -316,21 +237,7 @@ async def test_cancel_deletes_the_generation_and_a_lost_one_is_failed(adapter, s
     assert lost.state is ProviderState.FAILED and lost.error.code is ErrorCode.PROVIDER_UNAVAILABLE
 
 
-def test_the_registry_offers_luma_only_with_a_key(session):
-    assert "luma" not in build_adapters(Settings(), session)
-    offered = build_adapters(Settings(luma_api_key=KEY), session)["luma"]
-    assert isinstance(offered, LumaAdapter) and isinstance(offered, ProviderAdapter)
-
-
 # --- end to end through the stack ----------------------------------------------------------------------
-
-
-async def _inbox_count(database_url: str, provider: str) -> int:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await conn.fetchval("SELECT count(*) FROM webhook_inbox WHERE provider = $1", provider)
-    finally:
-        await conn.close()
 
 
 async def test_luma_jobs_run_end_to_end_by_unsigned_callbacks_confirmed_by_polls(tmp_path, database_url, nats_url):
@@ -357,7 +264,7 @@ async def test_luma_jobs_run_end_to_end_by_unsigned_callbacks_confirmed_by_polls
             # Each job's two callbacks (dreaming, then completed or failed) were taken and stored once each,
             # however often a slow answer made the stand-in retry; and each job was rendered once.
             taken = {d.body for d in standin.deliveries if d.outcome == 200}
-            assert len(taken) == 4 and await _inbox_count(settings.database_url, "luma") == 4
+            assert len(taken) == 4 and await inbox_count(settings.database_url, "luma") == 4
             assert len(standin.generations) == 2
             sent = next(c for c in standin.creates if c["prompt"] == created["prompt"])
             assert sent["callback_url"] == f"{stack.url}/v1/webhooks/luma?job={job['id']}&attempt=1"

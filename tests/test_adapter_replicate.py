@@ -3,99 +3,48 @@ that replays them, and end to end through the whole stack with signed webhooks t
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import re
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import aiohttp
-import asyncpg
 import msgspec
 import pytest
-from aiohttp import web
 
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import called_back, expected_signals, finished, inbox_count, recorded, refusal, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.replicate import ReplicateStandin, payload, running_replicate_standin
 from tests.support import wait_until
-from vidjobs.cli.embedded import free_port
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
-from vidjobs.common.jobs import JobRequest
-from vidjobs.common.settings import Settings
 from vidjobs.gateway.bodies import Model as GatewayModelName
 from vidjobs.providers import replicate
-from vidjobs.providers.base import ProviderAdapter, ProviderState, SubmitRequest
-from vidjobs.providers.registry import build_adapters
+from vidjobs.providers.base import ProviderState
 from vidjobs.providers.replicate import ReplicateAdapter
 from vidjobs.providers.webhooks import new_secret, signed_headers
 
 TOKEN = "r8_test_3b8f0c1d"
-PAYLOADS = Path(__file__).parent / "payloads" / "replicate"
+SECRET = new_secret()
 
 
 @pytest.fixture
 def secret() -> str:
-    return new_secret()
+    return SECRET
 
 
-@pytest.fixture
-async def standin(secret: str) -> AsyncIterator[ReplicateStandin]:
-    async with running_replicate_standin(api_token=TOKEN, webhook_secret=secret, step_s=0.1) as s:
-        yield s
+standin, adapter = wired(lambda: running_replicate_standin(api_token=TOKEN, webhook_secret=SECRET, step_s=0.1),
+                         lambda http, s: ReplicateAdapter(http, s.url, TOKEN, SECRET))
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
-        yield s
-
-
-@pytest.fixture
-def adapter(session: aiohttp.ClientSession, standin: ReplicateStandin, secret: str) -> ReplicateAdapter:
-    return ReplicateAdapter(session, standin.url, TOKEN, secret)
-
-
-def request(prompt: str = "a lighthouse in a storm", model: str = "minimax/video-01", **fields) -> JobRequest:
-    return JobRequest(model=f"replicate/{model}", prompt=prompt, **fields)
-
-
-def submit_request(standin: ReplicateStandin, job: JobRequest, attempt: int = 1) -> SubmitRequest:
-    return SubmitRequest(job_id="job_test1", attempt=attempt, idempotency_key=f"job_test1-a{attempt}", request=job,
-                         callback_url=f"{standin.url}/_sink")
-
-
-def raw(name: str) -> bytes:
-    return (PAYLOADS / f"{name}.json").read_bytes()
-
-
-async def finished(adapter: ReplicateAdapter, prediction_id: str):
-    async def done():
-        sig = await adapter.status(prediction_id)
-        return sig if sig.state not in (ProviderState.QUEUED, ProviderState.RUNNING) else None
-
-    return await wait_until(done, within=10, what=f"prediction {prediction_id} to finish")
-
-
-async def refusal(adapter: ReplicateAdapter, req: SubmitRequest) -> ProviderError:
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(req)
-    return caught.value
+request = scaffold.requester("replicate", "minimax/video-01", "a lighthouse in a storm")
+submit_request = functools.partial(called_back, job_id="job_test1")
+raw = functools.partial(recorded, "replicate")
 
 
 # --- the recorded payloads, read directly --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "state", "code"), [
-    ("prediction_starting", ProviderState.QUEUED, None),
-    ("prediction_processing", ProviderState.RUNNING, None),
-    ("prediction_succeeded", ProviderState.SUCCEEDED, None),
-    ("prediction_succeeded_list", ProviderState.SUCCEEDED, None),
-    ("prediction_failed_sensitive", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("prediction_failed_oom", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("prediction_canceled", ProviderState.CANCELED, ErrorCode.CANCELED),
-    ("prediction_aborted", ProviderState.CANCELED, ErrorCode.TIMEOUT),
-])
+@pytest.mark.parametrize(("name", "state", "code"), expected_signals("replicate"))
 def test_recorded_predictions_become_signals(adapter, name, state, code):
     sig = adapter.parse_callback(raw(name))
 
@@ -162,10 +111,7 @@ def test_an_html_error_page_still_maps_by_status():
     (request(model="someone/unknown-model"), "model"),
 ])
 def test_validate_refuses_what_the_model_cannot_take_naming_the_field(adapter, job, field):
-    with pytest.raises(ProviderError) as caught:
-        adapter.validate(job)
-    assert caught.value.code is ErrorCode.INVALID_INPUT
-    assert caught.value.message.startswith(f"{field}:"), caught.value.message
+    assert scaffold.refused_field(adapter, job) == field
 
 
 @pytest.mark.parametrize("job", [
@@ -255,44 +201,16 @@ async def test_each_failed_render_maps_to_its_code(adapter, standin, scenario, s
 async def test_each_refused_submit_maps_to_its_code(adapter, standin, scenario, code, wait, words):
     err = await refusal(adapter, submit_request(standin, request(f"a cat standin:{scenario}")))
 
-    assert err.code is code and err.retry_after == wait
-    assert words in err.message
+    assert (err.code, err.retry_after, words in err.message) == (code, wait, True)
 
 
-async def test_a_wrong_token_names_the_setting_and_never_the_token(session, standin, secret):
-    adapter = ReplicateAdapter(session, standin.url, "r8_wrong_secret_value", secret)
+async def test_a_wrong_token_names_the_setting_and_never_the_token(http, standin, secret):
+    adapter = ReplicateAdapter(http, standin.url, "r8_wrong_secret_value", secret)
 
     err = await refusal(adapter, submit_request(standin, request()))
 
     assert err.code is ErrorCode.INTERNAL and "VIDJOBS_REPLICATE_API_TOKEN" in err.message
     assert "r8_wrong_secret_value" not in err.message and "r8_wrong" not in repr(adapter)
-
-
-async def test_an_unreachable_provider_is_unavailable(session, secret):
-    adapter = ReplicateAdapter(session, f"http://127.0.0.1:{free_port()}", TOKEN, secret)
-    with pytest.raises(ProviderError) as caught:
-        await adapter.status("x18c1re8mxrma0crb3x8wbwqmg")
-    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
-async def test_a_slow_answer_is_a_timeout(secret):
-    async def slow(_: web.Request) -> web.Response:
-        await asyncio.sleep(2)
-        return web.json_response(payload("prediction_starting"))
-
-    app = web.Application()
-    app.router.add_get("/v1/predictions/{id}", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.3)) as session:
-            adapter = ReplicateAdapter(session, f"http://127.0.0.1:{runner.addresses[0][1]}", TOKEN, secret)
-            with pytest.raises(ProviderError) as caught:
-                await adapter.status("x18c1re8mxrma0crb3x8wbwqmg")
-    finally:
-        await runner.cleanup()
-    assert caught.value.code is ErrorCode.TIMEOUT
 
 
 async def test_cancel_stops_a_prediction_and_a_lost_one_is_failed(adapter, standin):
@@ -331,8 +249,8 @@ def test_a_signed_delivery_is_verified_and_a_forged_one_rejected(adapter, secret
             adapter.verify_callback(headers, sent)
 
 
-async def test_without_a_signing_secret_no_webhook_is_asked_for_or_trusted(session, standin):
-    adapter = ReplicateAdapter(session, standin.url, TOKEN, "")
+async def test_without_a_signing_secret_no_webhook_is_asked_for_or_trusted(http, standin):
+    adapter = ReplicateAdapter(http, standin.url, TOKEN, "")
 
     await adapter.submit(submit_request(standin, request()))
 
@@ -342,24 +260,7 @@ async def test_without_a_signing_secret_no_webhook_is_asked_for_or_trusted(sessi
         adapter.verify_callback(signed_headers(new_secret(), b"{}"), b"{}")
 
 
-def test_the_registry_offers_replicate_only_with_a_token(session):
-    without = build_adapters(Settings(), session)
-    with_token = build_adapters(Settings(replicate_api_token=TOKEN, replicate_webhook_secret=new_secret()), session)
-
-    assert "replicate" not in without
-    assert isinstance(with_token["replicate"], ReplicateAdapter)
-    assert isinstance(with_token["replicate"], ProviderAdapter)
-
-
 # --- end to end through the stack ----------------------------------------------------------------------
-
-
-async def _inbox_count(database_url: str, provider: str) -> int:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await conn.fetchval("SELECT count(*) FROM webhook_inbox WHERE provider = $1", provider)
-    finally:
-        await conn.close()
 
 
 def _gateway_takes_owner_and_name() -> bool:
@@ -403,7 +304,7 @@ async def test_replicate_jobs_run_end_to_end_by_verified_webhooks(tmp_path, data
 
             # A delivery whose body was changed after signing is refused, and nothing is stored.
             genuine = standin.deliveries[-1]
-            before = await _inbox_count(settings.database_url, "replicate")
+            before = await inbox_count(settings.database_url, "replicate")
             tampered = genuine.body.replace(b'"status": "', b'"status": "x', 1)
             async with stack.session.post(f"{stack.url}/v1/webhooks/replicate", data=tampered,
                                           headers=genuine.headers) as resp:
@@ -412,5 +313,5 @@ async def test_replicate_jobs_run_end_to_end_by_verified_webhooks(tmp_path, data
             async with stack.session.post(f"{stack.url}/v1/webhooks/replicate", data=genuine.body,
                                           headers={**forged, "Content-Type": "application/json"}) as resp:
                 assert resp.status == 401
-            assert await _inbox_count(settings.database_url, "replicate") == before
+            assert await inbox_count(settings.database_url, "replicate") == before
             assert len(standin.predictions) == 3  # each job rendered once

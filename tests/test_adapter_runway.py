@@ -6,90 +6,37 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import av
 import pytest
 
-from tests.stack import host_port, running_stack, stack_settings
-from tests.standins.runway import PAYLOADS, RunwayStandin, running_runway
-from vidjobs.cli.embedded import free_port
-from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import attempt, failed, polls, wired
+from tests.standins.runway import PAYLOADS, SCRIPTS, RunwayStandin, running_runway
+from vidjobs.common.errors import ErrorCode, ProviderError
 from vidjobs.common.jobs import JobRequest
-from vidjobs.common.settings import Settings
-from vidjobs.providers.base import ProviderSignal, ProviderState, SubmitRequest
-from vidjobs.providers.registry import build_adapters
+from vidjobs.providers.base import ProviderState
 from vidjobs.providers.runway import RunwayAdapter, http_error, read_task
 
 KEY = "key_test"
 
 
-@pytest.fixture
-async def runway() -> AsyncIterator[RunwayStandin]:
-    async with running_runway(KEY) as standin:
-        yield standin
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
-@pytest.fixture
-def adapter(runway: RunwayStandin, http: aiohttp.ClientSession) -> RunwayAdapter:
-    return RunwayAdapter(http, runway.url, KEY)
+runway, adapter = wired(lambda: running_runway(KEY), lambda http, s: RunwayAdapter(http, s.url, KEY), name="runway")
 
 
 def job(prompt: str = "a red fox in snow", **fields) -> JobRequest:
     return JobRequest(**{"model": "runway/gen4.5", "prompt": prompt, "duration_s": 5, **fields})
 
 
-def attempt(request: JobRequest, *, image_url: str | None = None) -> SubmitRequest:
-    return SubmitRequest(job_id="job_test", attempt=1, idempotency_key="job_test-a1", request=request,
-                         input_image_url=image_url)
-
-
-async def polls(adapter: RunwayAdapter, task_id: str, count: int) -> list[ProviderSignal]:
-    return [await adapter.status(task_id) for _ in range(count)]
-
-
-async def until_finished(adapter: RunwayAdapter, task_id: str, limit: int = 10) -> ProviderSignal:
-    for _ in range(limit):
-        sig = await adapter.status(task_id)
-        if sig.state not in (ProviderState.QUEUED, ProviderState.RUNNING):
-            return sig
-    raise AssertionError(f"task {task_id} never finished")
-
-
 # --- the recorded payloads, read directly ---------------------------------------------------------------
 
-TASKS = [
-    ("task_pending", ProviderState.QUEUED, None),
-    ("task_throttled", ProviderState.QUEUED, None),
-    ("task_running", ProviderState.RUNNING, None),
-    ("task_succeeded", ProviderState.SUCCEEDED, None),
-    ("task_failed_safety", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("task_failed_safety_output", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("task_failed_preprocessing_safety", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("task_failed_internal", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("task_failed_preprocessing_internal", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("task_failed_asset_invalid", ProviderState.FAILED, ErrorCode.INVALID_INPUT),
-    ("task_cancelled", ProviderState.CANCELED, None),
-]
-
-
-@pytest.mark.parametrize(("name", "state", "code"), TASKS)
+@pytest.mark.parametrize(("name", "state", "code"), scaffold.expected_signals("runway"))
 def test_each_recorded_task_reads_as_its_signal(name: str, state: ProviderState, code: ErrorCode | None):
-    raw = (PAYLOADS / f"{name}.json").read_bytes()
+    sig = read_task(scaffold.recorded("runway", name))
 
-    sig = read_task(raw)
-
-    assert sig.provider_job_id == "17f20503-6c24-4c16-946b-35dbbce2af2f"
-    assert sig.state is state
-    assert (sig.error.code if sig.error else None) is code
+    assert scaffold.outcome(sig) == ("17f20503-6c24-4c16-946b-35dbbce2af2f", state, code)
 
 
 def test_the_recorded_details_are_kept():
@@ -173,37 +120,20 @@ async def test_an_image_render_sends_the_image_address_to_image_to_video(adapter
     }]
 
 
-@pytest.mark.parametrize(("scenario", "code", "retryable"), [
-    ("safety", ErrorCode.CONTENT_REJECTED, False),
-    ("safety_output", ErrorCode.CONTENT_REJECTED, False),
-    ("preprocessing_safety", ErrorCode.CONTENT_REJECTED, False),
-    ("asset_invalid", ErrorCode.INVALID_INPUT, False),
-    ("bad_output", ErrorCode.PROVIDER_UNAVAILABLE, True),
-    ("preprocessing_internal", ErrorCode.PROVIDER_UNAVAILABLE, True),
-])
-async def test_a_failed_task_reports_its_kind_and_runways_words(adapter: RunwayAdapter, scenario: str,
-                                                                code: ErrorCode, retryable: bool):
-    accepted = await adapter.submit(attempt(job(f"a fox scenario:{scenario}")))
+@pytest.mark.parametrize(("scenario", "code"), scaffold.failing_scenarios("runway", SCRIPTS))
+async def test_a_failed_task_reports_its_kind_and_runways_words(adapter: RunwayAdapter, scenario: str, code: ErrorCode):
+    error = await failed(adapter, attempt(job(f"a fox scenario:{scenario}")))
 
-    sig = await until_finished(adapter, accepted.provider_job_id)
-
-    assert sig.state is ProviderState.FAILED
-    assert sig.error is not None
-    assert (sig.error.code, sig.error.retryable) == (code, retryable)
-    assert "Runway said:" in sig.error.message
+    assert error.code is code and "Runway said:" in error.message  # retryable follows from the code
 
 
 async def test_a_rate_limit_carries_retry_after_and_the_next_submit_is_taken(adapter: RunwayAdapter,
                                                                             runway: RunwayStandin):
-    runway.refusals = 1
     request = job("a fox scenario:rate_limit")
 
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(request))
-    accepted = await adapter.submit(attempt(request))
+    refused, accepted = await scaffold.limited_then_taken(adapter, runway, attempt(request))
 
-    assert (caught.value.code, caught.value.retry_after, caught.value.retryable) == (ErrorCode.RATE_LIMITED, 1.0,
-                                                                                       True)
+    assert (refused.code, refused.retry_after, refused.retryable) == (ErrorCode.RATE_LIMITED, 1.0, True)
     assert accepted.provider_job_id in runway.tasks
     assert len(runway.submitted(request.prompt)) == 1
 
@@ -237,44 +167,6 @@ async def test_a_wrong_key_is_our_configuration_and_is_never_shown(runway: Runwa
     assert runway.submissions == []
 
 
-@pytest.mark.parametrize("scenario", ["malformed", "garbled"])
-async def test_a_malformed_status_answer_is_internal(adapter: RunwayAdapter, scenario: str):
-    accepted = await adapter.submit(attempt(job(f"a fox scenario:{scenario}")))
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.status(accepted.provider_job_id)
-
-    assert caught.value.code is ErrorCode.INTERNAL
-
-
-async def test_a_slow_answer_is_a_timeout(runway: RunwayStandin):
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as impatient:
-        adapter = RunwayAdapter(impatient, runway.url, KEY)
-        accepted = await adapter.submit(attempt(job("a fox scenario:slow")))
-        with pytest.raises(ProviderError) as caught:
-            await adapter.status(accepted.provider_job_id)
-
-    assert caught.value.code is ErrorCode.TIMEOUT
-
-
-async def test_an_unreachable_runway_is_unavailable(http: aiohttp.ClientSession):
-    adapter = RunwayAdapter(http, f"http://127.0.0.1:{free_port()}", KEY)
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(job()))
-
-    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
-async def test_a_task_runway_forgot_fails_the_attempt(adapter: RunwayAdapter):
-    accepted = await adapter.submit(attempt(job("a fox scenario:lost")))
-
-    sig = await adapter.status(accepted.provider_job_id)
-
-    assert sig.state is ProviderState.FAILED
-    assert sig.error is not None and sig.error.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
 async def test_cancel_deletes_the_task_and_a_gone_task_is_no_error(adapter: RunwayAdapter, runway: RunwayStandin):
     accepted = await adapter.submit(attempt(job("a fox scenario:hang")))
 
@@ -284,16 +176,6 @@ async def test_cancel_deletes_the_task_and_a_gone_task_is_no_error(adapter: Runw
 
     assert runway.deletes == [accepted.provider_job_id]
     assert sig.state is ProviderState.CANCELED
-
-
-async def test_there_are_no_callbacks_and_nothing_to_look_up(adapter: RunwayAdapter):
-    assert adapter.supports_callbacks is False
-    with pytest.raises(WebhookRejected, match="runway sends no callbacks"):
-        adapter.verify_callback({"webhook-id": "x"}, b"{}")
-    with pytest.raises(ProviderError) as caught:
-        adapter.parse_callback(b'{"id": "x", "status": "SUCCEEDED"}')
-    assert caught.value.code is ErrorCode.INTERNAL
-    assert await adapter.find(attempt(job())) is None
 
 
 # --- what Runway cannot render is refused before any call --------------------------------------------
@@ -353,24 +235,13 @@ async def test_submit_validates_before_calling(adapter: RunwayAdapter, runway: R
     assert runway.submissions == []
 
 
-async def test_runway_is_offered_only_when_its_key_is_set(http: aiohttp.ClientSession):
-    without = build_adapters(Settings(), http)
-    with_key = build_adapters(Settings(runway_api_key=KEY, runway_url="http://runway.invalid"), http)
-
-    assert "runway" not in without
-    assert isinstance(with_key["runway"], RunwayAdapter)
-    assert with_key["runway"].base_url == "http://runway.invalid"
-
-
 # --- through the whole stack -----------------------------------------------------------------------------
 
 
 async def test_runway_jobs_finish_through_tapered_polling(tmp_path: Path, database_url: str, nats_url: str):
     async with running_runway(KEY) as runway:
-        settings = stack_settings(tmp_path, database_url, nats_url, runway_url=runway.url, runway_api_key=KEY,
-                                  recovery_delay_s=600,  # only the tapered polls can find the results
-                                  download_allow_hosts=host_port(runway.url))
-        async with running_stack(settings) as stack:
+        async with scaffold.polling_stack(tmp_path, database_url, nats_url, runway.url, runway_url=runway.url,
+                                 runway_api_key=KEY) as stack:
             ok = await stack.create_job(model="runway/gen4.5", prompt="a red fox in snow", duration_s=5)
             rejected = await stack.create_job(model="runway/gen4.5", prompt="a fox scenario:safety", duration_s=5)
             async with stack.session.post(f"{stack.url}/v1/jobs", headers=stack.auth, json={

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import io
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -16,83 +15,32 @@ import av
 import pytest
 from PIL import Image
 
-from tests.stack import host_port, running_stack, stack_settings
-from tests.standins.veo import PAYLOADS, VeoStandin, running_veo
-from vidjobs.cli.embedded import free_port
-from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from tests import adapter_scaffold as scaffold
+from tests.adapter_scaffold import attempt, failed, polls, wired
+from tests.standins.veo import PAYLOADS, SCRIPTS, VeoStandin, running_veo
+from vidjobs.common.errors import ErrorCode, ProviderError
 from vidjobs.common.jobs import JobRequest
-from vidjobs.common.settings import Settings
-from vidjobs.providers.base import ProviderSignal, ProviderState, SubmitRequest
-from vidjobs.providers.registry import build_adapters
+from vidjobs.providers.base import ProviderState
 from vidjobs.providers.veo import VeoAdapter, http_error, read_operation
 
 KEY = "AIzaSy-test-key"
 MODEL = "veo-2.0-generate-001"
 
 
-@pytest.fixture
-async def veo() -> AsyncIterator[VeoStandin]:
-    async with running_veo(KEY) as standin:
-        yield standin
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
-@pytest.fixture
-def adapter(veo: VeoStandin, http: aiohttp.ClientSession) -> VeoAdapter:
-    return VeoAdapter(http, veo.url, KEY)
+veo, adapter = wired(lambda: running_veo(KEY), lambda http, s: VeoAdapter(http, s.url, KEY), name="veo")
 
 
 def job(prompt: str = "a red fox in snow", **fields) -> JobRequest:
     return JobRequest(**{"model": f"veo/{MODEL}", "prompt": prompt, "duration_s": 5, **fields})
 
 
-def attempt(request: JobRequest, *, image_url: str | None = None) -> SubmitRequest:
-    return SubmitRequest(job_id="job_test", attempt=1, idempotency_key="job_test-a1", request=request,
-                         input_image_url=image_url)
-
-
-async def polls(adapter: VeoAdapter, name: str, count: int) -> list[ProviderSignal]:
-    return [await adapter.status(name) for _ in range(count)]
-
-
-async def until_finished(adapter: VeoAdapter, name: str, limit: int = 10) -> ProviderSignal:
-    for _ in range(limit):
-        sig = await adapter.status(name)
-        if sig.state not in (ProviderState.QUEUED, ProviderState.RUNNING):
-            return sig
-    raise AssertionError(f"operation {name} never finished")
-
-
 # --- the recorded payloads, read directly ---------------------------------------------------------------
 
-OPERATIONS = [
-    ("operation_running", ProviderState.RUNNING, None),
-    ("operation_running_explicit", ProviderState.RUNNING, None),
-    ("operation_succeeded", ProviderState.SUCCEEDED, None),
-    ("operation_rai_filtered", ProviderState.FAILED, ErrorCode.CONTENT_REJECTED),
-    ("operation_error_invalid_argument", ProviderState.FAILED, ErrorCode.INVALID_INPUT),
-    ("operation_error_resource_exhausted", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("operation_error_internal", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("operation_error_deadline", ProviderState.FAILED, ErrorCode.TIMEOUT),
-    ("operation_empty", ProviderState.FAILED, ErrorCode.PROVIDER_UNAVAILABLE),
-    ("operation_cancelled", ProviderState.CANCELED, None),
-]
-
-
-@pytest.mark.parametrize(("name", "state", "code"), OPERATIONS)
+@pytest.mark.parametrize(("name", "state", "code"), scaffold.expected_signals("veo"))
 def test_each_recorded_operation_reads_as_its_signal(name: str, state: ProviderState, code: ErrorCode | None):
-    raw = (PAYLOADS / f"{name}.json").read_bytes()
+    sig = read_operation(scaffold.recorded("veo", name))
 
-    sig = read_operation(raw)
-
-    assert sig.provider_job_id == f"models/{MODEL}/operations/9a3kd8r7xq2m"
-    assert sig.state is state
-    assert (sig.error.code if sig.error else None) is code
+    assert scaffold.outcome(sig) == (f"models/{MODEL}/operations/9a3kd8r7xq2m", state, code)
     assert sig.progress is None  # Veo reports none, and none is invented
 
 
@@ -191,24 +139,11 @@ async def test_an_input_image_that_is_not_an_image_is_refused(adapter: VeoAdapte
     assert veo.submissions == []
 
 
-@pytest.mark.parametrize(("scenario", "code", "retryable"), [
-    ("rai", ErrorCode.CONTENT_REJECTED, False),
-    ("invalid_argument", ErrorCode.INVALID_INPUT, False),
-    ("resource_exhausted", ErrorCode.PROVIDER_UNAVAILABLE, True),
-    ("internal", ErrorCode.PROVIDER_UNAVAILABLE, True),
-    ("deadline", ErrorCode.TIMEOUT, True),
-    ("empty", ErrorCode.PROVIDER_UNAVAILABLE, True),
-])
-async def test_a_failed_operation_reports_its_kind_and_veos_words(adapter: VeoAdapter, scenario: str,
-                                                                  code: ErrorCode, retryable: bool):
-    accepted = await adapter.submit(attempt(job(f"a fox scenario:{scenario}")))
+@pytest.mark.parametrize(("scenario", "code"), scaffold.failing_scenarios("veo", SCRIPTS))
+async def test_a_failed_operation_reports_its_kind_and_veos_words(adapter: VeoAdapter, scenario: str, code: ErrorCode):
+    error = await failed(adapter, attempt(job(f"a fox scenario:{scenario}")))
 
-    sig = await until_finished(adapter, accepted.provider_job_id)
-
-    assert sig.state is ProviderState.FAILED
-    assert sig.error is not None
-    assert (sig.error.code, sig.error.retryable) == (code, retryable)
-    assert "Veo said:" in sig.error.message
+    assert error.code is code and "Veo said:" in error.message  # retryable follows from the code
 
 
 async def test_a_cancelled_operation_is_canceled(adapter: VeoAdapter):
@@ -221,14 +156,11 @@ async def test_a_cancelled_operation_is_canceled(adapter: VeoAdapter):
 
 async def test_a_rate_limit_carries_the_retry_delay_and_the_next_submit_is_taken(adapter: VeoAdapter,
                                                                                 veo: VeoStandin):
-    veo.refusals = 1
     request = job("a fox scenario:rate_limit")
 
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(request))
-    accepted = await adapter.submit(attempt(request))
+    refused, accepted = await scaffold.limited_then_taken(adapter, veo, attempt(request))
 
-    assert (caught.value.code, caught.value.retry_after) == (ErrorCode.RATE_LIMITED, 33.0)
+    assert (refused.code, refused.retry_after) == (ErrorCode.RATE_LIMITED, 33.0)
     assert accepted.provider_job_id.startswith(f"models/{MODEL}/operations/")
     assert len(veo.submitted(request.prompt)) == 1
 
@@ -262,44 +194,6 @@ async def test_a_wrong_or_missing_key_is_our_configuration_and_is_never_shown(
     assert veo.submissions == []
 
 
-@pytest.mark.parametrize("scenario", ["malformed", "garbled"])
-async def test_a_malformed_status_answer_is_internal(adapter: VeoAdapter, scenario: str):
-    accepted = await adapter.submit(attempt(job(f"a fox scenario:{scenario}")))
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.status(accepted.provider_job_id)
-
-    assert caught.value.code is ErrorCode.INTERNAL
-
-
-async def test_a_slow_answer_is_a_timeout(veo: VeoStandin):
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as impatient:
-        adapter = VeoAdapter(impatient, veo.url, KEY)
-        accepted = await adapter.submit(attempt(job("a fox scenario:slow")))
-        with pytest.raises(ProviderError) as caught:
-            await adapter.status(accepted.provider_job_id)
-
-    assert caught.value.code is ErrorCode.TIMEOUT
-
-
-async def test_an_unreachable_veo_is_unavailable(http: aiohttp.ClientSession):
-    adapter = VeoAdapter(http, f"http://127.0.0.1:{free_port()}", KEY)
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(job()))
-
-    assert caught.value.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
-async def test_an_operation_veo_forgot_fails_the_attempt(adapter: VeoAdapter):
-    accepted = await adapter.submit(attempt(job("a fox scenario:lost")))
-
-    sig = await adapter.status(accepted.provider_job_id)
-
-    assert sig.state is ProviderState.FAILED
-    assert sig.error is not None and sig.error.code is ErrorCode.PROVIDER_UNAVAILABLE
-
-
 @pytest.mark.parametrize("name", ["../../v1beta/files/x", "operations/abc", "models/veo/operations/a?b=c"])
 async def test_only_operation_names_reach_a_request_path(adapter: VeoAdapter, name: str):
     with pytest.raises(ProviderError) as caught:
@@ -314,16 +208,6 @@ async def test_cancel_asks_nothing_of_veo(adapter: VeoAdapter, veo: VeoStandin):
     await adapter.cancel(accepted.provider_job_id)
 
     assert veo.operations[accepted.provider_job_id.rsplit("/", 1)[1]].polls == 0
-
-
-async def test_there_are_no_callbacks_and_nothing_to_look_up(adapter: VeoAdapter):
-    assert adapter.supports_callbacks is False
-    with pytest.raises(WebhookRejected, match="veo sends no callbacks"):
-        adapter.verify_callback({"webhook-id": "x"}, b"{}")
-    with pytest.raises(ProviderError) as caught:
-        adapter.parse_callback(b'{"name": "models/x/operations/y", "done": true}')
-    assert caught.value.code is ErrorCode.INTERNAL
-    assert await adapter.find(attempt(job())) is None
 
 
 # --- what Veo cannot render is refused before any call -----------------------------------------------
@@ -366,24 +250,13 @@ def test_validate_accepts_what_the_model_renders(adapter: VeoAdapter, fields: di
     adapter.validate(job(**fields))
 
 
-async def test_veo_is_offered_only_when_its_key_is_set(http: aiohttp.ClientSession):
-    without = build_adapters(Settings(), http)
-    with_key = build_adapters(Settings(veo_api_key=KEY, veo_url="http://veo.invalid"), http)
-
-    assert "veo" not in without
-    assert isinstance(with_key["veo"], VeoAdapter)
-    assert with_key["veo"].base_url == "http://veo.invalid"
-
-
 # --- through the whole stack -----------------------------------------------------------------------------
 
 
 async def test_veo_jobs_finish_through_tapered_polling(tmp_path: Path, database_url: str, nats_url: str):
     async with running_veo(KEY) as veo:
-        settings = stack_settings(tmp_path, database_url, nats_url, veo_url=veo.url, veo_api_key=KEY,
-                                  recovery_delay_s=600,  # only the tapered polls can find the results
-                                  download_allow_hosts=host_port(veo.url))
-        async with running_stack(settings) as stack:
+        async with scaffold.polling_stack(tmp_path, database_url, nats_url, veo.url, veo_url=veo.url,
+                                 veo_api_key=KEY) as stack:
             ok = await stack.create_job(model=f"veo/{MODEL}", prompt="a red fox in snow", duration_s=5)
             filtered = await stack.create_job(model=f"veo/{MODEL}", prompt="a fox scenario:rai", duration_s=5)
             unusable = await stack.create_job(model=f"veo/{MODEL}", prompt="a fox scenario:invalid_argument",

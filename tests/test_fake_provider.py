@@ -86,12 +86,6 @@ async def provider(secret: str) -> AsyncIterator[FakeProvider]:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        yield session
-
-
-@pytest.fixture
 def adapter(http: aiohttp.ClientSession, provider: FakeProvider, secret: str) -> FakeAdapter:
     return FakeAdapter(http, provider.url, secret)
 
@@ -457,26 +451,6 @@ async def test_a_404_from_something_other_than_the_provider_is_not_a_lost_render
     async with serving([]) as base:  # answers aiohttp's plain 404 to everything
         error = await refused(lambda: FakeAdapter(http, base, secret).status("rnd_1"))
     assert error.code is ErrorCode.INTERNAL
-
-
-async def test_an_unreachable_provider_is_unavailable(http, secret):
-    dead = FakeAdapter(http, f"http://127.0.0.1:{free_port()}", secret)
-    error = await refused(lambda: dead.submit(attempt(None)))
-    assert error.code is ErrorCode.PROVIDER_UNAVAILABLE and error.retryable
-
-
-async def test_a_provider_that_does_not_answer_in_time_is_a_timeout(secret):
-    release = asyncio.Event()
-
-    async def stall(_: web.Request) -> web.Response:
-        await release.wait()
-        return web.json_response({})
-
-    async with serving([web.post("/v1/renders", stall)]) as base, \
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2)) as impatient:
-        error = await refused(lambda: FakeAdapter(impatient, base, secret).submit(attempt(None)))
-        release.set()  # let the stalled handler finish, so the server stops at once
-    assert error.code is ErrorCode.TIMEOUT and error.retryable
 
 
 @pytest.mark.parametrize(("status", "body", "headers", "code", "retry_after"), [

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from vidjobs.common.errors import ErrorCode, ProviderError
 from vidjobs.common.jobs import JobRequest
 
 M = TypeVar("M")
+Check = Callable[[Any], str | None]  # what is wrong with a `params` value (`must be ...`), or None
 
 
 def invalid(message: str) -> ProviderError:
@@ -45,3 +46,64 @@ def check_frame(model_id: str, frames: Iterable[tuple[str, str]], request: JobRe
     field_name = "resolution" if any(a == request.aspect_ratio for a, _ in frames) else "aspect_ratio"
     raise invalid(f"{field_name}: {model_id} cannot render {request.aspect_ratio} at {request.resolution}; "
                   f"it renders {offered}")
+
+
+def boolean(value: object) -> str | None:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
+def number(low: float, high: float) -> Check:
+    def check(value: object) -> str | None:
+        ok = is_number(value) and low <= value <= high  # type: ignore[operator]
+        return None if ok else f"must be a number from {low:g} to {high:g}"
+
+    return check
+
+
+def one_of(*allowed: str) -> Check:
+    def check(value: object) -> str | None:
+        return None if value in allowed else "must be " + " or ".join(f'"{a}"' for a in allowed)
+
+    return check
+
+
+def image_url(value: object) -> str | None:
+    ok = isinstance(value, str) and value.startswith(("https://", "http://"))
+    return None if ok else "must be an http(s) URL of an image"
+
+
+def check_params(model_id: str, params: Mapping[str, Any], allowed: Mapping[str, Check]) -> None:
+    """Refuse a `params` entry the model does not take, or one whose value it cannot."""
+    for name, value in params.items():
+        if name not in allowed:
+            raise invalid(f"params.{name}: not a parameter of {model_id} (it takes {', '.join(allowed) or 'none'})")
+        if (problem := allowed[name](value)) is not None:
+            raise invalid(f"params.{name}: {problem}, not {value!r}")
+
+
+def check_optional(model_id: str, request: JobRequest, *, seed: bool = False, negative_prompt: bool = False,
+                   input_image: bool = True) -> None:
+    """Refuse the optional fields the model takes no value for, naming each."""
+    if request.seed is not None and not seed:
+        raise invalid(f"seed: {model_id} takes no seed; leave it out")
+    if request.negative_prompt and not negative_prompt:
+        raise invalid(f"negative_prompt: {model_id} takes no negative prompt; leave it out")
+    if request.input_image is not None and not input_image:
+        raise invalid(f"input_image: {model_id} takes no input image")
+
+
+def check_duration(model_id: str, durations: Iterable[int], request: JobRequest) -> None:
+    durations = tuple(durations)
+    if request.duration_s not in durations:
+        raise invalid(f"duration_s: {model_id} renders clips of {listed(durations)} seconds, "
+                      f"not {request.duration_s}")
+
+
+def round_up(model_id: str, durations: Iterable[int], request: JobRequest) -> int:
+    """The shortest clip length the model makes that is at least as long as asked; a longer ask is refused."""
+    durations = sorted(durations)
+    length = next((d for d in durations if d >= request.duration_s), None)
+    if length is None:
+        made = " or ".join(f"{d} s" for d in durations)
+        raise invalid(f"duration_s: {model_id} makes {made} clips; {request.duration_s} s is longer")
+    return length

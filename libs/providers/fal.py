@@ -1,107 +1,50 @@
-"""The adapter for fal.ai's queue API (`fal/<model id>`, e.g. `fal/fal-ai/kling-video/v2/master/text-to-video`).
-
-fal, as far as we use it:
-- `POST {base}/{model id}?fal_webhook=<url>` with the model's input as the JSON body and `Authorization: Key
-  <key>` queues a render: `{request_id, response_url, status_url, cancel_url, queue_position}`.
-- `GET {base}/{app}/requests/{id}/status` says `IN_QUEUE` (with `queue_position`), `IN_PROGRESS` or
-  `COMPLETED`; `GET {base}/{app}/requests/{id}` is the result (`{"video": {"url": ...}}`) or, for a failed
-  request, its error; `PUT {base}/{app}/requests/{id}/cancel` stops it. `app` is the model id's owner and
-  name only (`fal-ai/kling-video`), never its endpoint path.
-- When the request finishes fal POSTs `{request_id, gateway_request_id, status: OK | ERROR, payload, error}`
-  to the webhook URL, signed with ED25519 (`fal_signature.py`).
-- Model errors are `{"detail": [{loc, msg, type}]}` (type `content_policy_violation` for refused content);
-  infrastructure errors are `{"detail": "...", "error_type": "..."}`.
-
-fal's request id is our provider job id: it is the only thing a webhook names. The status, result and cancel
-URLs also need the model's app, which the adapter protocol does not hand to `status` and `cancel`; they take it
-as an optional `model_name` and, without it, look the request up under each app we offer (an unknown request
-answers 404 there).
-"""
+"""The adapter for fal.ai's queue API (`fal/<model id>`): requests queued, polled and canceled under the model's
+app, webhooks signed with ED25519 (`fal_signature.py`). docs/PROVIDERS.md has the routes and bodies it reads."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
 import msgspec
 
-from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
+from vidjobs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
-from vidjobs.providers.base import (
-    ModelInfo,
-    ProviderSignal,
-    ProviderState,
-    Submission,
-    SubmitRequest,
-    formats,
-)
-from vidjobs.providers.checks import invalid, pick_model
+from vidjobs.providers import checks, http, models
+from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
+from vidjobs.providers.checks import boolean, invalid, number
 from vidjobs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
-from vidjobs.providers.http import Answer, ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
+from vidjobs.providers.http import Answer, ErrorTable, HttpAdapter, Refusal, Said, decode, lost
 
+T = TypeVar("T")
 NAME = "fal"
 _KEY_HINT = "check VIDJOBS_FAL_API_KEY"
 _MAX_SAID = 300  # characters of fal's own words carried into a job's error message
 
 # --- the models we offer, and what each takes ------------------------------------------------------------
 
-Check = Callable[[object], str | None]  # a description of what is wrong with a value, or None
+# What each `params` entry a model may take must be.
+PARAM_CHECKS: dict[str, checks.Check] = {"cfg_scale": number(0, 1), "prompt_optimizer": boolean,
+                                         "generate_audio": boolean, "enhance_prompt": boolean, "auto_fix": boolean}
 
 
-def _boolean(value: object) -> str | None:
-    return None if isinstance(value, bool) else "must be true or false"
-
-
-def _number(low: float, high: float) -> Check:
-    def check(value: object) -> str | None:
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        return None if ok and low <= value <= high else f"must be a number from {low:g} to {high:g}"
-
-    return check
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """How one fal model takes our normalised request. Each mapping is our value → the value fal is sent,
-    or None for a value the model accepts without being told (a fixed length, a ratio taken from the image)."""
+class ModelSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How one fal model takes our normalised request: a row of `models/fal.toml`. Each mapping is our value →
+    the value fal is sent, "" for one the model accepts without being told."""
 
     app: str  # owner/name: where its requests' status, result and cancel URLs live
-    durations: Mapping[int, str | None]
-    aspect_ratios: Mapping[str, str | None]
-    resolutions: Mapping[str, str | None]
+    durations: dict[int, str]
+    aspect_ratios: dict[str, str]
+    resolutions: dict[str, str]
     negative_prompt: bool = False
     seed: bool = False
     image: bool = False  # image-to-video: the input image is required and sent as `image_url`
-    params: Mapping[str, Check] = field(default_factory=dict)
+    params: tuple[str, ...] = ()
 
 
-_RATIOS = ("16:9", "9:16", "1:1")
-_KLING_T2V = ModelSpec(
-    app="fal-ai/kling-video", durations={5: "5", 10: "10"}, aspect_ratios={r: r for r in _RATIOS},
-    resolutions={"720p": None}, negative_prompt=True, params={"cfg_scale": _number(0, 1)},
-)
-_MINIMAX_T2V = ModelSpec(
-    app="fal-ai/minimax", durations={6: None}, aspect_ratios={"16:9": None}, resolutions={"720p": None},
-    params={"prompt_optimizer": _boolean},
-)
-# Image-to-video models take their picture's shape, whatever ratio was asked.
-_FROM_IMAGE = dict.fromkeys(_RATIOS)
-
-MODELS: dict[str, ModelSpec] = {
-    "fal-ai/kling-video/v2/master/text-to-video": _KLING_T2V,
-    "fal-ai/kling-video/v2/master/image-to-video": replace(_KLING_T2V, aspect_ratios=_FROM_IMAGE, image=True),
-    "fal-ai/veo3": ModelSpec(
-        app="fal-ai/veo3", durations={4: "4s", 6: "6s", 8: "8s"}, aspect_ratios={r: r for r in _RATIOS},
-        resolutions={"720p": "720p", "1080p": "1080p"}, negative_prompt=True, seed=True,
-        params={"generate_audio": _boolean, "enhance_prompt": _boolean, "auto_fix": _boolean},
-    ),
-    "fal-ai/minimax/video-01": _MINIMAX_T2V,
-    "fal-ai/minimax/video-01/image-to-video": replace(_MINIMAX_T2V, aspect_ratios=_FROM_IMAGE, image=True),
-}
+MODELS = models.load("fal", dict[str, ModelSpec])
 APPS = tuple(dict.fromkeys(spec.app for spec in MODELS.values()))
 
 # fal's model error types that say fal (or a service behind it) failed, not the input.
@@ -158,7 +101,7 @@ class _Webhook(msgspec.Struct, kw_only=True):
 
 
 def _read(status: int, raw: bytes) -> Said:
-    body = _error_answer(raw)
+    body = http.read_or_none(raw, _ErrorBody)
     said = _said(body) or ""
     if status not in (400, 422):
         return Said(said)
@@ -167,7 +110,7 @@ def _read(status: int, raw: bytes) -> Said:
     return Said(said, Refusal(code, "{title} refused the request: {said}"))
 
 
-ERRORS = ErrorTable(NAME, rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}); "
+ERRORS = ErrorTable(NAME, http.rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}); "
                                                                        + _KEY_HINT)), _read)
 
 
@@ -176,20 +119,17 @@ class FalAdapter(HttpAdapter):
     errors = ERRORS
     supports_callbacks = True
     echo_transport = False
+    key_header = ("Authorization", "Key {}")
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str, jwks_url: str, *,
                  tolerance_s: float = 300, jwks: Jwks | None = None, prefetch_keys: bool = True,
                  user_id: str = ""):
-        super().__init__(session, base_url)
+        super().__init__(session, base_url, api_key)
         self.user_id = user_id  # ours; empty: not checked (every fal user's callbacks verify)
-        self._auth = {"Authorization": f"Key {api_key}"}  # never logged, never part of a message
         self.jwks = jwks or Jwks(session, jwks_url)
         self.verifier = Verifier(self.jwks, tolerance_s=tolerance_s)
         if prefetch_keys:
             self.jwks.refresh_soon()  # built inside a running loop: the first webhook finds the keys
-
-    def auth_headers(self) -> dict[str, str]:
-        return self._auth
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"fal/{name}", durations_s=sorted(m.durations), formats=formats(m.aspect_ratios,
@@ -199,15 +139,12 @@ class FalAdapter(HttpAdapter):
                 for name, m in MODELS.items()]
 
     def validate(self, request: JobRequest) -> None:
-        spec = pick_model(self.name, NAME, request.model_name, MODELS)
-        _check_params(request, spec)
+        spec = checks.pick_model(self.name, NAME, request.model_name, MODELS)
+        checks.check_params(request.model_name, request.params, {p: PARAM_CHECKS[p] for p in spec.params})
         _pick("duration_s", request.duration_s, spec.durations, request.model_name)
         _pick("aspect_ratio", request.aspect_ratio, spec.aspect_ratios, request.model_name)
         _pick("resolution", request.resolution, spec.resolutions, request.model_name)
-        if request.negative_prompt is not None and not spec.negative_prompt:
-            raise invalid(f"negative_prompt: {request.model_name} takes no negative prompt; leave it null")
-        if request.seed is not None and not spec.seed:
-            raise invalid(f"seed: {request.model_name} takes no seed; leave it null")
+        checks.check_optional(request.model_name, request, seed=spec.seed, negative_prompt=spec.negative_prompt)
         if spec.image and request.input_image is None:
             raise invalid(f"input_image: {request.model_name} animates an image; upload one and name it")
         if not spec.image and request.input_image is not None:
@@ -215,10 +152,8 @@ class FalAdapter(HttpAdapter):
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
-        body = msgspec.json.encode(_input(req))
         params = {"fal_webhook": req.callback_url} if req.callback_url else None
-        raw = await self.call("POST", f"/{quote(req.request.model_name)}", data=body, params=params,
-                              headers={"Content-Type": "application/json"})
+        raw = await self.send(f"/{quote(req.request.model_name)}", _input(req), params=params)
         queued = decode(raw, _Queued, NAME, "queue answer")
         return Submission(provider_job_id=queued.request_id, queue_position=queued.queue_position)
 
@@ -288,7 +223,7 @@ class FalAdapter(HttpAdapter):
             payload = decode(answer.body, Any, NAME, "result")
             return ProviderSignal(provider_job_id=request_id, state=ProviderState.SUCCEEDED,
                                   output_url=_video_url(payload))
-        body = _error_answer(answer.body)
+        body = http.read_or_none(answer.body, _ErrorBody)
         if not _render_failed(answer, body):
             raise ERRORS.error(*answer)
         error = failure(_said(body) or f"HTTP {answer.status}", body, refused=answer.status in (400, 422))
@@ -319,8 +254,7 @@ def failure(said: str | None, body: _ErrorBody | None, *, refused: bool = False)
     else:
         code = ErrorCode.PROVIDER_UNAVAILABLE
     detail = _said(body) or said
-    suffix = f" fal said: {detail[:_MAX_SAID]}" if detail else ""
-    return JobError.of(code, DEFAULT_MESSAGES[code] + suffix)
+    return http.said_error(code, NAME, detail[:_MAX_SAID] if detail else None)
 
 
 def _render_failed(answer: Answer, body: _ErrorBody | None) -> bool:
@@ -345,28 +279,21 @@ def _said(body: _ErrorBody | None) -> str | None:
     return f"{where}: {first.msg}" if where else first.msg
 
 
-def _error_answer(raw: bytes) -> _ErrorBody | None:
-    try:
-        return msgspec.json.decode(raw, type=_ErrorBody)
-    except msgspec.DecodeError:
-        return None
-
-
 def _error_body(payload: Any) -> _ErrorBody | None:
-    try:
-        return msgspec.convert(payload, _ErrorBody) if isinstance(payload, dict) else None
-    except msgspec.ValidationError:
-        return None
+    return _convert(payload, _ErrorBody)
 
 
 def _video_url(payload: Any) -> str | None:
-    if not isinstance(payload, dict):
-        return None
+    video = output.video if (output := _convert(payload, _Output)) is not None else None
+    return video.url if video is not None and video.url else None
+
+
+def _convert(payload: Any, kind: type[T]) -> T | None:
+    """A webhook's or result's JSON object as `kind`; None for anything else (fal's payloads vary by model)."""
     try:
-        video = msgspec.convert(payload, _Output).video
+        return msgspec.convert(payload, kind) if isinstance(payload, dict) else None
     except msgspec.ValidationError:
         return None
-    return video.url if video is not None and video.url else None
 
 
 # --- our request as fal's model input ---------------------------------------------------------------------
@@ -375,16 +302,6 @@ def _video_url(payload: Any) -> str | None:
 def _apps(model_name: str | None) -> tuple[str, ...]:
     spec = MODELS.get(model_name or "")
     return (spec.app,) if spec is not None else APPS
-
-
-def _check_params(request: JobRequest, spec: ModelSpec) -> None:
-    takes = ", ".join(spec.params) or "none"
-    for name, value in request.params.items():
-        check = spec.params.get(name)
-        if check is None:
-            raise invalid(f"params.{name}: not a parameter of {request.model_name} (it takes {takes})")
-        if (wrong := check(value)) is not None:
-            raise invalid(f"params.{name}: {wrong}, not {value!r}")
 
 
 def _pick(field_name: str, value: Any, table: Mapping[Any, str | None], model_name: str) -> str | None:
@@ -399,9 +316,9 @@ def _input(req: SubmitRequest) -> dict[str, Any]:
     r, spec = req.request, MODELS[req.request.model_name]
     body: dict[str, Any] = {"prompt": r.prompt}
     mapped = {
-        "duration": spec.durations[r.duration_s],
-        "aspect_ratio": spec.aspect_ratios[r.aspect_ratio],
-        "resolution": spec.resolutions[r.resolution],
+        "duration": spec.durations[r.duration_s] or None,  # "": the model is not told
+        "aspect_ratio": spec.aspect_ratios[r.aspect_ratio] or None,
+        "resolution": spec.resolutions[r.resolution] or None,
         "negative_prompt": r.negative_prompt,
         "seed": r.seed,
     }

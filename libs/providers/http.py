@@ -13,7 +13,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import aiohttp
 import msgspec
 
-from vidjobs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
+from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
 from vidjobs.providers import webhooks
 from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
@@ -98,6 +98,9 @@ UNAVAILABLE = Refusal(ErrorCode.PROVIDER_UNAVAILABLE, "{title} is unavailable: {
 # An unexpected 404 and the like: our configuration is wrong, not the job.
 REFUSED_CALL = Refusal(ErrorCode.INTERNAL, "{title} refused our call ({status}): {said}")
 INPUT_STATUSES = (400, 409, 413, 415, 422)  # answers that judge the request itself
+# What a provider's words may make of an error answer, in place of its status.
+NO_CREDIT = Refusal(ErrorCode.INTERNAL, "Our {title} account is out of credit: {said}")
+CONTENT_REFUSED = Refusal(ErrorCode.CONTENT_REJECTED, "{title} refused the request: {said}")
 
 
 def quiet(status: int, body: bytes) -> Said:
@@ -139,7 +142,44 @@ def rows(statuses: Iterable[int], refusal: Refusal) -> dict[int, Refusal]:
     return dict.fromkeys(statuses, refusal)
 
 
+def refusals(key_setting: str, *, key: str = "API key", inputs: Iterable[int] = INPUT_STATUSES) -> dict[int, Refusal]:
+    """The rows most providers share: a refused key is our configuration (the message names its setting), a
+    refused request is the job's."""
+    return {
+        **rows((401, 403), Refusal(ErrorCode.INTERNAL, f"{{title}} refused our {key} ({{status}}: {{said}}); check "
+                                                       f"the {key_setting} setting.")),
+        **rows(inputs, Refusal(ErrorCode.INVALID_INPUT, "{title} refused the request: {said}")),
+    }
+
+
 # --- the adapter's half of the conversation ---------------------------------------------------------------
+
+
+def read_or_none(raw: bytes, kind: type[T]) -> T | None:
+    """An error answer's body as the Struct a provider writes it in, or None when it is some other page."""
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.DecodeError:
+        return None
+
+
+def detail_text(detail: Any) -> str:
+    """An error body's `detail` as a person reads it: a sentence, or (for a request that breaks the schema) each
+    `{"loc": [...], "msg": ...}` entry as `field.path: message`."""
+    if isinstance(detail, str):
+        return " ".join(detail.split())
+    parts = []
+    for item in detail if isinstance(detail, list) else ():
+        if isinstance(item, dict):
+            where = ".".join(str(p) for p in item.get("loc", []) if p != "body")
+            parts.append(f"{where}: {item.get('msg', '')}" if where else str(item.get("msg", "")))
+    return "; ".join(parts)
+
+
+def said_error(code: ErrorCode, who: str, said: str | None) -> JobError:
+    """A failed render's error: our words for the code, then the provider's own (at most 500 characters)."""
+    detail = f" {who} said: {said[:500]}" if said else ""
+    return JobError.of(code, DEFAULT_MESSAGES[code] + detail)
 
 
 def decode(raw: bytes, kind: type[T], who: str, what: str = "answer") -> T:
@@ -148,6 +188,30 @@ def decode(raw: bytes, kind: type[T], who: str, what: str = "answer") -> T:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError too
         raise ProviderError(ErrorCode.INTERNAL, f"{who} sent a malformed {what}: {exc}") from exc
+
+
+async def read_image(session: aiohttp.ClientSession, url: str | None, types: Iterable[str],
+                     max_bytes: int) -> tuple[bytes, str]:
+    """An input image fetched for a provider that takes images inline: its bytes and media type. One that
+    cannot be read, is not of `types` or is larger than `max_bytes` is refused naming `input_image`."""
+    if not url:
+        raise ProviderError(ErrorCode.INVALID_INPUT, "input_image: the image has no address to read it from")
+    limit = f"{' or '.join(t.removeprefix('image/').upper() for t in types)} image up to {max_bytes // 2**20} MB"
+    try:
+        async with session.get(url) as resp:
+            mime = resp.content_type
+            if resp.status != 200 or mime not in types or (resp.content_length or 0) > max_bytes:
+                raise ProviderError(ErrorCode.INVALID_INPUT, f"input_image: cannot be read as a {limit} "
+                                                             f"(HTTP {resp.status}, {mime})")
+            data = bytearray()
+            async for chunk in resp.content.iter_chunked(1 << 16):
+                data += chunk
+                if len(data) > max_bytes:
+                    raise ProviderError(ErrorCode.INVALID_INPUT, f"input_image: larger than a {limit}")
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise ProviderError(ErrorCode.INTERNAL, f"the input image could not be read: {type(exc).__name__}") \
+            from exc
+    return bytes(data), mime
 
 
 def lost(provider_job_id: str, message: str) -> ProviderSignal:
@@ -165,17 +229,24 @@ class HttpAdapter:
     supports_callbacks: bool = False
     # False: the HTTP library's own words never reach our messages (they may name a keyed URL).
     echo_transport: ClassVar[bool] = True
+    # The header that carries the API key, and its value around the key; None for a provider without one.
+    key_header: ClassVar[tuple[str, str] | None] = ("Authorization", "Bearer {}")
+    api_headers: ClassVar[Mapping[str, str]] = {}  # what every call carries besides the key (an API version)
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str):
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str = ""):
         self.session = session  # the caller's: closed by the caller
         self.base_url = base_url.rstrip("/")
+        self._auth = dict(self.api_headers)  # never logged, never part of a message
+        if self.key_header is not None:
+            header, value = self.key_header
+            self._auth[header] = value.format(api_key)
 
     def __repr__(self) -> str:  # never a key
         return f"{type(self).__name__}({self.base_url!r})"
 
     def auth_headers(self) -> dict[str, str]:
-        """The headers every API call carries (the key); none by default."""
-        return {}
+        """The headers every API call carries: the key, and any the API wants besides."""
+        return self._auth
 
     def says_missing(self, body: bytes) -> bool:
         """Whether a 404's body is the provider's own "no such job", not some other server's page."""
@@ -194,6 +265,11 @@ class HttpAdapter:
         if not answer.ok:
             raise self.errors.error(*answer)
         return answer.body
+
+    async def send(self, path: str, body: Any, headers: Mapping[str, str] | None = None, **kwargs: Any) -> bytes:
+        """POST a body (a Struct, or the provider's own dict) as JSON; the body of the 2xx answer, as `call`."""
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        return await self.call("POST", path, data=msgspec.json.encode(body), headers=headers, **kwargs)
 
     async def call_known(self, method: str, path: str, **kwargs: Any) -> bytes | None:
         """As `call`, but None when the provider says it has no such job (the caller gives that a meaning)."""

@@ -1,25 +1,5 @@
-"""The adapter for Luma's Dream Machine API: video generations from the Ray models.
-
-A model is named `luma/<model>` (`luma/ray-2`, `luma/ray-flash-2`) and started with
-`POST /dream-machine/v1/generations`; `GET /dream-machine/v1/generations/{id}` says where it stands.
-
-Our fields map onto a generation request as follows:
-  duration_s    Ray makes 5 s and 9 s clips: up to 5 s asks for "5s", 6 to 9 s for "9s" (never shorter than
-                asked); longer is refused
-  aspect_ratio  passed through (Luma takes all three of ours)
-  resolution    480p asks for Luma's smallest, 540p; 720p and 1080p pass through
-  input_image   the first keyframe (`keyframes.frame0`, an image by URL)
-  negative_prompt, seed   refused: Ray takes neither
-
-Luma POSTs the generation to `callback_url` when it starts dreaming, completes or fails, but signs nothing.
-A callback therefore only says where to look: `verify_callback` accepts any well-formed generation under a
-delivery id of its own, and `parse_callback` marks the signal unverified, so the poller asks Luma for the
-generation before acting on it.
-
-Luma takes no idempotency key either. The callback URL carries our job id and attempt in its query, and Luma
-echoes the request (callback URL included) in every generation, so `find` can look an attempt up among the
-account's recent generations before anything is submitted again.
-"""
+"""The adapter for Luma's Dream Machine API: generations created, polled and deleted, with unsigned callbacks
+that only prompt a poll. docs/PROVIDERS.md has the routes, fields and states it reads."""
 
 from __future__ import annotations
 
@@ -29,31 +9,24 @@ from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-import aiohttp
 import msgspec
 
-from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
+from vidjobs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
-from vidjobs.providers.base import (
-    ModelInfo,
-    ProviderSignal,
-    ProviderState,
-    Submission,
-    SubmitRequest,
-    formats,
-)
-from vidjobs.providers.checks import invalid, pick_model
-from vidjobs.providers.http import INPUT_STATUSES, ErrorTable, HttpAdapter, Refusal, Said, decode, lost, rows
+from vidjobs.providers import checks, http
+from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
+from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, decode, lost, refusals
 
 T = TypeVar("T")
 
 API = "/dream-machine/v1"
 KEY_SETTING = "VIDJOBS_LUMA_API_KEY"
 MODELS = ("ray-2", "ray-flash-2")
-PARAMS: dict[str, type] = {"loop": bool}  # documented request fields a job may set through `params`
+PARAMS = {"loop": checks.boolean}  # documented request fields a job may set through `params`
 DURATIONS = {5: "5s", 9: "9s"}
 RESOLUTIONS = {"480p": "540p", "720p": "720p", "1080p": "1080p"}
 ASPECT_RATIOS = ("16:9", "9:16", "1:1")
+FRAMES = [(ratio, resolution) for ratio in ASPECT_RATIOS for resolution in RESOLUTIONS]
 # How far back `find` looks for an attempt's generation: a takeover happens within minutes of the crash.
 FIND_PAGES, FIND_PAGE_SIZE = 5, 100
 
@@ -64,12 +37,8 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 _CONTENT_WORDS = re.compile(r"moderat|not allowed|nsfw|safety|content polic", re.IGNORECASE)
 _CREDIT_WORDS = re.compile(r"insufficient credit|out of credit|no credits", re.IGNORECASE)
 
-STATES: dict[str, ProviderState] = {
-    "queued": ProviderState.QUEUED,
-    "dreaming": ProviderState.RUNNING,
-    "completed": ProviderState.SUCCEEDED,
-    "failed": ProviderState.FAILED,
-}
+STATES = {"queued": ProviderState.QUEUED, "dreaming": ProviderState.RUNNING, "completed": ProviderState.SUCCEEDED,
+          "failed": ProviderState.FAILED}
 
 
 # --- Luma's wire format, as far as we read it ----------------------------------------------------------
@@ -106,10 +75,6 @@ class _Frame(msgspec.Struct, kw_only=True):
     url: str
 
 
-class _Keyframes(msgspec.Struct, kw_only=True):
-    frame0: _Frame
-
-
 class _CreateGeneration(msgspec.Struct, kw_only=True, omit_defaults=True):
     generation_type: Literal["video"]
     model: str
@@ -118,7 +83,7 @@ class _CreateGeneration(msgspec.Struct, kw_only=True, omit_defaults=True):
     resolution: str
     duration: str
     loop: bool | None = None
-    keyframes: _Keyframes | None = None
+    keyframes: dict[str, _Frame] | None = None  # frame0: the first frame
     callback_url: str | None = None
 
 
@@ -128,19 +93,12 @@ class _CreateGeneration(msgspec.Struct, kw_only=True, omit_defaults=True):
 def _read(status: int, body: bytes) -> Said:
     said = _said(_error_answer(body))
     if status not in (401, 403) and _CREDIT_WORDS.search(said):
-        return Said(said, _NO_CREDIT)
-    refused = status in INPUT_STATUSES and _CONTENT_WORDS.search(said)
-    return Said(said, _CONTENT_REFUSED if refused else None)
+        return Said(said, http.NO_CREDIT)
+    refused = status in http.INPUT_STATUSES and _CONTENT_WORDS.search(said)
+    return Said(said, http.CONTENT_REFUSED if refused else None)
 
 
-_NO_CREDIT = Refusal(ErrorCode.INTERNAL, "Our {title} account is out of credit: {said}")
-_CONTENT_REFUSED = Refusal(ErrorCode.CONTENT_REJECTED, "{title} refused the request: {said}")
-ERRORS = ErrorTable("Luma", {
-    **rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}: {said}); check the "
-                                                   f"{KEY_SETTING} setting.")),
-    402: _NO_CREDIT,
-    **rows(INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{title} refused the request: {said}")),
-}, _read)
+ERRORS = ErrorTable("Luma", {**refusals(KEY_SETTING), 402: http.NO_CREDIT}, _read)
 http_error = ERRORS.error
 
 
@@ -148,13 +106,6 @@ class LumaAdapter(HttpAdapter):
     name = "luma"
     errors = ERRORS
     supports_callbacks = True
-
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str):
-        super().__init__(session, base_url)
-        self._auth = {"Authorization": f"Bearer {api_key}"}
-
-    def auth_headers(self) -> dict[str, str]:
-        return self._auth
 
     def says_missing(self, body: bytes) -> bool:
         return _error_answer(body) is not None
@@ -165,28 +116,15 @@ class LumaAdapter(HttpAdapter):
                 for name in MODELS]
 
     def validate(self, request: JobRequest) -> None:
-        pick_model(self.name, "Luma", request.model_name, dict.fromkeys(MODELS))
-        for name, value in request.params.items():
-            kind = PARAMS.get(name)
-            if kind is None:
-                raise invalid(f"params.{name}: not a parameter of Luma {request.model_name} "
-                              f"(it takes: {', '.join(PARAMS)})")
-            if not isinstance(value, kind):
-                raise invalid(f"params.{name}: must be true or false, not {value!r}")
+        checks.pick_model(self.name, "Luma", request.model_name, dict.fromkeys(MODELS))
+        checks.check_params(f"luma/{request.model_name}", request.params, PARAMS)
         _duration(request)
-        if request.aspect_ratio not in ASPECT_RATIOS:
-            raise invalid(f"aspect_ratio: Luma takes {', '.join(ASPECT_RATIOS)}, not {request.aspect_ratio}")
-        if request.resolution not in RESOLUTIONS:
-            raise invalid(f"resolution: Luma takes {', '.join(RESOLUTIONS)}, not {request.resolution}")
-        if request.negative_prompt:
-            raise invalid(f"negative_prompt: Luma {request.model_name} takes no negative prompt; leave it out")
-        if request.seed is not None:
-            raise invalid(f"seed: Luma {request.model_name} takes no seed; leave it out")
+        checks.check_frame(f"luma/{request.model_name}", FRAMES, request)
+        checks.check_optional(f"luma/{request.model_name}", request)
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
-        body = msgspec.json.encode(_create_body(req))
-        raw = await self.call("POST", f"{API}/generations", data=body, headers={"Content-Type": "application/json"})
+        raw = await self.send(f"{API}/generations", _create_body(req))
         generation = _decode(raw, _Generation)
         return Submission(provider_job_id=generation.id, state=STATES[generation.state])
 
@@ -251,8 +189,7 @@ def failure(reason: str | None) -> JobError:
         code = ErrorCode.TIMEOUT
     else:
         code = ErrorCode.PROVIDER_UNAVAILABLE
-    detail = f" Luma said: {text[:500]}" if text else ""
-    return JobError.of(code, DEFAULT_MESSAGES[code] + detail)
+    return http.said_error(code, "Luma", text)
 
 
 def _signal(generation: _Generation) -> ProviderSignal:
@@ -281,11 +218,7 @@ def _attempt_of(generation: _Generation) -> tuple[str | None, int | None]:
 
 
 def _duration(request: JobRequest) -> str:
-    length = next((d for d in DURATIONS if d >= request.duration_s), None)
-    if length is None:
-        raise invalid(f"duration_s: Luma {request.model_name} makes 5 s or 9 s clips; "
-                       f"{request.duration_s} s is longer")
-    return DURATIONS[length]
+    return DURATIONS[checks.round_up(f"luma/{request.model_name}", DURATIONS, request)]
 
 
 def _create_body(req: SubmitRequest) -> _CreateGeneration:
@@ -294,7 +227,7 @@ def _create_body(req: SubmitRequest) -> _CreateGeneration:
     if r.input_image is not None:
         if not req.input_image_url:
             raise ProviderError(ErrorCode.INTERNAL, "The input image has no address Luma could fetch.")
-        keyframes = _Keyframes(frame0=_Frame(type="image", url=req.input_image_url))
+        keyframes = {"frame0": _Frame(type="image", url=req.input_image_url)}
     return _CreateGeneration(
         generation_type="video", model=r.model_name, prompt=r.prompt, aspect_ratio=r.aspect_ratio,
         resolution=RESOLUTIONS[r.resolution], duration=_duration(r), loop=r.params.get("loop"), keyframes=keyframes,
@@ -311,23 +244,9 @@ def _decode(raw: bytes, kind: type[T]) -> T:
 
 
 def _error_answer(body: bytes) -> _ErrorAnswer | None:
-    try:
-        answer = msgspec.json.decode(body, type=_ErrorAnswer)
-    except msgspec.DecodeError:
-        return None
-    return answer if answer.detail is not None else None
+    answer = http.read_or_none(body, _ErrorAnswer)
+    return answer if answer is not None and answer.detail is not None else None
 
 
 def _said(answer: _ErrorAnswer | None) -> str:
-    if answer is None:
-        return ""
-    if isinstance(answer.detail, str):
-        return " ".join(answer.detail.split())
-    if isinstance(answer.detail, list):  # schema errors: name each field as Luma located it
-        parts = []
-        for item in answer.detail:
-            if isinstance(item, dict):
-                where = ".".join(str(p) for p in item.get("loc", []) if p != "body")
-                parts.append(f"{where}: {item.get('msg', '')}" if where else str(item.get("msg", "")))
-        return "; ".join(parts)
-    return ""
+    return http.detail_text(answer.detail) if answer is not None else ""

@@ -33,25 +33,19 @@ import asyncio
 import contextlib
 import enum
 import json
-import re
 import secrets
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-from tests.standins.server import CallingStandin, serving
+from tests.standins import server
+from tests.standins.server import CallingStandin, Render, bearer_door, found, listening, payloads, scenario_in
 from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
-PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "luma"
 RETRY_AFTER_S = 2
 CALLBACK_RETRIES, CALLBACK_RETRY_DELAY_S = 3, 0.1
-_SCENARIO_WORD = re.compile(r"standin:(\w+)")
 
 
 class Scenario(enum.StrEnum):
@@ -77,42 +71,17 @@ _REFUSALS = {
 _FAILED = {Scenario.MODERATION: "generation_failed_moderation", Scenario.FAIL: "generation_failed"}
 
 
-def payload(name: str) -> dict[str, Any]:
-    """One recorded payload, as Luma's documentation shows it."""
-    return json.loads((PAYLOADS / f"{name}.json").read_text())
+payload = payloads("luma")  # as Luma's documentation shows them
 
 
-def scenario_of(prompt: str) -> Scenario:
-    match = _SCENARIO_WORD.search(prompt)
-    return Scenario(match.group(1)) if match else Scenario.SUCCEED
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
-
-@dataclass
-class Generation:
-    id: str
+@dataclass(kw_only=True)
+class Generation(Render):
     request: dict[str, Any]
-    scenario: Scenario
-    clip: ClipSpec
     state: str = "queued"
-    created_at: str = field(default_factory=_now)
-    task: asyncio.Task | None = None
 
     @property
     def finished(self) -> bool:
         return self.state in ("completed", "failed")
-
-
-@dataclass
-class Delivery:
-    """One callback POST the stand-in made, and how the receiver answered (a status or an error)."""
-
-    url: str
-    body: bytes
-    outcome: int | str
 
 
 class LumaStandin(CallingStandin):
@@ -125,7 +94,6 @@ class LumaStandin(CallingStandin):
         self.generations: dict[str, Generation] = {}  # in creation order
         self.creates: list[dict[str, Any]] = []  # every create body, as sent
         self.deleted: list[str] = []
-        self.deliveries: list[Delivery] = []
 
     def view(self, gen: Generation) -> dict[str, Any]:
         """The generation as Luma shows it: the recorded payload for its state, rewritten for it."""
@@ -142,7 +110,8 @@ class LumaStandin(CallingStandin):
     def create(self, request: dict[str, Any]) -> Generation:
         width, height = clip_size(request.get("aspect_ratio", "16:9"))
         seconds = float(str(request.get("duration", "5s")).rstrip("s"))
-        gen = Generation(id=str(uuid.uuid4()), request=request, scenario=scenario_of(str(request.get("prompt", ""))),
+        scenario = Scenario(scenario_in(str(request.get("prompt", ""))))
+        gen = Generation(id=str(uuid.uuid4()), request=request, scenario=scenario,
                          clip=ClipSpec(width, height, seconds, secrets.randbelow(2**31)))
         self.generations[gen.id] = gen
         gen.task = self.spawn(self._run(gen), f"generation-{gen.id}")
@@ -165,20 +134,10 @@ class LumaStandin(CallingStandin):
         url = gen.request.get("callback_url")
         if url and gen.scenario is not Scenario.NO_CALLBACK:
             body = json.dumps(self.view(gen)).encode()
-            self.spawn(self._deliver(url, body), f"callback-{gen.id}-{state}")
-
-    async def _deliver(self, url: str, body: bytes) -> None:
-        assert self.session is not None
-        for attempt in range(1 + CALLBACK_RETRIES):
-            try:
-                async with self.session.post(url, data=body, headers={"Content-Type": "application/json"}) as resp:
-                    outcome: int | str = resp.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                outcome = repr(exc)
-            self.deliveries.append(Delivery(url, body, outcome))
-            if outcome == 200 or attempt == CALLBACK_RETRIES:
-                return
-            await asyncio.sleep(CALLBACK_RETRY_DELAY_S)
+            # Unsigned; anything but a 200 is retried at a fixed pace, as Luma documents.
+            delivery = self.deliver(url, body, attempts=1 + CALLBACK_RETRIES, headers=dict,
+                                    taken=lambda outcome: outcome == 200, pause=lambda _: CALLBACK_RETRY_DELAY_S)
+            self.spawn(delivery, f"callback-{gen.id}-{state}")
 
     def delete(self, gen: Generation) -> None:
         if gen.task is not None:
@@ -189,6 +148,7 @@ class LumaStandin(CallingStandin):
 
 # --- HTTP ----------------------------------------------------------------------------------------------
 
+ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", LumaStandin)
 
 
@@ -196,6 +156,7 @@ def _error(name: str, status: int, headers: dict[str, str] | None = None) -> web
     return web.json_response(payload(name), status=status, headers=headers)
 
 
+@ROUTES.post("/dream-machine/v1/generations")
 async def create_generation(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     try:
@@ -203,17 +164,17 @@ async def create_generation(request: web.Request) -> web.Response:
     except ValueError:
         return web.json_response({"detail": "Invalid JSON body"}, status=400)
     standin.creates.append(body)
-    scenario = scenario_of(str(body.get("prompt", "")))
+    scenario = Scenario(scenario_in(str(body.get("prompt", ""))))
     if scenario in _REFUSALS:
         name, status = _REFUSALS[scenario]
         headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
         return _error(name, status, headers)
     if scenario is Scenario.MALFORMED:
-        whole = json.dumps(payload("generation_queued")).encode()
-        return web.Response(body=whole[: len(whole) // 2], status=201, content_type="application/json")
+        return server.truncated(payload("generation_queued"), 201)
     return web.json_response(standin.view(standin.create(body)), status=201)
 
 
+@ROUTES.get("/dream-machine/v1/generations")
 async def list_generations(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     limit, offset = int(request.query.get("limit", "100")), int(request.query.get("offset", "0"))
@@ -225,52 +186,34 @@ async def list_generations(request: web.Request) -> web.Response:
 
 
 def _generation(request: web.Request) -> Generation:
-    gen = request.app[STANDIN].generations.get(request.match_info["id"])
-    if gen is None:
-        raise web.HTTPNotFound(text=json.dumps(payload("error_404_not_found")), content_type="application/json")
-    return gen
+    return found(request.app[STANDIN].generations, request, payload("error_404_not_found"))
 
 
+@ROUTES.get("/dream-machine/v1/generations/{id}")
 async def get_generation(request: web.Request) -> web.Response:
     return web.json_response(request.app[STANDIN].view(_generation(request)))
 
 
+@ROUTES.delete("/dream-machine/v1/generations/{id}")
 async def delete_generation(request: web.Request) -> web.Response:
     request.app[STANDIN].delete(_generation(request))
     return web.Response(status=204)
 
 
+@ROUTES.get("/files/{id}/video.mp4")
 async def get_video(request: web.Request) -> web.Response:
     gen = request.app[STANDIN].generations.get(request.match_info["id"])
-    if gen is None or gen.state != "completed":
-        raise web.HTTPNotFound()
-    return web.Response(body=await render_mp4(gen.clip), content_type="video/mp4")
+    return await server.video(gen.clip if gen is not None and gen.state == "completed" else None)
 
 
-@web.middleware
-async def require_key(request: web.Request, handler) -> web.StreamResponse:
-    if request.path.startswith("/dream-machine/"):
-        if request.headers.get("Authorization") != f"Bearer {request.app[STANDIN].api_key}":
-            return _error("error_401_invalid_key", 401)
-    return await handler(request)
+require_key = bearer_door("/dream-machine/", lambda request: request.app[STANDIN].api_key,
+                          lambda: _error("error_401_invalid_key", 401))
 
 
-def create_app(standin: LumaStandin) -> web.Application:
-    app = web.Application(middlewares=[require_key])
-    app[STANDIN] = standin
-    app.router.add_post("/dream-machine/v1/generations", create_generation)
-    app.router.add_get("/dream-machine/v1/generations", list_generations)
-    app.router.add_get("/dream-machine/v1/generations/{id}", get_generation)
-    app.router.add_delete("/dream-machine/v1/generations/{id}", delete_generation)
-    app.router.add_get("/files/{id}/video.mp4", get_video)
-    app.router.add_post("/_sink", standin.sink)
-    app.cleanup_ctx.append(standin.lifetime)
-    return app
 
 
-@contextlib.asynccontextmanager
-async def running_luma_standin(*, api_key: str, host: str = "127.0.0.1", **options: Any) -> AsyncIterator[LumaStandin]:
+def running_luma_standin(*, api_key: str, host: str = "127.0.0.1",
+                         **options: Any) -> contextlib.AbstractAsyncContextManager[LumaStandin]:
     """A Luma stand-in listening on a free port of `host` until the block exits."""
     standin = LumaStandin(api_key=api_key, **options)
-    async with serving(create_app(standin), host) as standin.url:
-        yield standin
+    return listening(standin, server.standin_app(STANDIN, standin, ROUTES, require_key), host)

@@ -37,25 +37,19 @@ import base64
 import contextlib
 import enum
 import json
-import re
 import secrets
 from collections import Counter
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
-from tests.standins.server import CallingStandin, serving
+from tests.standins import server
+from tests.standins.server import CallingStandin, Render, bearer_door, found, listening, now, payloads, scenario_in
 from vidjobs.providers import webhooks
 from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
-PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "replicate"
 RETRY_AFTER_S = 1
-_SCENARIO_WORD = re.compile(r"standin:(\w+)")
 
 
 class Scenario(enum.StrEnum):
@@ -81,47 +75,22 @@ _FAILED = {Scenario.SENSITIVE: "prediction_failed_sensitive", Scenario.OOM: "pre
 _TERMINAL = frozenset({"succeeded", "failed", "canceled", "aborted"})
 
 
-def payload(name: str) -> dict[str, Any]:
-    """One recorded payload, as Replicate's documentation shows it."""
-    return json.loads((PAYLOADS / f"{name}.json").read_text())
+payload = payloads("replicate")  # as Replicate's documentation shows them
 
 
-def scenario_of(prompt: str) -> Scenario:
-    match = _SCENARIO_WORD.search(prompt)
-    return Scenario(match.group(1)) if match else Scenario.SUCCEED
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
-
-
-@dataclass
-class Prediction:
-    id: str
+@dataclass(kw_only=True)
+class Prediction(Render):
     model: str
     input: dict[str, Any]
-    scenario: Scenario
     webhook: str | None
     events: tuple[str, ...]
-    clip: ClipSpec
     status: str = "starting"
-    created_at: str = field(default_factory=_now)
     started_at: str | None = None
     completed_at: str | None = None
-    task: asyncio.Task | None = None
 
     @property
     def finished(self) -> bool:
         return self.status in _TERMINAL
-
-
-@dataclass
-class Delivery:
-    """One webhook POST the stand-in made, and how the receiver answered (a status or an error)."""
-
-    headers: dict[str, str]
-    body: bytes
-    outcome: int | str
 
 
 class ReplicateStandin(CallingStandin):
@@ -135,7 +104,6 @@ class ReplicateStandin(CallingStandin):
         self.predictions: dict[str, Prediction] = {}
         self.creates: list[dict[str, Any]] = []  # every create body, as sent
         self.creates_by_prompt: Counter[str] = Counter()
-        self.deliveries: list[Delivery] = []
 
     # views
 
@@ -168,7 +136,7 @@ class ReplicateStandin(CallingStandin):
         width, height = clip_size(given.get("aspect_ratio", "16:9"))
         clip = ClipSpec(width, height, float(given.get("duration", 6)), secrets.randbelow(2**31))
         pred = Prediction(
-            id=pid, model=model, input=given, scenario=scenario_of(str(given.get("prompt", ""))),
+            id=pid, model=model, input=given, scenario=Scenario(scenario_in(str(given.get("prompt", "")))),
             webhook=body.get("webhook"), clip=clip,
             events=tuple(body.get("webhook_events_filter") or ("start", "output", "logs", "completed")),
         )
@@ -183,7 +151,7 @@ class ReplicateStandin(CallingStandin):
         if pred.scenario is Scenario.ABORTED:
             self._finish(pred, "aborted")
             return
-        pred.status, pred.started_at = "processing", _now()
+        pred.status, pred.started_at = "processing", now()
         self.notify(pred, "logs")
         if pred.scenario is Scenario.HANG:
             return
@@ -199,7 +167,7 @@ class ReplicateStandin(CallingStandin):
     def _finish(self, pred: Prediction, status: str) -> None:
         if pred.finished:
             return
-        pred.status, pred.completed_at = status, _now()
+        pred.status, pred.completed_at = status, now()
         self.notify(pred, "completed")
 
     def cancel(self, pred: Prediction) -> None:
@@ -215,27 +183,19 @@ class ReplicateStandin(CallingStandin):
         if pred.webhook is None or event not in pred.events or pred.scenario is Scenario.NO_WEBHOOK:
             return
         body = json.dumps(self.view(pred)).encode()
-        self.spawn(self._deliver(pred.webhook, body), f"webhook-{pred.id}-{event}")
-
-    async def _deliver(self, url: str, body: bytes) -> None:
-        assert self.session is not None
+        # Signed afresh for each try under one message id; retried with backoff on 429, 5xx and no answer.
         msg_id = webhooks.new_message_id()
-        for attempt in range(self.webhook_attempts):
-            headers = {"Content-Type": "application/json",
-                       **webhooks.signed_headers(self.webhook_secret, body, msg_id=msg_id)}
-            try:
-                async with self.session.post(url, data=body, headers=headers) as resp:
-                    outcome: int | str = resp.status
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                outcome = repr(exc)
-            self.deliveries.append(Delivery(headers, body, outcome))
-            if isinstance(outcome, int) and (outcome < 500 and outcome != 429):
-                return
-            await asyncio.sleep(0.2 * 2**attempt)
+        delivery = self.deliver(
+            pred.webhook, body, attempts=self.webhook_attempts,
+            headers=lambda: webhooks.signed_headers(self.webhook_secret, body, msg_id=msg_id),
+            taken=lambda outcome: isinstance(outcome, int) and outcome < 500 and outcome != 429,
+            pause=lambda attempt: 0.2 * 2**attempt)
+        self.spawn(delivery, f"webhook-{pred.id}-{event}")
 
 
 # --- HTTP ----------------------------------------------------------------------------------------------
 
+ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", ReplicateStandin)
 
 
@@ -258,6 +218,7 @@ def _refusal(standin: ReplicateStandin, scenario: Scenario, prompt: str) -> web.
     return None
 
 
+@ROUTES.post("/v1/models/{owner}/{name}/predictions")
 async def create_prediction(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     try:
@@ -267,65 +228,46 @@ async def create_prediction(request: web.Request) -> web.Response:
     standin.creates.append(body)
     prompt = str((body.get("input") or {}).get("prompt", ""))
     standin.creates_by_prompt[prompt] += 1
-    scenario = scenario_of(prompt)
+    scenario = Scenario(scenario_in(prompt))
     if (refused := _refusal(standin, scenario, prompt)) is not None:
         return refused
     model = f"{request.match_info['owner']}/{request.match_info['name']}"
     if scenario is Scenario.MALFORMED:
-        whole = json.dumps(payload("prediction_starting")).encode()
-        return web.Response(body=whole[: len(whole) // 2], status=201, content_type="application/json")
+        return server.truncated(payload("prediction_starting"), 201)
     pred = standin.create(model, body)
     return web.json_response(standin.view(pred), status=201)
 
 
 def _prediction(request: web.Request) -> Prediction:
-    pred = request.app[STANDIN].predictions.get(request.match_info["id"])
-    if pred is None:
-        raise web.HTTPNotFound(text=json.dumps(payload("error_404_not_found")), content_type="application/json")
-    return pred
+    return found(request.app[STANDIN].predictions, request, payload("error_404_not_found"))
 
 
+@ROUTES.get("/v1/predictions/{id}")
 async def get_prediction(request: web.Request) -> web.Response:
     return web.json_response(request.app[STANDIN].view(_prediction(request)))
 
 
+@ROUTES.post("/v1/predictions/{id}/cancel")
 async def cancel_prediction(request: web.Request) -> web.Response:
     standin, pred = request.app[STANDIN], _prediction(request)
     standin.cancel(pred)
     return web.json_response(standin.view(pred))
 
 
+@ROUTES.get("/files/{id}/output.mp4")
 async def get_output(request: web.Request) -> web.Response:
     pred = request.app[STANDIN].predictions.get(request.match_info["id"])
-    if pred is None or pred.status != "succeeded":
-        raise web.HTTPNotFound()
-    return web.Response(body=await render_mp4(pred.clip), content_type="video/mp4")
+    return await server.video(pred.clip if pred is not None and pred.status == "succeeded" else None)
 
 
-@web.middleware
-async def require_token(request: web.Request, handler) -> web.StreamResponse:
-    if request.path.startswith("/v1/"):
-        if request.headers.get("Authorization") != f"Bearer {request.app[STANDIN].api_token}":
-            return _problem("error_401_unauthenticated", 401)
-    return await handler(request)
+require_token = bearer_door("/v1/", lambda request: request.app[STANDIN].api_token,
+                            lambda: _problem("error_401_unauthenticated", 401))
 
 
-def create_app(standin: ReplicateStandin) -> web.Application:
-    app = web.Application(middlewares=[require_token])
-    app[STANDIN] = standin
-    app.router.add_post("/v1/models/{owner}/{name}/predictions", create_prediction)
-    app.router.add_get("/v1/predictions/{id}", get_prediction)
-    app.router.add_post("/v1/predictions/{id}/cancel", cancel_prediction)
-    app.router.add_get("/files/{id}/output.mp4", get_output)
-    app.router.add_post("/_sink", standin.sink)
-    app.cleanup_ctx.append(standin.lifetime)
-    return app
 
 
-@contextlib.asynccontextmanager
-async def running_replicate_standin(*, api_token: str, webhook_secret: str, host: str = "127.0.0.1",
-                                    **options: Any) -> AsyncIterator[ReplicateStandin]:
+def running_replicate_standin(*, api_token: str, webhook_secret: str, host: str = "127.0.0.1",
+                              **options: Any) -> contextlib.AbstractAsyncContextManager[ReplicateStandin]:
     """A Replicate stand-in listening on a free port of `host` until the block exits."""
     standin = ReplicateStandin(api_token=api_token, webhook_secret=webhook_secret, **options)
-    async with serving(create_app(standin), host) as standin.url:
-        yield standin
+    return listening(standin, server.standin_app(STANDIN, standin, ROUTES, require_token), host)

@@ -26,25 +26,20 @@ states walked through one per status poll, the last repeated. The rest misbehave
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import re
+import functools
 import secrets
-from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from aiohttp import web
 
-from tests.standins.server import serving
+from tests.standins.server import PAYLOADS as ALL_PAYLOADS
+from tests.standins.server import PolledStandin, answer, listening, payloads, scenario_in, standin_app, step
 from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
-PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "veo"
+PAYLOADS = ALL_PAYLOADS / "veo"
 KEY_HEADER = "x-goog-api-key"
-SCENARIO = re.compile(r"scenario:([a-z_]+)")
 
 SCRIPTS: dict[str, list[str]] = {
     "succeed": ["operation_running", "operation_running_explicit", "operation_succeeded"],
@@ -60,9 +55,7 @@ SCRIPTS: dict[str, list[str]] = {
 }
 
 
-def payload(name: str) -> dict[str, Any]:
-    """One recorded payload, freshly parsed."""
-    return json.loads((PAYLOADS / f"{name}.json").read_text())
+payload = payloads("veo")
 
 
 @dataclass
@@ -79,15 +72,10 @@ class Operation:
 
 
 @dataclass
-class VeoStandin:
-    api_key: str
-    refusals: int = 2  # rate_limit: 429s before a prompt is accepted
-    slow_s: float = 5.0
-    url: str = ""
+class VeoStandin(PolledStandin):
+    door: ClassVar = {"unavailable": (503, "error_unavailable", None),
+                      "invalid": (400, "error_invalid_argument", None), "rate_limit": (429, "error_rate_limit", None)}
     operations: dict[str, Operation] = field(default_factory=dict)
-    submissions: list[dict[str, Any]] = field(default_factory=list)  # every accepted body, in order
-    refused: Counter[str] = field(default_factory=Counter)  # 429s answered, per prompt
-    downloads: int = 0  # videos served to a caller with the key
     keyless_downloads: int = 0  # download attempts refused for want of the key
     images: dict[str, tuple[bytes, str]] = field(default_factory=dict)
 
@@ -99,28 +87,22 @@ class VeoStandin:
         return f"{self.url}/images/{name}"
 
 
-def scenario_of(prompt: str) -> str:
-    found = SCENARIO.search(prompt)
-    return found.group(1) if found else "succeed"
+scenario_of = functools.partial(scenario_in, word="scenario")
 
 
+ROUTES = web.RouteTableDef()
 STANDIN = web.AppKey("standin", VeoStandin)
-
-
-def _answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(body, status=status, headers=headers)
 
 
 def _key_refusal(request: web.Request) -> web.Response | None:
     given = request.headers.get(KEY_HEADER)
     if given is None:
-        return _answer(403, payload("error_permission_denied"))
+        return answer(403, payload("error_permission_denied"))
     if given != request.app[STANDIN].api_key:
-        return _answer(400, payload("error_api_key_invalid"))
+        return answer(400, payload("error_api_key_invalid"))
     return None
 
 
-@web.middleware
 async def gemini_checks(request: web.Request, handler: Any) -> web.StreamResponse:
     """The Gemini API's door: every /v1beta route wants the API key (file downloads too)."""
     if request.path.startswith("/v1beta/"):
@@ -131,6 +113,7 @@ async def gemini_checks(request: web.Request, handler: Any) -> web.StreamRespons
     return await handler(request)
 
 
+@ROUTES.post("/v1beta/models/{call}")
 async def predict_long_running(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     model, _, method = request.match_info["call"].partition(":")
@@ -139,49 +122,45 @@ async def predict_long_running(request: web.Request) -> web.Response:
     body = await request.json()
     prompt = str(body["instances"][0].get("prompt", ""))
     scenario = scenario_of(prompt)
-    if scenario == "unavailable":
-        return _answer(503, payload("error_unavailable"))
-    if scenario == "invalid":
-        return _answer(400, payload("error_invalid_argument"))
-    if scenario == "rate_limit" and standin.refused[prompt] < standin.refusals:
-        standin.refused[prompt] += 1
-        return _answer(429, payload("error_rate_limit"))
+    if refused := standin.at_the_door(scenario, prompt):
+        status, name, headers = refused
+        return answer(status, payload(name), headers)
     op = Operation(id=secrets.token_hex(6), model=model, scenario=scenario, body=body)
     standin.operations[op.id] = op
     standin.submissions.append(body)
-    return _answer(200, {**payload("operation_started"), "name": op.name})
+    return answer(200, {**payload("operation_started"), "name": op.name})
 
 
+@ROUTES.get("/v1beta/models/{model}/operations/{op_id}")
 async def get_operation(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     op = standin.operations.get(request.match_info["op_id"])
     if op is None or op.model != request.match_info["model"] or op.scenario == "lost":
-        return _answer(404, payload("error_not_found"))
-    if op.scenario == "garbled":
-        return web.Response(status=200, text="<html><body>upstream hiccup</body></html>", content_type="text/html")
-    if op.scenario == "slow":
-        await asyncio.sleep(standin.slow_s)
-    script = SCRIPTS.get(op.scenario, SCRIPTS["succeed"])
-    state = payload(script[min(op.polls, len(script) - 1)])
+        return answer(404, payload("error_not_found"))
+    if (misbehaved := await standin.misbehaving(op.scenario)) is not None:
+        return misbehaved
+    state = payload(step(SCRIPTS, op.scenario, op.polls))
     op.polls += 1
     state["name"] = op.name
-    answer = state.get("response")
-    videos = answer.get("generateVideoResponse", {}) if isinstance(answer, dict) else {}
+    response = state.get("response")
+    videos = response.get("generateVideoResponse", {}) if isinstance(response, dict) else {}
     for sample in videos.get("generatedSamples", []):
         sample["video"]["uri"] = f"{standin.url}/v1beta/files/{op.id}:download?alt=media"
-    return _answer(200, state)
+    return answer(200, state)
 
 
+@ROUTES.get("/v1beta/files/{call}")
 async def download_file(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     op_id, _, method = request.match_info["call"].partition(":")
     op = standin.operations.get(op_id)
     if op is None or method != "download" or request.query.get("alt") != "media":
-        return _answer(404, payload("error_not_found"))
+        return answer(404, payload("error_not_found"))
     standin.downloads += 1
     return web.Response(body=await render_mp4(_clip(op.body)), content_type="video/mp4")
 
 
+@ROUTES.get("/images/{name}")
 async def get_image(request: web.Request) -> web.Response:
     found = request.app[STANDIN].images.get(request.match_info["name"])
     if found is None:
@@ -195,19 +174,9 @@ def _clip(body: dict[str, Any]) -> ClipSpec:
     return ClipSpec(*clip_size(aspect), duration_s=float(parameters.get("durationSeconds", 8)), seed=11)
 
 
-def create_app(standin: VeoStandin) -> web.Application:
-    app = web.Application(middlewares=[gemini_checks])
-    app[STANDIN] = standin
-    app.router.add_post("/v1beta/models/{call}", predict_long_running)
-    app.router.add_get("/v1beta/models/{model}/operations/{op_id}", get_operation)
-    app.router.add_get("/v1beta/files/{call}", download_file)
-    app.router.add_get("/images/{name}", get_image)
-    return app
 
 
-@contextlib.asynccontextmanager
-async def running_veo(api_key: str, **options: Any) -> AsyncIterator[VeoStandin]:
+def running_veo(api_key: str, **options: Any) -> contextlib.AbstractAsyncContextManager[VeoStandin]:
     """A Veo stand-in on a free loopback port until the block exits; its `url` is the base URL."""
     standin = VeoStandin(api_key=api_key, **options)
-    async with serving(create_app(standin)) as standin.url:
-        yield standin
+    return listening(standin, standin_app(STANDIN, standin, ROUTES, gemini_checks))

@@ -13,31 +13,12 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
-from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError
+from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.jobs import JobRequest
-from vidjobs.providers import webhooks
-from vidjobs.providers.base import (
-    ALL_RATIOS,
-    ALL_RESOLUTIONS,
-    ModelInfo,
-    ProviderSignal,
-    ProviderState,
-    Submission,
-    SubmitRequest,
-    formats,
-)
+from vidjobs.providers import base, http, webhooks
+from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
 from vidjobs.providers.checks import invalid, is_number
-from vidjobs.providers.http import (
-    INPUT_STATUSES,
-    ErrorTable,
-    HttpAdapter,
-    Refusal,
-    Said,
-    SignedCallbacks,
-    decode,
-    lost,
-    rows,
-)
+from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, SignedCallbacks, decode, lost
 
 T = TypeVar("T")
 
@@ -125,7 +106,7 @@ def _read(status: int, body: bytes) -> Said:
 
 
 # 401, 403, an unexpected 404 fall to the table's last row: our configuration is wrong, not the job.
-ERRORS = ErrorTable("The provider", rows(INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{said}")), _read)
+ERRORS = ErrorTable("The provider", http.rows(http.INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{said}")), _read)
 http_error = ERRORS.error
 
 
@@ -133,6 +114,7 @@ class FakeAdapter(SignedCallbacks, HttpAdapter):
     name = "fake"
     errors = ERRORS
     supports_callbacks = True
+    key_header = None  # the fake provider takes no key
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, webhook_secret: str, *,
                  tolerance_s: float = webhooks.DEFAULT_TOLERANCE_S):
@@ -146,7 +128,7 @@ class FakeAdapter(SignedCallbacks, HttpAdapter):
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"{self.name}/default", durations_s=list(range(1, 61)),
-                          formats=formats(ALL_RATIOS, ALL_RESOLUTIONS), input_image="optional",
+                          formats=base.formats(base.ALL_RATIOS, base.ALL_RESOLUTIONS), input_image="optional",
                           negative_prompt=True, seed=True)]
 
     def validate(self, request: JobRequest) -> None:
@@ -174,9 +156,8 @@ class FakeAdapter(SignedCallbacks, HttpAdapter):
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
-        body = msgspec.json.encode(_create_body(req))
-        headers = {"Idempotency-Key": req.idempotency_key, "Content-Type": "application/json"}
-        render = _decode(await self.call("POST", "/v1/renders", data=body, headers=headers), _Render)
+        raw = await self.send("/v1/renders", _create_body(req), {"Idempotency-Key": req.idempotency_key})
+        render = _decode(raw, _Render)
         return Submission(provider_job_id=render.id, state=render.status)
 
     async def find(self, req: SubmitRequest) -> Submission | None:
@@ -208,8 +189,7 @@ def render_error(error: _Error | None) -> JobError:
     if error is None:
         return JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "The provider failed the render without saying why.")
     code = PROVIDER_CODES.get(error.code, ErrorCode.PROVIDER_UNAVAILABLE)
-    detail = f" The provider said: {error.message}" if error.message else ""
-    return JobError.of(code, DEFAULT_MESSAGES[code] + detail)
+    return http.said_error(code, "The provider", error.message)
 
 
 def _signal(render: _Render) -> ProviderSignal:
@@ -236,10 +216,8 @@ def _decode(raw: bytes, kind: type[T]) -> T:
 
 
 def _error_answer(body: bytes) -> _Error | None:
-    try:
-        return msgspec.json.decode(body, type=_ErrorAnswer).error
-    except msgspec.DecodeError:
-        return None
+    answer = http.read_or_none(body, _ErrorAnswer)
+    return answer.error if answer else None
 
 
 class PollingFakeAdapter(FakeAdapter):

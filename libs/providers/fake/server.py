@@ -234,7 +234,26 @@ class RenderRecord:
         return round(min(done, 0.99), 3)  # 1.0 is reserved for a finished render
 
 
-class FakeProvider:
+class BackgroundTasks:
+    """Tasks a server starts and does not await (renders, callback deliveries): each is held until it ends, and
+    `close` cancels and awaits what is left."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class FakeProvider(BackgroundTasks):
     """All state of one fake provider: its renders, its counters and its in-flight background work."""
 
     def __init__(self, *, webhook_secret: str, callback_attempts: int = 4, callback_backoff_s: float = 0.25):
@@ -247,7 +266,7 @@ class FakeProvider:
         self.by_key: dict[str, str] = {}
         self.counters = Counters()
         self.session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task] = set()
+        BackgroundTasks.__init__(self)
 
     @property
     def url(self) -> str:
@@ -269,17 +288,6 @@ class FakeProvider:
         if rec.scenario is Scenario.UNSAFE_OUTPUT:
             return UNSAFE_OUTPUT_URL
         return f"{self.base_url}/outputs/{rec.id}.mp4"
-
-    def spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     # submissions
 
