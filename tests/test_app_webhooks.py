@@ -18,8 +18,8 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 
 from tests.stack import running_stack, stack_settings
+from tests.standins.server import serving
 from tests.support import wait_until
-from vidjobs.cli.embedded import free_port
 
 
 def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -62,14 +62,8 @@ async def client_app() -> AsyncIterator[tuple[ClientApp, int]]:
     app_state = ClientApp()
     app = web.Application()
     app.router.add_post("/hooks/{name}", app_state.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield app_state, port
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield app_state, int(url.rsplit(":", 1)[1])
 
 
 async def test_an_app_hears_of_its_jobs_signed_retried_and_never_after_410(tmp_path, database_url, nats_url):

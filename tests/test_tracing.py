@@ -13,6 +13,7 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.stack import running_stack, stack_settings
+from tests.standins.server import serving
 from tests.support import wait_until
 from vidjobs.common import tracing
 
@@ -38,15 +39,8 @@ async def collector() -> AsyncIterator[tuple[Collector, str]]:
     sink = Collector()
     app = web.Application()
     app.router.add_post("/v1/traces", sink.receive)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield sink, f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving(app) as url:
+        yield sink, url
 
 
 async def test_one_job_is_one_trace_across_the_services(tmp_path, database_url, nats_url, monkeypatch):
