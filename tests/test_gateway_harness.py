@@ -14,17 +14,20 @@ from typing import Any
 
 import aiohttp
 import asyncpg
+import msgspec
 from aiohttp.test_utils import TestClient, TestServer
 
 from vidjobs.cli.embedded import free_port
 from vidjobs.common import jobs
-from vidjobs.common.jobs import JobRequest, JobRow, Outputs
+from vidjobs.common.jobs import JobRequest, JobRow
+from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.gateway.accounts import create_account
 from vidjobs.gateway.app import create_app
 from vidjobs.gateway.state import GATEWAY, Gateway
+from vidjobs.media import assets
 from vidjobs.providers.webhooks import new_secret
 
 JOB_BODY = {"model": "fake/default", "prompt": "a red fox in snow", "duration_s": 5, "aspect_ratio": "16:9",
@@ -102,25 +105,37 @@ def assert_error(body: Any, code: str, *mentions: str) -> None:
         assert word in body["error"]["message"], body
 
 
-async def drive(pool: asyncpg.Pool, job_id: str, *path: JobStatus, update: JobUpdate | None = None) -> JobRow:
-    """Move a job through `path` with the real transition function, as the workers would."""
+async def drive(pool: asyncpg.Pool, job_id: str, *path: JobStatus, update: JobUpdate | None = None,
+                outputs: Outputs | None = None) -> JobRow:
+    """Move a job through `path` with the real transition function, as the workers would; `outputs` are
+    recorded with the last move, in its transaction, as the media service records a render's files."""
     moved = None
     async with pool.acquire() as conn:
         for to in path:
-            moved = await transition(conn, job_id, to, reason=f"test: {to}", update=update if to is path[-1] else None)
-            assert moved is not None, f"{job_id} could not move to {to}"
+            last = to is path[-1]
+            async with conn.transaction():
+                moved = await transition(conn, job_id, to, reason=f"test: {to}", update=update if last else None)
+                assert moved is not None, f"{job_id} could not move to {to}"
+                if last and outputs is not None:
+                    await assets.upsert(conn, job_id, moved.job.account_id, outputs)
     assert moved is not None
     return moved.job
 
 
 async def store_outputs(h: Harness, account_id: str, job_id: str, *, video: bytes,
-                        thumbnail: bytes = b"\xff\xd8\xff\xe0thumb") -> Outputs:
+                        thumbnail: bytes = b"\xff\xd8\xff\xe0thumb", preview: bytes | None = None) -> Outputs:
     """Files in storage and the outputs that name them, as the media service would make them."""
     prefix = f"accounts/{account_id}/jobs/{job_id}/"
-    await h.gw.storage.put_bytes(prefix + "video.mp4", video, "video/mp4")
-    await h.gw.storage.put_bytes(prefix + "thumb.jpg", thumbnail, "image/jpeg")
-    return Outputs(video_key=prefix + "video.mp4", thumbnail_key=prefix + "thumb.jpg", duration_s=1.0,
-                   width=1280, height=720, bytes=len(video), sha256=hashlib.sha256(video).hexdigest())
+    files = {"video": ("video.mp4", video, "video/mp4"), "thumbnail": ("thumb.jpg", thumbnail, "image/jpeg")}
+    if preview is not None:
+        files["preview"] = ("preview.mp4", preview, "video/mp4")
+    stored = {}
+    for kind, (name, body, content_type) in files.items():
+        await h.gw.storage.put_bytes(prefix + name, body, content_type)
+        stored[kind] = StoredFile(key=prefix + name, content_type=content_type, bytes=len(body),
+                                  sha256=hashlib.sha256(body).hexdigest())
+    video_file = msgspec.structs.replace(stored["video"], width=1280, height=720, duration_s=1.0)
+    return Outputs(video=video_file, thumbnail=stored["thumbnail"], preview=stored.get("preview"))
 
 
 async def completed_job(h: Harness, account_id: str, *, video: bytes = b"\x00\x00\x00\x18ftypmp42" + bytes(4096),
@@ -131,7 +146,7 @@ async def completed_job(h: Harness, account_id: str, *, video: bytes = b"\x00\x0
                                 estimated_credits=10, recovery_delay_s=3600)
     outputs = await store_outputs(h, account_id, job.id, video=video)
     return await drive(h.pool, job.id, JobStatus.SUBMITTED, JobStatus.DOWNLOADING, JobStatus.COMPLETED,
-                       update=JobUpdate(outputs=outputs, actual_credits=10))
+                       update=JobUpdate(actual_credits=10), outputs=outputs)
 
 
 async def read_event(resp: aiohttp.ClientResponse) -> tuple[str, dict] | None:

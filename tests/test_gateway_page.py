@@ -176,7 +176,7 @@ async def test_a_person_renders_and_watches_the_stages_live(h, browser):
         assert await browser.js(STEP) == [stage]
     outputs = await store_outputs(h, account_id, job_id, video=encode(ClipSpec(320, 180, 1.0, 7)),
                                   thumbnail=_jpeg())
-    await drive(h.pool, job_id, JobStatus.COMPLETED, update=JobUpdate(outputs=outputs, actual_credits=30))
+    await drive(h.pool, job_id, JobStatus.COMPLETED, update=JobUpdate(actual_credits=30), outputs=outputs)
 
     await browser.until(f"{CURRENT_STAGE} === 'ready'", "the page to show ready")
     assert await browser.js(STEP) == ["ready"]
@@ -224,13 +224,11 @@ async def _completed(h: Harness, account_id: str, key: str, prompt: str) -> dict
     """A job that rendered, with a real thumbnail and a real (playable) preview in storage."""
     _, job = await h.post_job(key, prompt=prompt)
     outputs = await store_outputs(h, account_id, job["id"], video=encode(ClipSpec(320, 180, 1.0, 7)),
-                                  thumbnail=_jpeg())
-    preview_key = outputs.video_key.replace("video.mp4", "preview.mp4")
-    await h.gw.storage.put_bytes(preview_key, encode(ClipSpec(160, 90, 1.0, 7)), "video/mp4")
-    outputs = msgspec.structs.replace(outputs, preview_key=preview_key, preview_width=160, preview_height=90,
-                                      preview_duration_s=1.0)
+                                  thumbnail=_jpeg(), preview=encode(ClipSpec(160, 90, 1.0, 7)))
+    clip = msgspec.structs.replace(outputs.preview, width=160, height=90, duration_s=1.0)
     await drive(h.pool, job["id"], JobStatus.SUBMITTED, JobStatus.PROCESSING, JobStatus.DOWNLOADING,
-                JobStatus.COMPLETED, update=JobUpdate(outputs=outputs, actual_credits=10))
+                JobStatus.COMPLETED, update=JobUpdate(actual_credits=10),
+                outputs=msgspec.structs.replace(outputs, preview=clip))
     return (await h.get(key, f"/v1/jobs/{job['id']}"))[1]
 
 

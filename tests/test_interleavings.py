@@ -34,16 +34,18 @@ from hypothesis.control import currently_in_test_context
 
 from tests.stack import assert_legal_trail
 from tests.support import wait_until
-from vidjobs.common import bus, credits, events, jobs, outbox
+from vidjobs.common import bus, credits, events, jobs, outbox, renders
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, JobError, ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, InboxReceived, JobQueued, RecoveryDue
-from vidjobs.common.jobs import JobRequest, JobRow, Outputs
+from vidjobs.common.jobs import JobRequest, JobRow
+from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, open_runtime
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.media import assets
 from vidjobs.poller import worker as poller
 from vidjobs.poller.signals import SignalContext, apply_signal
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
@@ -391,10 +393,16 @@ async def media_ends(run: Run, ok: bool) -> None:
     """As the media service ends a download: completed with its outputs, or failed."""
     async with run.world.rt.tx() as conn:
         if ok:
-            outputs = Outputs(video_key=f"{run.job_id}/video.mp4", thumbnail_key=f"{run.job_id}/thumb.jpg",
-                              duration_s=1.0, width=1280, height=720, bytes=1234, sha256="0" * 64)
-            await transition(conn, run.job_id, JobStatus.COMPLETED, reason="render stored, verified and thumbnailed",
-                             expect=[JobStatus.DOWNLOADING], update=JobUpdate(outputs=outputs, progress=None))
+            outputs = Outputs(
+                video=StoredFile(key=f"{run.job_id}/video.mp4", content_type="video/mp4", bytes=1234,
+                                 sha256="0" * 64, width=1280, height=720, duration_s=1.0),
+                thumbnail=StoredFile(key=f"{run.job_id}/thumb.jpg", content_type="image/jpeg", bytes=12,
+                                     sha256="1" * 64))
+            done = await transition(conn, run.job_id, JobStatus.COMPLETED,
+                                    reason="render stored, verified and thumbnailed",
+                                    expect=[JobStatus.DOWNLOADING], update=JobUpdate(progress=None))
+            if done is not None:
+                await assets.upsert(conn, run.job_id, done.job.account_id, outputs)
         else:
             error = JobError.of(ErrorCode.DOWNLOAD_FAILED)
             await transition(conn, run.job_id, JobStatus.FAILED, reason="media: download_failed",
@@ -442,7 +450,7 @@ async def check_row(run: Run) -> None:
     if job.status is JobStatus.CANCELED:
         assert job.error.code is ErrorCode.CANCELED, job.error
     if job.status is JobStatus.COMPLETED:
-        assert job.outputs is not None, "completed without outputs"
+        assert await renders.read(run.world.rt.pool, job.id) is not None, "completed without outputs"
     await check_credits(run, job)
 
 

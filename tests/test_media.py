@@ -19,7 +19,7 @@ from aiohttp import web
 from PIL import Image
 
 from tests.support import wait_until
-from vidjobs.common import bus, jobs, outbox
+from vidjobs.common import bus, jobs, outbox, renders
 from vidjobs.common.errors import ErrorCode, MediaError
 from vidjobs.common.events import DownloadRequested
 from vidjobs.common.jobs import JobRequest, JobRow
@@ -307,40 +307,42 @@ async def test_a_finished_render_is_stored_verified_and_completed_once(
         job = await wait_status(rt, job_id, JobStatus.COMPLETED)
 
         storage = open_storage(settings)
-        out = job.outputs
+        out = await renders.read(rt.pool, job_id)
+        video, poster, clip_file = out.video, out.thumbnail, out.preview
         prefix = job_prefix(job.account_id, job_id)
-        assert (out.video_key, out.thumbnail_key) == (prefix + "video.mp4", prefix + "thumbnail.jpg")
-        assert await storage.get_bytes(out.video_key) == clip
-        assert (out.bytes, out.sha256) == (len(clip), hashlib.sha256(clip).hexdigest())
-        assert (out.width, out.height) == (WIDTH, HEIGHT)
-        assert out.duration_s == pytest.approx(1.0, abs=0.1)
-        with Image.open(io.BytesIO(await storage.get_bytes(out.thumbnail_key))) as thumb:
+        assert (video.key, poster.key) == (prefix + "video.mp4", prefix + "thumbnail.jpg")
+        assert await storage.get_bytes(video.key) == clip
+        assert (video.bytes, video.sha256) == (len(clip), hashlib.sha256(clip).hexdigest())
+        assert (video.width, video.height) == (WIDTH, HEIGHT)
+        assert video.duration_s == pytest.approx(1.0, abs=0.1)
+        with Image.open(io.BytesIO(await storage.get_bytes(poster.key))) as thumb:
             assert thumb.format == "JPEG" and thumb.size == (WIDTH, HEIGHT)
         assert (await moves(rt, job_id))[-1] == ("downloading", "completed")
         rows = await rt.pool.fetch("SELECT kind, key, bytes, sha256 FROM assets WHERE job_id = $1 ORDER BY kind",
                                    job_id)
         assert [(r["kind"], r["key"]) for r in rows] == [
-            ("preview", prefix + "preview.mp4"), ("thumbnail", out.thumbnail_key), ("video", out.video_key),
+            ("preview", prefix + "preview.mp4"), ("thumbnail", poster.key), ("video", video.key),
         ]
-        assert (rows[2]["bytes"], rows[2]["sha256"]) == (out.bytes, out.sha256)
+        assert (rows[2]["bytes"], rows[2]["sha256"]) == (video.bytes, video.sha256)
         # The preview is itself a verified, small H.264 clip, and the outputs say its size.
-        assert out.preview_key == prefix + "preview.mp4"
+        assert clip_file.key == prefix + "preview.mp4"
         preview = work_tmp.parent / "preview-check.mp4"  # beside, not in, the media temp dir checked below
-        preview.write_bytes(await storage.get_bytes(out.preview_key))
+        preview.write_bytes(await storage.get_bytes(clip_file.key))
+        assert hashlib.sha256(preview.read_bytes()).hexdigest() == clip_file.sha256
         info = inspect_video(preview).info
-        assert (info.codec, info.width, info.height) == ("h264", out.preview_width, out.preview_height)
+        assert (info.codec, info.width, info.height) == ("h264", clip_file.width, clip_file.height)
         assert max(info.width, info.height) <= settings.preview_max_side
-        assert info.duration_s == pytest.approx(out.preview_duration_s, abs=0.1)
-        assert (out.thumbnail_width, out.thumbnail_height) == (WIDTH, HEIGHT)
+        assert info.duration_s == pytest.approx(clip_file.duration_s, abs=0.1)
+        assert (poster.width, poster.height) == (WIDTH, HEIGHT)
 
         # The same request delivered again finds the job completed and touches nothing.
         assert isinstance(storage, FileStorage)
-        stamp = storage.path_for(out.video_key).stat().st_mtime_ns
+        stamp = storage.path_for(video.key).stat().st_mtime_ns
         async with rt.tx() as conn:
             await outbox.add(conn, [DownloadRequested(job_id=job_id)])
         await wait_downloads_idle(rt)
         assert origin.hits["/clip.mp4"] == 1
-        assert storage.path_for(out.video_key).stat().st_mtime_ns == stamp
+        assert storage.path_for(video.key).stat().st_mtime_ns == stamp
         assert (await moves(rt, job_id)).count(("downloading", "completed")) == 1
     assert not any(work_tmp.iterdir())
 
@@ -363,8 +365,9 @@ async def test_an_upload_left_by_an_interrupted_attempt_is_redone(settings: Sett
         await storage.put_bytes(job_prefix("acct_media", job_id) + "video.mp4", b"half", "video/mp4")
         async with rt.tx() as conn:
             await outbox.add(conn, [DownloadRequested(job_id=job_id)])
-        job = await wait_status(rt, job_id, JobStatus.COMPLETED)
-    assert await storage.get_bytes(job.outputs.video_key) == clip
+        await wait_status(rt, job_id, JobStatus.COMPLETED)
+        stored = await renders.read(rt.pool, job_id)
+    assert await storage.get_bytes(stored.video.key) == clip
 
 
 async def test_a_file_that_is_not_a_video_fails_verification(settings: Settings, origin: Origin, work_tmp: Path):
@@ -374,7 +377,6 @@ async def test_a_file_that_is_not_a_video_fails_verification(settings: Settings,
         assert await rt.pool.fetchval("SELECT count(*) FROM assets WHERE job_id = $1", job_id) == 0
     assert job.error.code is ErrorCode.VERIFICATION_FAILED and job.error.retryable is False
     assert "not a playable video" in job.error.message
-    assert job.outputs is None
     assert origin.hits["/noise.mp4"] == 1  # fetching the same bad file again cannot help
     assert not (Path(settings.storage_url.removeprefix("file://")) / job_prefix("acct_media", job_id)).exists()
     assert not any(work_tmp.iterdir())
@@ -405,6 +407,7 @@ async def test_deleting_a_job_removes_its_objects(settings: Settings, origin: Or
     async with running_media(settings) as rt:
         job_id = await downloading_job(rt, origin.url("/clip.mp4"))
         job = await wait_status(rt, job_id, JobStatus.COMPLETED)
+        stored = await renders.read(rt.pool, job_id)
         async with rt.tx() as conn:
             assert await jobs.mark_deleted(conn, job_id, job.account_id)
 
@@ -414,6 +417,6 @@ async def test_deleting_a_job_removes_its_objects(settings: Settings, origin: Or
 
         await wait_until(all_marked, what="the asset rows to be marked deleted")
     storage = open_storage(settings)
-    for key in (job.outputs.video_key, job.outputs.thumbnail_key):
+    for key in (stored.video.key, stored.thumbnail.key):
         with pytest.raises(ObjectNotFound):
             await storage.head(key)

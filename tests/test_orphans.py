@@ -13,11 +13,11 @@ import pytest
 
 from tests.s3server import TEST_BUCKET
 from vidjobs.common import jobs
-from vidjobs.common.jobs import JobRequest, Outputs
+from vidjobs.common.jobs import JobRequest
+from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.media import assets, orphans
-from vidjobs.media.assets import StoredAsset
 from vidjobs.storage.base import Storage, job_prefix, upload_prefix
 from vidjobs.storage.filesystem import FileStorage
 from vidjobs.storage.s3 import S3Storage
@@ -46,15 +46,13 @@ async def new_job(conn: asyncpg.Connection) -> str:
 async def completed_job(conn: asyncpg.Connection, storage: Storage) -> tuple[str, list[str]]:
     job_id = await new_job(conn)
     prefix = job_prefix(ACCOUNT, job_id)
-    kept = [StoredAsset(kind=kind, key=prefix + name, content_type="application/octet-stream", bytes=1, sha256="x")
-            for kind, name in (("video", "video.mp4"), ("thumbnail", "thumbnail.jpg"))]
-    outputs = Outputs(video_key=kept[0].key, thumbnail_key=kept[1].key, duration_s=1, width=2, height=2, bytes=1,
-                      sha256="x")
+    video, thumbnail = (StoredFile(key=prefix + name, content_type="application/octet-stream", bytes=1, sha256="x")
+                        for name in ("video.mp4", "thumbnail.jpg"))
     await transition(conn, job_id, JobStatus.SUBMITTED, reason="test", update=JobUpdate(provider_job_id="p"))
     await transition(conn, job_id, JobStatus.DOWNLOADING, reason="test", update=JobUpdate(provider_output="http://x"))
-    await transition(conn, job_id, JobStatus.COMPLETED, reason="test", update=JobUpdate(outputs=outputs))
-    await assets.upsert(conn, job_id, ACCOUNT, kept)
-    return job_id, [a.key for a in kept]
+    await transition(conn, job_id, JobStatus.COMPLETED, reason="test")
+    await assets.upsert(conn, job_id, ACCOUNT, Outputs(video=video, thumbnail=thumbnail))
+    return job_id, [video.key, thumbnail.key]
 
 
 async def keys(storage: Storage) -> set[str]:

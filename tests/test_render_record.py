@@ -121,7 +121,7 @@ async def test_upgrading_moves_outputs_kept_only_on_the_job_row_into_asset_rows(
                VALUES ('job_both', 'a_old', 'video', 'accounts/a_old/jobs/job_both/video.mp4', 'video/mp4', 9999,
                        $1, 640, 360, 4.0),
                       ('job_both', 'a_old', 'thumbnail', 'accounts/a_old/jobs/job_both/t.jpg', 'image/jpeg', 77,
-                       'cd', 160, 90)""", "ab" * 32)
+                       'cd', 160, 90, NULL)""", "ab" * 32)
         await _old_job(conn, "job_pending", "pending", None)
 
         applied = await db.migrate(empty_database)

@@ -102,6 +102,7 @@ GRANTS: dict[str, dict[str, frozenset[Privilege]]] = {
         "webhook_attempts": SEL | INS,
         "rate_cards": SEL,  # prices a job at create
         "rate_card_prices": SEL,
+        "assets": SEL,  # a finished job's outputs are read from the media service's record of its files
     }),
     "submitter": _with_common({
         "provider_submissions": SEL | INS | UPD,

@@ -45,25 +45,6 @@ class JobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.model.split("/", 1)[1]
 
 
-class Outputs(msgspec.Struct, kw_only=True):
-    """What the media service stored; signed URLs are made from the keys at read time."""
-
-    video_key: str
-    thumbnail_key: str
-    preview_key: str | None = None
-    duration_s: float
-    width: int
-    height: int
-    bytes: int
-    sha256: str
-    # Derived assets' sizes (absent on jobs stored before previews existed).
-    thumbnail_width: int | None = None
-    thumbnail_height: int | None = None
-    preview_width: int | None = None
-    preview_height: int | None = None
-    preview_duration_s: float | None = None
-
-
 class JobRow(msgspec.Struct, kw_only=True):
     id: str
     account_id: str
@@ -76,7 +57,6 @@ class JobRow(msgspec.Struct, kw_only=True):
     provider_output: str | None
     progress: float | None
     error: JobError | None
-    outputs: Outputs | None
     estimated_credits: int
     actual_credits: int | None
     created_at: datetime

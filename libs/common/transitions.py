@@ -20,7 +20,7 @@ import msgspec
 from vidjobs.common import changes, metrics, outbox
 from vidjobs.common.errors import JobError
 from vidjobs.common.events import AppEventDue, Event
-from vidjobs.common.jobs import JobRow, Outputs, owed_sql, row_to_job, settle_credit, slot_wakeup
+from vidjobs.common.jobs import JobRow, owed_sql, row_to_job, settle_credit, slot_wakeup
 from vidjobs.common.states import (
     BILLED_ENDINGS,
     FOLLOW_UPS,
@@ -46,7 +46,6 @@ class JobUpdate(msgspec.Struct, kw_only=True):
     provider_output: str | None = UNSET
     progress: float | None = UNSET
     error: JobError | None = UNSET
-    outputs: Outputs | None = UNSET
     actual_credits: int | None = UNSET
     submitted_at: datetime | None = UNSET
     retry_at: datetime | None = UNSET

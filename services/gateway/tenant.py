@@ -17,10 +17,11 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import credits, jobs, outbox, ratecard, uploads
+from vidjobs.common import credits, jobs, outbox, ratecard, renders, uploads
 from vidjobs.common.credits import Entry
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.jobs import JobRow, row_to_job
+from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
@@ -37,6 +38,7 @@ class OwnedJob(msgspec.Struct, frozen=True):
 
     job: JobRow
     waiting_position: int | None
+    outputs: Outputs | None = None  # the stored render's files, from the media service's asset rows
 
 
 class AccountState(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,7 +53,8 @@ class AccountState(msgspec.Struct, frozen=True, kw_only=True):
 _ONE_JOB = f"""
 SELECT j.*,
        CASE WHEN j.status = {SQL_PENDING} THEN {jobs.queue_place_sql("$2", "j.created_at", "j.id")}
-       END AS waiting_position
+       END AS waiting_position,
+       {renders.outputs_sql("j.id")} AS outputs
 FROM jobs j
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 """
@@ -67,7 +70,7 @@ WITH waiting AS MATERIALIZED (
     SELECT id, row_number() OVER (ORDER BY created_at, id) AS position
     FROM jobs WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL
 )
-SELECT j.*, w.position AS waiting_position
+SELECT j.*, w.position AS waiting_position, {renders.outputs_sql("j.id")} AS outputs
 FROM jobs j LEFT JOIN waiting w ON w.id = j.id
 WHERE j.account_id = $1 AND j.deleted_at IS NULL {{filters}}
 ORDER BY j.created_at DESC, j.id DESC
@@ -132,7 +135,7 @@ class JobFilter(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _owned(row: asyncpg.Record) -> OwnedJob:
-    return OwnedJob(row_to_job(row), row["waiting_position"])
+    return OwnedJob(row_to_job(row), row["waiting_position"], renders.decode(row["outputs"]))
 
 
 class Tenant:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from vidjobs.common.jobs import JobRow, Outputs
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.renders import Outputs
 from vidjobs.common.states import STAGE_OF, JobStatus
 from vidjobs.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls
 from vidjobs.storage.base import Storage
@@ -13,20 +14,21 @@ from vidjobs.storage.base import Storage
 def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retention_days: float) -> JobOutputs:
     # An expired job keeps its thumbnail and its facts; the video and its preview are gone.
     live = job.status is JobStatus.COMPLETED
-    thumbnail_url, expires = storage.signed_url(outputs.thumbnail_key, ttl_s)
-    video_url = storage.signed_url(outputs.video_key, ttl_s)[0] if live else None
-    preview_url = storage.signed_url(outputs.preview_key, ttl_s)[0] if live and outputs.preview_key else None
+    video, thumbnail, preview = outputs.video, outputs.thumbnail, outputs.preview
+    thumbnail_url, expires = storage.signed_url(thumbnail.key, ttl_s)
+    video_url = storage.signed_url(video.key, ttl_s)[0] if live else None
+    preview_url = storage.signed_url(preview.key, ttl_s)[0] if live and preview else None
     retained_until = job.updated_at.astimezone(UTC)  # when it completed, or (expired) when it expired
     if live:
         retained_until += timedelta(days=retention_days)
     return JobOutputs(
         video_url=video_url, thumbnail_url=thumbnail_url, preview_url=preview_url,
         expires_at=datetime.fromtimestamp(expires, UTC), retained_until=retained_until,
-        duration_s=outputs.duration_s, width=outputs.width, height=outputs.height, bytes=outputs.bytes,
-        sha256=outputs.sha256, thumbnail_width=outputs.thumbnail_width, thumbnail_height=outputs.thumbnail_height,
-        preview_width=outputs.preview_width if live else None,
-        preview_height=outputs.preview_height if live else None,
-        preview_duration_s=outputs.preview_duration_s if live else None,
+        duration_s=video.duration_s, width=video.width, height=video.height, bytes=video.bytes, sha256=video.sha256,
+        thumbnail_width=thumbnail.width, thumbnail_height=thumbnail.height,
+        preview_width=preview.width if live and preview else None,
+        preview_height=preview.height if live and preview else None,
+        preview_duration_s=preview.duration_s if live and preview else None,
     )
 
 
@@ -50,18 +52,19 @@ def job_urls(job_id: str, base_url: str = "") -> JobUrls:
     return JobUrls(get=own, cancel=f"{own}/cancel", stream=f"{own}/stream")
 
 
-def job_view(job: JobRow, waiting_position: int | None, storage: Storage, ttl_s: int,
+def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None, storage: Storage, ttl_s: int,
              retention_days: float = 30.0, base_url: str = "") -> JobOut:
-    """`waiting_position` is the job's place among its account's waiting jobs, computed with the read."""
+    """`waiting_position` is the job's place among its account's waiting jobs, computed with the read;
+    `outputs` its stored files, read with it from their one record."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
-    shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED) and job.outputs is not None
+    shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED) and outputs is not None
     asked = job.request
     return JobOut(
         id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=asked.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
         attempt=job.attempt, queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
         progress=job.progress, error=job.error,
-        outputs=_outputs(job, job.outputs, storage, ttl_s, retention_days) if shown else None,
+        outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
         duration_s=asked.duration_s, aspect_ratio=asked.aspect_ratio, resolution=asked.resolution, seed=asked.seed,
         negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,

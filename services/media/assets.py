@@ -1,23 +1,13 @@
-"""The `assets` table (owned by media): one row per stored object of a job, unique per (job, kind)."""
+"""The `assets` table (owned by media): one row per stored object of a job, unique per (job, kind). It is the
+one record of a render's files (libs/common/renders.py); reads build a job's outputs from it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import asyncpg
-import msgspec
 
-
-class StoredAsset(msgspec.Struct, frozen=True, kw_only=True):
-    kind: str  # video | thumbnail | preview
-    key: str
-    content_type: str
-    bytes: int
-    sha256: str
-    width: int | None = None
-    height: int | None = None
-    duration_s: float | None = None
-
+from vidjobs.common.renders import Outputs
 
 # One statement for every row of a job, whatever their number.
 _UPSERT = """
@@ -31,12 +21,11 @@ _UPSERT = """
 """
 
 
-async def upsert(conn: asyncpg.Connection, job_id: str, account_id: str, items: Sequence[StoredAsset]) -> None:
-    """Record stored objects; storing the same kind again (a redone upload) replaces the row."""
-    if not items:
-        return
+async def upsert(conn: asyncpg.Connection, job_id: str, account_id: str, outputs: Outputs) -> None:
+    """Record a render's stored files; storing the same kind again (a redone upload) replaces the row."""
     await conn.execute(_UPSERT, job_id, account_id, *(list(column) for column in zip(*(
-        (a.kind, a.key, a.content_type, a.bytes, a.sha256, a.width, a.height, a.duration_s) for a in items
+        (kind, f.key, f.content_type, f.bytes, f.sha256, f.width, f.height, f.duration_s)
+        for kind, f in outputs.files()
     ), strict=True)))
 
 

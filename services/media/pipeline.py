@@ -22,9 +22,9 @@ import av.error
 import msgspec
 
 from vidjobs.common.errors import MediaError
-from vidjobs.common.jobs import JobRow, Outputs
+from vidjobs.common.jobs import JobRow
+from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.media import metrics, scratch
-from vidjobs.media.assets import StoredAsset
 from vidjobs.media.download import Fetched, check_url, fetch_to_file
 from vidjobs.media.preview import Preview, PreviewWriter
 from vidjobs.media.thumbnail import Thumbnail, write_thumbnail
@@ -34,11 +34,6 @@ from vidjobs.storage.base import Storage, StorageError, job_prefix
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
 PREVIEW_NAME = "preview.mp4"
-
-
-class Stored(msgspec.Struct, frozen=True):
-    outputs: Outputs
-    assets: list[StoredAsset]
 
 
 class Derived(msgspec.Struct, frozen=True):
@@ -86,7 +81,7 @@ class Copier:
     preview: PreviewSpec = PreviewSpec()
 
     async def copy(self, job: JobRow, *, headers: Mapping[str, str], timeout_s: float,
-                   decoding: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext) -> Stored:
+                   decoding: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext) -> Outputs:
         """Raises MediaError (download_failed / verification_failed) or StorageError. `decoding` wraps the
         decode, the step a hostile render can crash."""
         url = check_url(job.provider_output)
@@ -110,28 +105,21 @@ class Copier:
         metrics.TRANSCODE_SECONDS.observe(time.perf_counter() - started)
         return result
 
-    async def _upload(self, job: JobRow, fetched: Fetched, derived: Derived) -> Stored:
+    async def _upload(self, job: JobRow, fetched: Fetched, derived: Derived) -> Outputs:
         prefix = job_prefix(job.account_id, job.id)
         info, thumb, preview = derived.info, derived.thumbnail, derived.preview
-        video = StoredAsset(kind="video", key=prefix + VIDEO_NAME, content_type="video/mp4", bytes=fetched.bytes,
-                            sha256=fetched.sha256, width=info.width, height=info.height, duration_s=info.duration_s)
-        poster = StoredAsset(kind="thumbnail", key=prefix + THUMBNAIL_NAME, content_type="image/jpeg",
-                             bytes=thumb.bytes, sha256=thumb.sha256, width=thumb.width, height=thumb.height)
-        clip = StoredAsset(kind="preview", key=prefix + PREVIEW_NAME, content_type="video/mp4", bytes=preview.bytes,
-                           sha256=preview.sha256, width=preview.width, height=preview.height,
-                           duration_s=preview.duration_s)
-        await self._put(video, fetched.path)
-        await self._put(poster, thumb.path)
-        await self._put(clip, preview.path)
-        outputs = Outputs(
-            video_key=video.key, thumbnail_key=poster.key, preview_key=clip.key, duration_s=info.duration_s,
-            width=info.width, height=info.height, bytes=fetched.bytes, sha256=fetched.sha256,
-            thumbnail_width=thumb.width, thumbnail_height=thumb.height, preview_width=preview.width,
-            preview_height=preview.height, preview_duration_s=preview.duration_s,
-        )
-        return Stored(outputs=outputs, assets=[video, poster, clip])
+        video = StoredFile(key=prefix + VIDEO_NAME, content_type="video/mp4", bytes=fetched.bytes,
+                           sha256=fetched.sha256, width=info.width, height=info.height, duration_s=info.duration_s)
+        poster = StoredFile(key=prefix + THUMBNAIL_NAME, content_type="image/jpeg", bytes=thumb.bytes,
+                            sha256=thumb.sha256, width=thumb.width, height=thumb.height)
+        clip = StoredFile(key=prefix + PREVIEW_NAME, content_type="video/mp4", bytes=preview.bytes,
+                          sha256=preview.sha256, width=preview.width, height=preview.height,
+                          duration_s=preview.duration_s)
+        for file, path in ((video, fetched.path), (poster, thumb.path), (clip, preview.path)):
+            await self._put(file, path)
+        return Outputs(video=video, thumbnail=poster, preview=clip)
 
-    async def _put(self, asset: StoredAsset, path: Path) -> None:
-        stored = await self.storage.put_file(asset.key, path, asset.content_type)
-        if stored.bytes != asset.bytes:
-            raise StorageError(f"stored {stored.bytes} bytes of {asset.bytes} for {asset.key}")
+    async def _put(self, file: StoredFile, path: Path) -> None:
+        stored = await self.storage.put_file(file.key, path, file.content_type)
+        if stored.bytes != file.bytes:
+            raise StorageError(f"stored {stored.bytes} bytes of {file.bytes} for {file.key}")

@@ -25,13 +25,14 @@ from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
 from vidjobs.common.events import AssetsDeleteRequested, DownloadRequested
 from vidjobs.common.jobs import JobRow
+from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime, consumer
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.media import assets, copies, metrics, orphans, scratch
 from vidjobs.media.isolation import DecodeGate
-from vidjobs.media.pipeline import Copier, PreviewSpec, Stored
+from vidjobs.media.pipeline import Copier, PreviewSpec
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import adapter_for, build_adapters
 from vidjobs.storage.base import Storage, job_prefix
@@ -183,22 +184,22 @@ async def _fail(media: Media, job: JobRow, err: MediaError) -> None:
         await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
 
 
-async def _complete(media: Media, job: JobRow, stored: Stored) -> None:
-    # The status and the asset rows commit together: a completed job always has its rows, and a job that
-    # moved on meanwhile (canceled, deleted) gets none.
+async def _complete(media: Media, job: JobRow, stored: Outputs) -> None:
+    # The status and the asset rows (the one record of the files) commit together: a completed job always has
+    # its rows, and a job that moved on meanwhile (canceled, deleted) gets none.
     async with media.rt.tx() as conn:
         done = await transition(
             conn, job.id, JobStatus.COMPLETED, reason="render stored, verified and thumbnailed",
-            expect=[JobStatus.DOWNLOADING], update=JobUpdate(outputs=stored.outputs, progress=None),
+            expect=[JobStatus.DOWNLOADING], update=JobUpdate(progress=None),
         )
         if done is not None:
-            await assets.upsert(conn, job.id, job.account_id, stored.assets)
+            await assets.upsert(conn, job.id, job.account_id, stored)
     if done is None:
         await _discard_if_orphaned(media, job)
         return
     metrics.COPIES.labels("completed", "").inc()
-    log.info("render stored", extra={"job_id": job.id, "bytes": stored.outputs.bytes,
-                                     "sha256": stored.outputs.sha256})
+    log.info("render stored", extra={"job_id": job.id, "bytes": stored.video.bytes,
+                                     "sha256": stored.video.sha256})
 
 
 async def _discard_if_orphaned(media: Media, job: JobRow) -> None:
