@@ -63,6 +63,19 @@ async def database_url(pg_admin_url: str, template_db: str) -> AsyncIterator[str
 
 
 @pytest.fixture
+async def empty_database_url(pg_admin_url: str) -> AsyncIterator[str]:
+    """A database of its own with nothing in it, not even the schema (for tests of migrating)."""
+    name = f"vidjobs_empty_{secrets.token_hex(5)}"
+    admin = await asyncpg.connect(pg_admin_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield with_database(pg_admin_url, name)
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+@pytest.fixture
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     p = await db.create_pool(database_url, max_size=5)
     yield p

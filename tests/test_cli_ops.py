@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 
 import asyncpg
-import pytest
 
 from tests.stack import running_stack, stack_settings
-from tests.support import operator_command, wait_until, with_database
+from tests.support import operator_command, wait_until
 from vidjobs.cli.exitcodes import Exit
 from vidjobs.common.errors import ErrorCode
 from vidjobs.common.settings import Settings
@@ -21,18 +19,6 @@ from vidjobs.submitter import limits
 
 def _lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
-
-
-@pytest.fixture
-async def empty_database_url(pg_admin_url: str):
-    name = f"vidjobs_empty_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(pg_admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(pg_admin_url, name)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
 
 
 async def test_migrate_check_names_the_gap_and_admin_commands_refuse_without_migrating(empty_database_url):

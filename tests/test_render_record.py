@@ -8,7 +8,6 @@ import secrets
 import asyncpg
 import pytest
 
-from tests.support import with_database
 from tests.test_gateway_harness import completed_job, drive, gateway_settings, running_gateway
 from vidjobs.common import db, jobs
 from vidjobs.common.jobs import JobRequest
@@ -75,18 +74,6 @@ async def test_the_job_row_keeps_no_second_copy(h):
     assert "outputs" not in columns
 
 
-@pytest.fixture
-async def empty_database(pg_admin_url):
-    name = f"vidjobs_up_{secrets.token_hex(5)}"
-    admin = await asyncpg.connect(pg_admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield with_database(pg_admin_url, name)
-    finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.close()
-
-
 # A job finished before the asset rows were the one record: its outputs on the row, as the media service wrote
 # them (the preview's sizes absent, as on jobs stored before previews existed).
 _OLD_OUTPUTS = {"video_key": "accounts/a_old/jobs/{job}/video.mp4", "thumbnail_key": "accounts/a_old/jobs/{job}/t.jpg",
@@ -105,8 +92,8 @@ async def _old_job(conn: asyncpg.Connection, job_id: str, status: str, outputs: 
     )
 
 
-async def test_upgrading_moves_outputs_kept_only_on_the_job_row_into_asset_rows(empty_database):
-    conn = await asyncpg.connect(empty_database)
+async def test_upgrading_moves_outputs_kept_only_on_the_job_row_into_asset_rows(empty_database_url):
+    conn = await asyncpg.connect(empty_database_url)
     await db.init_connection(conn)
     try:
         # The schema as it stood before the change, holding one job of each kind an upgrade meets.
@@ -124,7 +111,7 @@ async def test_upgrading_moves_outputs_kept_only_on_the_job_row_into_asset_rows(
                        'cd', 160, 90, NULL)""", "ab" * 32)
         await _old_job(conn, "job_pending", "pending", None)
 
-        applied = await db.migrate(empty_database)
+        applied = await db.migrate(empty_database_url)
         assert applied and all(int(name[:4]) > 12 for name in applied)
 
         rows = await conn.fetch("SELECT job_id, kind, key, bytes, sha256, width, height, duration_s, content_type "

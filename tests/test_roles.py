@@ -19,7 +19,7 @@ from tests import imagefiles, sqlscan
 from tests.faults.servicelogs import LoggingSupervisor
 from tests.sqlscan import ROOT
 from tests.stack import running_stack, stack_settings
-from tests.support import wait_until, with_database
+from tests.support import wait_until
 from tests.test_app_webhooks import client_app
 from vidjobs.common import db, grants
 from vidjobs.common.errors import ConfigError
@@ -128,17 +128,10 @@ async def test_a_service_role_is_refused_what_it_was_not_granted(logins):
     assert await db.migrate(logins["gateway"]) == []
 
 
-async def test_a_service_role_cannot_apply_pending_migrations(logins, pg_admin_url):
-    name = f"vidjobs_empty_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(pg_admin_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        empty = _as_user(with_database(pg_admin_url, name), urlsplit(logins["gateway"]).username or "")
-        with pytest.raises(ConfigError, match="vidjobs migrate"):
-            await db.migrate(empty)
-    finally:
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        await admin.close()
+async def test_a_service_role_cannot_apply_pending_migrations(logins, empty_database_url):
+    empty = _as_user(empty_database_url, urlsplit(logins["gateway"]).username or "")
+    with pytest.raises(ConfigError, match="vidjobs migrate"):
+        await db.migrate(empty)
 
 
 async def test_the_lifecycle_runs_with_every_service_on_its_own_role(tmp_path, database_url, nats_url, logins):
