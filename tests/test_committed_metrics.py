@@ -4,18 +4,24 @@ PostgreSQL and NATS, reading the process's own registry as /metrics would."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
 import pytest
 from prometheus_client import REGISTRY
 
 from tests.stack import stack_settings
 from vidjobs.common import jobs
-from vidjobs.common.errors import ErrorCode, JobError
+from vidjobs.common.errors import ErrorCode, JobError, MediaError
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.outcomes import fail_or_retry
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import open_runtime
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import transition
+from vidjobs.media import worker as media_worker
+from vidjobs.media.worker import Media
+from vidjobs.storage.factory import open_storage
 
 
 def _sample(name: str, labels: dict[str, str]) -> float:
@@ -93,3 +99,25 @@ async def test_stage_durations_are_observed_once_per_committed_stage_change(tmp_
     assert after_rollback == queued_before
     assert _sample("vidjobs_job_stage_seconds_count", queued) == queued_before + 1
     assert _sample("vidjobs_job_ready_seconds_count", ready) == ready_before + 1
+
+
+async def test_failed_copies_count_only_the_fail_that_commits(tmp_path, database_url, nats_url):
+    """Two deliveries of one download both fail to verify the render (a redelivery racing the first): one of
+    them fails the job, and only that one is counted."""
+    settings = stack_settings(tmp_path, database_url, nats_url)
+    labels = {"outcome": "failed", "code": "verification_failed"}
+    async with open_runtime("media", settings) as rt:
+        job = await _pending_job(rt)
+        for to in (JobStatus.SUBMITTED, JobStatus.DOWNLOADING):
+            async with rt.tx() as conn:
+                await transition(conn, job.id, to, reason="test")
+        media = Media(rt=rt, storage=open_storage(settings), copier=None, adapters={})  # type: ignore[arg-type]
+        before = _sample("vidjobs_media_copies_total", labels)
+        deadline = datetime.now(UTC) + timedelta(minutes=5)
+        for _ in range(2):
+            err = MediaError(ErrorCode.VERIFICATION_FAILED, "not a playable video")
+            await media_worker._copy_failed(media, job, err, SimpleNamespace(attempt=1), deadline)
+        status = await rt.pool.fetchval("SELECT status FROM jobs WHERE id = $1", job.id)
+
+    assert status == "failed"
+    assert _sample("vidjobs_media_copies_total", labels) == before + 1
