@@ -159,7 +159,6 @@ async def _copy_failed(media: Media, job: JobRow, err: MediaError, delivery: Del
         settings = media.rt.settings
         delay = bus.retry_delay(delivery.attempt, base=settings.retry_base_s, cap=settings.retry_cap_s)
         raise Redeliver(err.message, delay=min(delay, _seconds_left(deadline)), counts=True)
-    metrics.COPIES.labels("failed", err.code.value).inc()
     log.error("copy failed; failing the job", extra=extra)
     await _fail(media, job, err)
 
@@ -180,6 +179,8 @@ async def _fail(media: Media, job: JobRow, err: MediaError) -> None:
         done = await transition(conn, job.id, JobStatus.FAILED, reason=f"media: {err.code.value}",
                                 expect=[JobStatus.DOWNLOADING], update=JobUpdate(error=error, progress=None))
     if done is not None:
+        # Counted once the fail has committed, by the one delivery that made it (as the completed count is).
+        metrics.COPIES.labels("failed", err.code.value).inc()
         # An earlier attempt may have uploaded before it crashed; a failed job keeps no objects.
         await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
 
