@@ -6,7 +6,7 @@ of them finished, the live ones the same few at every size.
 Each operation is run as the service runs it, on one connection, `--runs` times after a warm-up, and p50 /
 p99 are printed in milliseconds with the ratio of each size's p50 to the smallest size's. Writes are rolled
 back, so every run sees the same tables. Each operation's statements are captured as they are sent and
-EXPLAINed, and the scans of `jobs` and `provider_submissions` in their plans are named: an index scan keeps
+EXPLAINed, and the scans of `jobs`, `provider_submissions` and `assets` in their plans are named: an index scan keeps
 its cost flat as finished jobs pile up, a sequential scan does not.
 
 Uses VIDJOBS_DATABASE_URL when set (a scratch database is created and dropped there), else an embedded
@@ -49,8 +49,9 @@ Operation = Callable[[asyncpg.Connection], Awaitable[Any]]
 
 
 async def grow(conn: asyncpg.Connection, have: int, want: int) -> None:
-    """Add finished jobs (and their answered submissions) until there are `want` in all. A tenth are the
-    heavy account's; their ages spread over 90 days, so some completed ones are past retention."""
+    """Add finished jobs (with their answered submissions and their renders' asset rows) until there are
+    `want` in all. A tenth are the heavy account's; their ages spread over 90 days, so some completed ones are
+    past retention."""
     step = 100_000
     for start in range(have, want, step):
         end = min(want, start + step)
@@ -76,6 +77,18 @@ async def grow(conn: asyncpg.Connection, have: int, want: int) -> None:
             SELECT 'job_g' || lpad(i::text, 9, '0'), 1, 'fake', 'job_g' || i || '-a1', 'render_g' || i,
                    now() - interval '1 day', now() - interval '1 day'
             FROM generate_series($1 + 1, $2) i
+            """,
+            start, end,
+        )
+        # A finished render's files, as the media service records them: every read of the job builds its
+        # outputs from these rows.
+        await conn.execute(
+            """
+            INSERT INTO assets (job_id, account_id, kind, key, content_type, bytes, sha256, width, height)
+            SELECT j.id, j.account_id, k.kind, j.id || '/' || k.kind, 'video/mp4', 1000, 'x', 1280, 720
+            FROM jobs j CROSS JOIN (VALUES ('video'), ('thumbnail'), ('preview')) AS k (kind)
+            WHERE j.id BETWEEN 'job_g' || lpad(($1::int + 1)::text, 9, '0') AND 'job_g' || lpad($2::int::text, 9, '0')
+              AND j.status IN ('completed', 'expired')
             """,
             start, end,
         )
@@ -149,15 +162,20 @@ async def operations(conn: asyncpg.Connection) -> dict[str, Operation]:
     return {
         "job GET (finished)": lambda c: c.fetchrow(tenant._ONE_JOB, finished, HEAVY),
         "job GET (waiting, with its place)": lambda c: c.fetchrow(tenant._ONE_JOB, waiting.id, HEAVY),
-        "list page (newest 20)": lambda c: c.fetch(tenant._JOB_PAGE, HEAVY, None, None, None, 20),
-        "list page (halfway down)": lambda c: c.fetch(tenant._JOB_PAGE, HEAVY, None, middle["created_at"],
-                                                      middle["id"], 20),
+        "list page (newest 20)": lambda c: page(c, None),
+        "list page (halfway down)": lambda c: page(c, (middle["created_at"], middle["id"])),
         "queue count at create": lambda c: jobs.waiting(c, HEAVY),
         "due-poll scan": rolled_back(lambda c: schedule.take_due(c, 100)),
         "recovery sweep": lambda c: c.fetch(sweep.OVERDUE_SQL, sweep.OVERDUE_S, 500),
         "retention sweep": rolled_back(lambda c: c.fetch(retention._DUE, 30 * 86400.0, retention.BATCH)),
         "slot decision": rolled_back(decide),
     }
+
+
+async def page(conn: asyncpg.Connection, after: tuple[Any, str] | None) -> list[asyncpg.Record]:
+    """The heavy account's listing as the gateway reads it: 20 jobs, newest first, after `after`."""
+    sql, values = tenant.page_sql(tenant.JobFilter(), after)
+    return await conn.fetch(sql, HEAVY, 20, *values)
 
 
 async def timed(conn: asyncpg.Connection, op: Operation, runs: int) -> list[float]:
@@ -171,7 +189,7 @@ async def timed(conn: asyncpg.Connection, op: Operation, runs: int) -> list[floa
 
 
 _EXPLAINABLE = ("SELECT", "WITH", "UPDATE", "INSERT", "DELETE")
-_WATCHED = {"jobs", "provider_submissions", "poll_schedule"}
+_WATCHED = {"jobs", "provider_submissions", "poll_schedule", "assets"}
 
 
 async def plan_of(conn: asyncpg.Connection, op: Operation) -> str:
@@ -247,7 +265,7 @@ def report(sizes: list[int], results: dict[str, list[tuple[float, float]]], plan
     for label, figures in results.items():
         cells = "".join(f"{f'{p50:.2f} / {p99:.2f}':>22}" for p50, p99 in figures)
         print(f"{label:<34}{cells}{figures[-1][0] / figures[0][0]:>10.2f}x")
-    print("\nplans (scans of jobs, provider_submissions and poll_schedule), at the largest size:")
+    print("\nplans (scans of jobs, provider_submissions, poll_schedule and assets), at the largest size:")
     for label, by_size in plans.items():
         last = by_size[sizes[-1]]
         changed = "" if len(set(by_size.values())) == 1 else f"   (at {sizes[0]:,}: {by_size[sizes[0]]})"
