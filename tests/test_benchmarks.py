@@ -1,0 +1,49 @@
+"""Every benchmark in bench/ still runs and prints its report, at a size that takes seconds.
+
+Their figures are read by people, in one sitting, side by side (docs/PERFORMANCE.md); nothing here judges a
+time. What is checked is that each script runs against today's code (a renamed statement or a changed
+signature breaks a script nobody runs for weeks) and that its report says what the docs say it says."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# script and arguments -> what its report must hold (multiline regexes)
+SMALL_RUNS = {
+    "growth": (["--sizes", "300,600", "--runs", "3"], [
+        r"^list page \(newest 20\)\s+[\d.]+ / [\d.]+\s+[\d.]+ / [\d.]+\s+[\d.]+x$",
+        # A read builds the job's outputs from its asset rows through their unique index, at any size.
+        r"^  job GET \(finished\): .*Index Scan assets_one_per_kind",
+        r"^  list page \(newest 20\): .*Index Scan jobs_account_listing.*Index Scan assets_one_per_kind",
+    ]),
+    "dispatch": (["--depths", "5,10", "--runs", "5", "--accounts", "2"], [
+        r"^\s+10\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\w+$",
+    ]),
+    "reads": (["--seconds", "1", "--rounds", "1", "-c", "4"], [
+        r"^round 1 ours:\s+\d+ req/s", r"^round 1 bare:\s+\d+ req/s", r"median req/s: [\d.]+$",
+    ]),
+    "lifecycle": (["-n", "20"], [r"^per job: xact_commit [\d.]+", r"^\s+total\s+[\d.]+ ms$"]),
+    # The ffmpeg comparison needs the [bench] extra's ffmpeg; the test run may not have it.
+    "media": (["--rounds", "2", "--big-rounds", "1"], [r"^derive, 10 s 1080p\s+median\s+[\d.]+ ms"]),
+    "media_isolation": (["--mb", "4", "--burst", "1"], [r"^download alone\s+[\d.]+ s\s+x 1\.00"]),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SMALL_RUNS))
+def test_the_benchmark_runs_and_reports(script: str, pg_admin_url: str):
+    args, expected = SMALL_RUNS[script]
+    # The database benchmarks make and drop a scratch database of their own on this server.
+    env = {**os.environ, "VIDJOBS_DATABASE_URL": pg_admin_url}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for pattern in expected:
+        assert re.search(pattern, done.stdout, re.MULTILINE), f"{pattern!r} not in:\n{done.stdout}"
