@@ -92,6 +92,13 @@ def check_optional(model_id: str, request: JobRequest, *, seed: bool = False, ne
         raise invalid(f"input_image: {model_id} takes no input image")
 
 
+def check_value(field_name: str, value: Any, table: Mapping[Any, Any], model_id: str) -> None:
+    """Refuse a value the model's table has no row for, listing the values it takes."""
+    if value not in table:
+        offered = " or ".join(str(v) for v in table)
+        raise invalid(f"{field_name}: {model_id} takes {offered}, not {value}")
+
+
 def check_duration(model_id: str, durations: Iterable[int], request: JobRequest) -> None:
     durations = tuple(durations)
     if request.duration_s not in durations:
