@@ -52,10 +52,13 @@ def boolean(value: object) -> str | None:
     return None if isinstance(value, bool) else "must be true or false"
 
 
-def number(low: float, high: float) -> Check:
+def number(low: float, high: float, unit: str = "", *, whole: bool = False) -> Check:
+    """A number from `low` to `high`: of `unit` (named in the refusal), and a whole one where `whole`."""
+    what = ("a whole number" if whole else "a number") + (f" of {unit}" if unit else "")
+
     def check(value: object) -> str | None:
-        ok = is_number(value) and low <= value <= high  # type: ignore[operator]
-        return None if ok else f"must be a number from {low:g} to {high:g}"
+        ok = is_number(value) and low <= value <= high and (not whole or isinstance(value, int))  # type: ignore[operator]
+        return None if ok else f"must be {what} from {low:g} to {high:g}"
 
     return check
 
