@@ -4,10 +4,11 @@ attempt they submit, the recorded payloads, and waiting for a render to finish o
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import aiohttp
 import asyncpg
@@ -78,6 +79,20 @@ def requester(provider: str, model: str, prompt: str) -> Callable[..., JobReques
         return JobRequest(model=f"{provider}/{model}", prompt=prompt, **fields)
 
     return request
+
+
+class Makers(NamedTuple):
+    """A calling provider's test makers: its requests, attempts that call back to its stand-in, its payloads."""
+
+    request: Callable[..., JobRequest]  # `request(prompt, model=..., **fields)`
+    submit_request: Callable[..., SubmitRequest]  # `submit_request(standin, request, number=1)`
+    raw: Callable[[str], bytes]  # one recorded payload, as it came over the wire
+
+
+def makers(provider: str, model: str, prompt: str, *, job_id: str) -> Makers:
+    """Bind in the test module: `request, submit_request, raw = makers(...)`."""
+    return Makers(requester(provider, model, prompt), functools.partial(called_back, job_id=job_id),
+                  functools.partial(recorded, provider))
 
 
 def called_back(standin: Any, request: JobRequest, number: int = 1, job_id: str = "job_test") -> SubmitRequest:
@@ -156,3 +171,19 @@ async def refusal(adapter: ProviderAdapter, req: SubmitRequest) -> ProviderError
     with pytest.raises(ProviderError) as caught:
         await adapter.submit(req)
     return caught.value
+
+
+def refused_submits(submit_request: Callable[..., SubmitRequest], request: Callable[..., JobRequest],
+                    cases: list[tuple[str, ErrorCode, float | None, str]]) -> Callable[..., Any]:
+    """A provider's test that each (scenario, code, wait, words) case, the scenario named in the prompt, has the
+    stand-in refuse the submit with that code and wait, in words that include `words`. Bind it in the test
+    module under a `test_` name; its `adapter` and `standin` fixtures are that module's."""
+
+    @pytest.mark.parametrize(("scenario", "code", "wait", "words"), cases)
+    async def test(adapter: ProviderAdapter, standin: Any, scenario: str, code: ErrorCode, wait: float | None,
+                   words: str) -> None:
+        err = await refusal(adapter, submit_request(standin, request(f"a fox standin:{scenario}")))
+
+        assert (err.code, err.retry_after, words in err.message) == (code, wait, True)
+
+    return test

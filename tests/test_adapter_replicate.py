@@ -3,7 +3,6 @@ that replays them, and end to end through the whole stack with signed webhooks t
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import time
@@ -12,7 +11,7 @@ import msgspec
 import pytest
 
 from tests import adapter_scaffold as scaffold
-from tests.adapter_scaffold import called_back, expected_signals, finished, inbox_count, recorded, refusal, wired
+from tests.adapter_scaffold import expected_signals, finished, inbox_count, refusal, wired
 from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.replicate import ReplicateStandin, payload, running_replicate_standin
 from tests.support import wait_until
@@ -36,9 +35,8 @@ standin, adapter = wired(lambda: running_replicate_standin(api_token=TOKEN, webh
                          lambda http, s: ReplicateAdapter(http, s.url, TOKEN, SECRET))
 
 
-request = scaffold.requester("replicate", "minimax/video-01", "a lighthouse in a storm")
-submit_request = functools.partial(called_back, job_id="job_test1")
-raw = functools.partial(recorded, "replicate")
+request, submit_request, raw = scaffold.makers("replicate", "minimax/video-01", "a lighthouse in a storm",
+                                               job_id="job_test1")
 
 
 # --- the recorded payloads, read directly --------------------------------------------------------------
@@ -48,10 +46,9 @@ raw = functools.partial(recorded, "replicate")
 def test_recorded_predictions_become_signals(adapter, name, state, code):
     sig = adapter.parse_callback(raw(name))
 
-    assert sig.provider_job_id == payload(name)["id"] and sig.state is state
+    assert scaffold.outcome(sig) == (payload(name)["id"], state, code)
     assert sig.verified and sig.job_id is None and sig.attempt is None  # matched by prediction id
     assert sig.progress is None  # Replicate reports no figure, and none is invented
-    assert (sig.error.code if sig.error else None) == code
     if code is not None:
         assert payload(name).get("error") is None or payload(name)["error"] in sig.error.message
 
@@ -190,7 +187,7 @@ async def test_each_failed_render_maps_to_its_code(adapter, standin, scenario, s
     assert sig.output_url is None
 
 
-@pytest.mark.parametrize(("scenario", "code", "wait", "words"), [
+test_each_refused_submit_maps_to_its_code = scaffold.refused_submits(submit_request, request, [
     ("rate_limit", ErrorCode.RATE_LIMITED, 1.0, "throttled"),
     ("throttled", ErrorCode.RATE_LIMITED, 30.0, "throttled"),  # no Retry-After: the body's figure
     ("unavailable", ErrorCode.PROVIDER_UNAVAILABLE, None, "temporarily unavailable"),
@@ -198,10 +195,6 @@ async def test_each_failed_render_maps_to_its_code(adapter, standin, scenario, s
     ("no_credit", ErrorCode.INTERNAL, None, "insufficient credit"),
     ("malformed", ErrorCode.INTERNAL, None, "malformed"),
 ])
-async def test_each_refused_submit_maps_to_its_code(adapter, standin, scenario, code, wait, words):
-    err = await refusal(adapter, submit_request(standin, request(f"a cat standin:{scenario}")))
-
-    assert (err.code, err.retry_after, words in err.message) == (code, wait, True)
 
 
 async def test_a_wrong_token_names_the_setting_and_never_the_token(http, standin, secret):

@@ -52,10 +52,13 @@ def boolean(value: object) -> str | None:
     return None if isinstance(value, bool) else "must be true or false"
 
 
-def number(low: float, high: float) -> Check:
+def number(low: float, high: float, unit: str = "", *, whole: bool = False) -> Check:
+    """A number from `low` to `high`: of `unit` (named in the refusal), and a whole one where `whole`."""
+    what = ("a whole number" if whole else "a number") + (f" of {unit}" if unit else "")
+
     def check(value: object) -> str | None:
-        ok = is_number(value) and low <= value <= high  # type: ignore[operator]
-        return None if ok else f"must be a number from {low:g} to {high:g}"
+        ok = is_number(value) and low <= value <= high and (not whole or isinstance(value, int))  # type: ignore[operator]
+        return None if ok else f"must be {what} from {low:g} to {high:g}"
 
     return check
 
@@ -90,6 +93,13 @@ def check_optional(model_id: str, request: JobRequest, *, seed: bool = False, ne
         raise invalid(f"negative_prompt: {model_id} takes no negative prompt; leave it out")
     if request.input_image is not None and not input_image:
         raise invalid(f"input_image: {model_id} takes no input image")
+
+
+def check_value(field_name: str, value: Any, table: Mapping[Any, Any], model_id: str) -> None:
+    """Refuse a value the model's table has no row for, listing the values it takes."""
+    if value not in table:
+        offered = " or ".join(str(v) for v in table)
+        raise invalid(f"{field_name}: {model_id} takes {offered}, not {value}")
 
 
 def check_duration(model_id: str, durations: Iterable[int], request: JobRequest) -> None:

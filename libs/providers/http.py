@@ -4,6 +4,7 @@ decoding, `Retry-After`, and the status → error-code table each provider fills
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -115,6 +116,12 @@ class ErrorTable:
     title: str  # the provider as a person reads its name in a message
     rows: Mapping[int, Refusal]
     read: Callable[[int, bytes], Said] = quiet
+    # Where a provider's codes say nothing, its words may: our account out of credit (whatever the status but a
+    # refused key), the content refused (in an answer that judges the request), and, in a failed render's reason
+    # only, a render that timed out.
+    credit_words: re.Pattern[str] | None = None
+    content_words: re.Pattern[str] | None = None
+    timeout_words: re.Pattern[str] | None = None
 
     def error(self, status: int, body: bytes, headers: Mapping[str, str]) -> ProviderError:
         """An error answer in our taxonomy, carrying the provider's own words where it gave any."""
@@ -127,6 +134,18 @@ class ErrorTable:
             wait = said.retry_after if wait is None else wait
         return ProviderError(refusal.code, message, retry_after=wait)
 
+    def failure(self, reason: str | None) -> JobError:
+        """A failed render's reason in our taxonomy, read by the provider's words as its error answers are; a
+        reason they do not place counts as a transient failure of the render."""
+        text = (reason or "").strip()
+        if self.content_words and self.content_words.search(text):
+            return said_error(ErrorCode.CONTENT_REJECTED, self.title, text)
+        if self.credit_words and self.credit_words.search(text):
+            return JobError.of(NO_CREDIT.code, NO_CREDIT.message.format(title=self.title, said=text))
+        if self.timeout_words and self.timeout_words.search(text):
+            return said_error(ErrorCode.TIMEOUT, self.title, text)
+        return said_error(ErrorCode.PROVIDER_UNAVAILABLE, self.title, text)
+
     def refusal(self, status: int, said: Said) -> Refusal:
         if status == 429:
             return RATE_LIMITED
@@ -134,7 +153,13 @@ class ErrorTable:
             return UNAVAILABLE
         if status == 408:
             return TIMED_OUT
-        return said.refusal or self.rows.get(status, REFUSED_CALL)
+        if said.refusal is not None:
+            return said.refusal
+        if self.credit_words and status not in (401, 403) and self.credit_words.search(said.text):
+            return NO_CREDIT
+        if self.content_words and status in INPUT_STATUSES and self.content_words.search(said.text):
+            return CONTENT_REFUSED
+        return self.rows.get(status, REFUSED_CALL)
 
 
 def rows(statuses: Iterable[int], refusal: Refusal) -> dict[int, Refusal]:
@@ -176,6 +201,24 @@ def detail_text(detail: Any) -> str:
     return "; ".join(parts)
 
 
+class DetailAnswer(msgspec.Struct, kw_only=True):
+    """An error body of the common `{"detail": ...}` shape (FastAPI's): a sentence, or (for a request that breaks
+    the schema) a list of `{"loc": [...], "msg": ...}`."""
+
+    detail: Any = None
+
+
+def detail_said(body: bytes) -> str | None:
+    """The words of a `{"detail": ...}` error body; None for a body of any other shape (not the provider's own)."""
+    answer = read_or_none(body, DetailAnswer)
+    return detail_text(answer.detail) if answer is not None and answer.detail is not None else None
+
+
+def read_detail(status: int, body: bytes) -> Said:
+    """The reading of a provider whose error bodies are `{"detail": ...}`."""
+    return Said(detail_said(body) or "")
+
+
 def said_error(code: ErrorCode, who: str, said: str | None) -> JobError:
     """A failed render's error: our words for the code, then the provider's own (at most 500 characters)."""
     detail = f" {who} said: {said[:500]}" if said else ""
@@ -214,6 +257,21 @@ async def read_image(session: aiohttp.ClientSession, url: str | None, types: Ite
     return bytes(data), mime
 
 
+def first_url(output: object) -> str | None:
+    """A render's URL from an output that is the URL itself or a list of them (the first)."""
+    if isinstance(output, list):
+        output = next((item for item in output if isinstance(item, str)), None)
+    return output if isinstance(output, str) and output else None
+
+
+def image_address(req: SubmitRequest, title: str) -> str:
+    """The address a provider fetches the request's input image from; the gateway gives every uploaded image one,
+    so a missing one is our fault, not the job's."""
+    if not req.input_image_url:
+        raise ProviderError(ErrorCode.INTERNAL, f"The input image has no address {title} could fetch.")
+    return req.input_image_url
+
+
 def lost(provider_job_id: str, message: str) -> ProviderSignal:
     """A job the provider no longer knows: it will never finish, so the attempt has failed."""
     error = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, message)
@@ -232,6 +290,7 @@ class HttpAdapter:
     # The header that carries the API key, and its value around the key; None for a provider without one.
     key_header: ClassVar[tuple[str, str] | None] = ("Authorization", "Bearer {}")
     api_headers: ClassVar[Mapping[str, str]] = {}  # what every call carries besides the key (an API version)
+    forgotten: ClassVar[str] = "The provider no longer knows this render."  # a polled job it has no record of
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str = ""):
         self.session = session  # the caller's: closed by the caller
@@ -251,6 +310,10 @@ class HttpAdapter:
     def says_missing(self, body: bytes) -> bool:
         """Whether a 404's body is the provider's own "no such job", not some other server's page."""
         return True
+
+    def read(self, raw: bytes, kind: type[T], what: str = "answer") -> T:
+        """One of the provider's answers as the Struct we read it into (`decode`, naming the provider)."""
+        return decode(raw, kind, self.errors.title, what)
 
     async def answer(self, method: str, path: str, **kwargs: Any) -> Answer:
         """The provider's answer, whatever its status; only failing to get one raises (as a ProviderError)."""
@@ -279,6 +342,12 @@ class HttpAdapter:
         if not answer.ok:
             raise self.errors.error(*answer)
         return answer.body
+
+    async def poll(self, path: str, provider_job_id: str, read: Callable[[bytes], ProviderSignal]) -> ProviderSignal:
+        """A status poll: the provider's answer, `read` as a signal. A job it says it has no longer will never
+        finish (deleted, forgotten in a restart), so the attempt has failed, in the words of `forgotten`."""
+        raw = await self.call_known("GET", path)
+        return lost(provider_job_id, self.forgotten) if raw is None else read(raw)
 
     def models(self) -> list[ModelInfo]:
         raise NotImplementedError

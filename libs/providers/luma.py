@@ -6,18 +6,16 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
-from urllib.parse import parse_qs, quote, urlencode, urlsplit
+from typing import Literal
+from urllib.parse import quote
 
 import msgspec
 
-from vidjobs.common.errors import ErrorCode, JobError, ProviderError, WebhookRejected
+from vidjobs.common.errors import WebhookRejected
 from vidjobs.common.jobs import JobRequest
-from vidjobs.providers import checks, http
-from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
-from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, decode, lost, refusals
-
-T = TypeVar("T")
+from vidjobs.providers import base, callbacks, checks, http
+from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
+from vidjobs.providers.http import ErrorTable, HttpAdapter, refusals
 
 API = "/dream-machine/v1"
 KEY_SETTING = "VIDJOBS_LUMA_API_KEY"
@@ -25,8 +23,7 @@ MODELS = ("ray-2", "ray-flash-2")
 PARAMS = {"loop": checks.boolean}  # documented request fields a job may set through `params`
 DURATIONS = {5: "5s", 9: "9s"}
 RESOLUTIONS = {"480p": "540p", "720p": "720p", "1080p": "1080p"}
-ASPECT_RATIOS = ("16:9", "9:16", "1:1")
-FRAMES = [(ratio, resolution) for ratio in ASPECT_RATIOS for resolution in RESOLUTIONS]
+FRAMES = [(ratio, resolution) for ratio in base.ALL_RATIOS for resolution in RESOLUTIONS]
 # How far back `find` looks for an attempt's generation: a takeover happens within minutes of the crash.
 FIND_PAGES, FIND_PAGE_SIZE = 5, 100
 
@@ -36,6 +33,7 @@ _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{1
 # "400: prompt not allowed because advanced moderation failed").
 _CONTENT_WORDS = re.compile(r"moderat|not allowed|nsfw|safety|content polic", re.IGNORECASE)
 _CREDIT_WORDS = re.compile(r"insufficient credit|out of credit|no credits", re.IGNORECASE)
+_TIMEOUT_WORDS = re.compile(r"timed? ?out", re.IGNORECASE)
 
 STATES = {"queued": ProviderState.QUEUED, "dreaming": ProviderState.RUNNING, "completed": ProviderState.SUCCEEDED,
           "failed": ProviderState.FAILED}
@@ -59,15 +57,14 @@ class _Generation(msgspec.Struct, kw_only=True):
     assets: _Assets | None = None
     request: _Request | None = None
 
+    def attempt(self) -> tuple[str | None, int | None]:
+        """Our job id and attempt, from the callback URL Luma echoes with the request in every generation."""
+        return callbacks.attempt_of(self.request.callback_url if self.request else None)
+
 
 class _GenerationList(msgspec.Struct, kw_only=True):
     generations: list[_Generation]
     has_more: bool | None = None
-
-
-class _ErrorAnswer(msgspec.Struct, kw_only=True):
-    # A sentence, or (for a request that breaks the schema) a list of {"loc": [...], "msg": "..."}.
-    detail: Any = None
 
 
 class _Frame(msgspec.Struct, kw_only=True):
@@ -90,29 +87,24 @@ class _CreateGeneration(msgspec.Struct, kw_only=True, omit_defaults=True):
 # --- the adapter ---------------------------------------------------------------------------------------
 
 
-def _read(status: int, body: bytes) -> Said:
-    said = _said(_error_answer(body))
-    if status not in (401, 403) and _CREDIT_WORDS.search(said):
-        return Said(said, http.NO_CREDIT)
-    refused = status in http.INPUT_STATUSES and _CONTENT_WORDS.search(said)
-    return Said(said, http.CONTENT_REFUSED if refused else None)
-
-
-ERRORS = ErrorTable("Luma", {**refusals(KEY_SETTING), 402: http.NO_CREDIT}, _read)
+ERRORS = ErrorTable("Luma", {**refusals(KEY_SETTING), 402: http.NO_CREDIT}, http.read_detail,
+                    credit_words=_CREDIT_WORDS, content_words=_CONTENT_WORDS, timeout_words=_TIMEOUT_WORDS)
 http_error = ERRORS.error
+failure = ERRORS.failure  # a failed generation's `failure_reason` in our taxonomy
 
 
 class LumaAdapter(HttpAdapter):
     name = "luma"
     errors = ERRORS
     supports_callbacks = True
+    forgotten = "Luma has no record of this generation."
 
     def says_missing(self, body: bytes) -> bool:
-        return _error_answer(body) is not None
+        return http.detail_said(body) is not None
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"luma/{name}", durations_s=sorted(DURATIONS), rounds_up=True,
-                          formats=formats(ASPECT_RATIOS, RESOLUTIONS), input_image="optional")
+                          formats=base.formats(base.ALL_RATIOS, RESOLUTIONS), input_image="optional")
                 for name in MODELS]
 
     def validate(self, request: JobRequest) -> None:
@@ -125,7 +117,7 @@ class LumaAdapter(HttpAdapter):
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         raw = await self.send(f"{API}/generations", _create_body(req))
-        generation = _decode(raw, _Generation)
+        generation = self.read(raw, _Generation)
         return Submission(provider_job_id=generation.id, state=STATES[generation.state])
 
     async def find(self, req: SubmitRequest) -> Submission | None:
@@ -133,21 +125,16 @@ class LumaAdapter(HttpAdapter):
         that its callback URL carries."""
         for page in range(FIND_PAGES):
             query = {"limit": str(FIND_PAGE_SIZE), "offset": str(page * FIND_PAGE_SIZE)}
-            listed = _decode(await self.call("GET", f"{API}/generations", params=query), _GenerationList)
+            listed = self.read(await self.call("GET", f"{API}/generations", params=query), _GenerationList)
             for generation in listed.generations:
-                if _attempt_of(generation) == (req.job_id, req.attempt):
+                if generation.attempt() == (req.job_id, req.attempt):
                     return Submission(provider_job_id=generation.id, state=STATES[generation.state])
             if not listed.has_more or len(listed.generations) < FIND_PAGE_SIZE:
                 return None
         return None
 
     async def status(self, provider_job_id: str) -> ProviderSignal:
-        raw = await self.call_known("GET", _generation_path(provider_job_id))
-        if raw is None:
-            return lost(provider_job_id, "Luma has no record of this generation.")
-        generation = _decode(raw, _Generation)
-        job_id, attempt = _attempt_of(generation)
-        return msgspec.structs.replace(_signal(generation), job_id=job_id, attempt=attempt)
+        return await self.poll(_generation_path(provider_job_id), provider_job_id, self._polled)
 
     async def cancel(self, provider_job_id: str) -> None:
         # Luma documents no way to stop a generation, only to delete it; a job that no longer wants its
@@ -171,25 +158,16 @@ class LumaAdapter(HttpAdapter):
     def parse_callback(self, body: bytes) -> ProviderSignal:
         # Unsigned, so the job is looked up by the generation id we recorded ourselves, never by what the
         # body claims, and the signal only prompts a status poll.
-        return msgspec.structs.replace(_signal(_decode(body, _Generation)), verified=False)
+        return msgspec.structs.replace(_signal(self.read(body, _Generation)), verified=False)
+
+    def _polled(self, raw: bytes) -> ProviderSignal:
+        # Luma's own answer, so the job and attempt its callback URL carries can be believed.
+        generation = self.read(raw, _Generation)
+        job_id, attempt = generation.attempt()
+        return msgspec.structs.replace(_signal(generation), job_id=job_id, attempt=attempt)
 
 
 # --- translation ---------------------------------------------------------------------------------------
-
-
-def failure(reason: str | None) -> JobError:
-    """A failed generation's `failure_reason` in our taxonomy; anything unrecognised counts as a transient
-    failure of the render."""
-    text = (reason or "").strip()
-    if _CONTENT_WORDS.search(text):
-        code = ErrorCode.CONTENT_REJECTED
-    elif _CREDIT_WORDS.search(text):
-        return JobError.of(ErrorCode.INTERNAL, f"Our Luma account is out of credit: {text}")
-    elif re.search(r"timed? ?out", text, re.IGNORECASE):
-        code = ErrorCode.TIMEOUT
-    else:
-        code = ErrorCode.PROVIDER_UNAVAILABLE
-    return http.said_error(code, "Luma", text)
 
 
 def _signal(generation: _Generation) -> ProviderSignal:
@@ -202,21 +180,6 @@ def _signal(generation: _Generation) -> ProviderSignal:
     )
 
 
-def callback_url_for(req: SubmitRequest) -> str | None:
-    """Our callback URL with the job id and attempt in its query, which Luma echoes in every generation."""
-    if not req.callback_url:
-        return None
-    joiner = "&" if urlsplit(req.callback_url).query else "?"
-    return req.callback_url + joiner + urlencode({"job": req.job_id, "attempt": req.attempt})
-
-
-def _attempt_of(generation: _Generation) -> tuple[str | None, int | None]:
-    url = generation.request.callback_url if generation.request else None
-    query = parse_qs(urlsplit(url).query) if url else {}
-    job, attempt = query.get("job", [None])[0], query.get("attempt", [""])[0]
-    return job, int(attempt) if attempt.isdigit() else None
-
-
 def _duration(request: JobRequest) -> str:
     return DURATIONS[checks.round_up(f"luma/{request.model_name}", DURATIONS, request)]
 
@@ -225,28 +188,13 @@ def _create_body(req: SubmitRequest) -> _CreateGeneration:
     r = req.request
     keyframes = None
     if r.input_image is not None:
-        if not req.input_image_url:
-            raise ProviderError(ErrorCode.INTERNAL, "The input image has no address Luma could fetch.")
-        keyframes = {"frame0": _Frame(type="image", url=req.input_image_url)}
+        keyframes = {"frame0": _Frame(type="image", url=http.image_address(req, "Luma"))}
     return _CreateGeneration(
         generation_type="video", model=r.model_name, prompt=r.prompt, aspect_ratio=r.aspect_ratio,
         resolution=RESOLUTIONS[r.resolution], duration=_duration(r), loop=r.params.get("loop"), keyframes=keyframes,
-        callback_url=callback_url_for(req),
+        callback_url=callbacks.tagged(req.callback_url, req.job_id, req.attempt),
     )
 
 
 def _generation_path(provider_job_id: str) -> str:
     return f"{API}/generations/{quote(provider_job_id, safe='')}"
-
-
-def _decode(raw: bytes, kind: type[T]) -> T:
-    return decode(raw, kind, "Luma")
-
-
-def _error_answer(body: bytes) -> _ErrorAnswer | None:
-    answer = http.read_or_none(body, _ErrorAnswer)
-    return answer if answer is not None and answer.detail is not None else None
-
-
-def _said(answer: _ErrorAnswer | None) -> str:
-    return http.detail_text(answer.detail) if answer is not None else ""

@@ -14,7 +14,7 @@ from vidjobs.common.errors import ErrorCode, JobError, ProviderError
 from vidjobs.common.jobs import JobRequest
 from vidjobs.providers import checks, http, models, webhooks
 from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
-from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, SignedCallbacks, decode, lost, refusals
+from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, SignedCallbacks, refusals
 
 # Webhooks on creation and on the terminal state; `output` and `logs` would only repeat what a poll tells.
 WEBHOOK_EVENTS = ("start", "completed")
@@ -49,8 +49,6 @@ MODELS = models.load("replicate", dict[str, Model])
 
 # --- Replicate's wire format, as far as we read it -----------------------------------------------------
 
-Status = Literal["starting", "processing", "succeeded", "failed", "canceled", "aborted"]
-
 STATES: dict[str, ProviderState] = {
     "starting": ProviderState.QUEUED,  # waiting for a worker (a cold boot can take minutes)
     "processing": ProviderState.RUNNING,
@@ -63,7 +61,7 @@ STATES: dict[str, ProviderState] = {
 
 class _Prediction(msgspec.Struct, kw_only=True):
     id: str
-    status: Status
+    status: Literal["starting", "processing", "succeeded", "failed", "canceled", "aborted"]
     output: Any = None  # the model's output: for these models one URL, for some others a list of URLs
     error: Any = None  # text when failed
 
@@ -85,19 +83,20 @@ class _CreatePrediction(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 def _read(status: int, body: bytes) -> Said:
-    said = _said(_problem(body))
+    said = _said(body) or ""
     wait = float(match.group(1)) if (match := _THROTTLE_WAIT.search(said)) else None
-    refused = status in http.INPUT_STATUSES and _CONTENT_WORDS.search(said)
-    return Said(said, http.CONTENT_REFUSED if refused else None, wait)
+    return Said(said, retry_after=wait)
 
 
-ERRORS = ErrorTable("Replicate", {**refusals(TOKEN_SETTING, key="API token"), 402: http.NO_CREDIT}, _read)
+ERRORS = ErrorTable("Replicate", {**refusals(TOKEN_SETTING, key="API token"), 402: http.NO_CREDIT}, _read,
+                    content_words=_CONTENT_WORDS)
 http_error = ERRORS.error
 
 
 class ReplicateAdapter(SignedCallbacks, HttpAdapter):
     name = "replicate"
     errors = ERRORS
+    forgotten = "Replicate has no record of this prediction."
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_token: str, webhook_secret: str, *,
                  tolerance_s: float = webhooks.DEFAULT_TOLERANCE_S):
@@ -107,7 +106,7 @@ class ReplicateAdapter(SignedCallbacks, HttpAdapter):
         self.supports_callbacks = bool(webhook_secret)
 
     def says_missing(self, body: bytes) -> bool:
-        return _problem(body) is not None
+        return _said(body) is not None
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"replicate/{name}", durations_s=list(m.durations), rounds_up=True,
@@ -132,17 +131,14 @@ class ReplicateAdapter(SignedCallbacks, HttpAdapter):
             body.webhook, body.webhook_events_filter = req.callback_url, list(WEBHOOK_EVENTS)
         owner, name = req.request.model_name.split("/", 1)
         path = f"/v1/models/{quote(owner, safe='')}/{quote(name, safe='')}/predictions"
-        prediction = _decode(await self.send(path, body))
+        prediction = self.read(await self.send(path, body), _Prediction, "prediction")
         return Submission(provider_job_id=prediction.id, state=STATES[prediction.status])
 
     # `find` finds nothing: Replicate takes no idempotency key, and a prediction carries nothing of ours (not
     # even its webhook URL) to match an attempt by; its input is the same for every attempt of a job.
 
     async def status(self, provider_job_id: str) -> ProviderSignal:
-        raw = await self.call_known("GET", _prediction_path(provider_job_id))
-        if raw is None:
-            return lost(provider_job_id, "Replicate has no record of this prediction.")
-        return _signal(_decode(raw))
+        return await self.poll(_prediction_path(provider_job_id), provider_job_id, self.parse_callback)
 
     async def cancel(self, provider_job_id: str) -> None:
         # A prediction Replicate no longer has is nothing to stop.
@@ -150,18 +146,10 @@ class ReplicateAdapter(SignedCallbacks, HttpAdapter):
 
     def parse_callback(self, body: bytes) -> ProviderSignal:
         # The webhook body is the prediction, exactly as `GET /v1/predictions/{id}` answers it.
-        return _signal(_decode(body))
+        return _signal(self.read(body, _Prediction, "prediction"))
 
 
 # --- translation ---------------------------------------------------------------------------------------
-
-
-def failure(error: object) -> JobError:
-    """A failed prediction's error in our taxonomy: stopped by a safety check, or (anything else) a
-    transient failure of the render."""
-    text = str(error).strip() if error else ""
-    code = ErrorCode.CONTENT_REJECTED if _CONTENT_WORDS.search(text) else ErrorCode.PROVIDER_UNAVAILABLE
-    return http.said_error(code, "Replicate", text)
 
 
 def _stopped(status: str) -> JobError:
@@ -171,29 +159,20 @@ def _stopped(status: str) -> JobError:
     return JobError.of(ErrorCode.CANCELED, "The prediction was canceled at Replicate.")
 
 
-def output_url(output: object) -> str | None:
-    """The video's URL: the output itself, or the first URL of a list of outputs."""
-    if isinstance(output, list):
-        output = next((item for item in output if isinstance(item, str)), None)
-    return output if isinstance(output, str) and output else None
-
-
 def _signal(prediction: _Prediction) -> ProviderSignal:
     state = STATES[prediction.status]
     error = None
     if state is ProviderState.FAILED:
-        error = failure(prediction.error)
+        # Stopped by a safety check (its words say so), or anything else: a transient failure of the render.
+        error = ERRORS.failure(str(prediction.error) if prediction.error else None)
     elif state is ProviderState.CANCELED:
         error = _stopped(prediction.status)
-    return ProviderSignal(
-        provider_job_id=prediction.id, state=state, error=error,
-        output_url=output_url(prediction.output) if state is ProviderState.SUCCEEDED else None,
-    )
+    return ProviderSignal(provider_job_id=prediction.id, state=state, error=error,
+                          output_url=http.first_url(prediction.output) if state is ProviderState.SUCCEEDED else None)
 
 
 def _model_input(req: SubmitRequest) -> dict[str, Any]:
-    request = req.request
-    model = MODELS[request.model_name]
+    request, model = req.request, MODELS[req.request.model_name]
     given: dict[str, Any] = {"prompt": request.prompt, **request.params}
     if model.duration_input:
         given[model.duration_input] = checks.round_up(f"replicate/{request.model_name}", model.durations, request)
@@ -212,16 +191,9 @@ def _prediction_path(provider_job_id: str) -> str:
     return f"/v1/predictions/{quote(provider_job_id, safe='')}"
 
 
-def _decode(raw: bytes) -> _Prediction:
-    return decode(raw, _Prediction, "Replicate", "prediction")
-
-
-def _problem(body: bytes) -> _Problem | None:
+def _said(body: bytes) -> str | None:
+    """The words of a problem-details error body; None for a body of any other shape (not Replicate's own)."""
     problem = http.read_or_none(body, _Problem)
-    return problem if problem is not None and (problem.detail is not None or problem.title is not None) else None
-
-
-def _said(problem: _Problem | None) -> str:
-    if problem is None:
-        return ""
+    if problem is None or (problem.detail is None and problem.title is None):
+        return None
     return (http.detail_text(problem.detail) if isinstance(problem.detail, str) else "") or problem.title or ""

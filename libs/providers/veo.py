@@ -15,6 +15,7 @@ from vidjobs.common.jobs import JobRequest
 from vidjobs.providers import checks, http, models
 from vidjobs.providers.base import Format, ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
 from vidjobs.providers.checks import invalid
+from vidjobs.providers.google_rpc import ErrorAnswer, Status
 from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, decode, lost, read_or_none, refusals
 
 KEY_SETTING = "VIDJOBS_VEO_API_KEY"
@@ -51,34 +52,7 @@ FRAMES = models.frame_sets(_CATALOG.frames)
 PEOPLE, MODELS = _CATALOG.people, _CATALOG.models
 FULL_HD_DURATION_S = 8  # Veo 3 renders 1080p as 8 s clips only
 
-# google.rpc.Code numbers, as an operation's `error.code` carries them.
-_GRPC_NAMES = {
-    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
-    7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION", 11: "OUT_OF_RANGE",
-    13: "INTERNAL", 14: "UNAVAILABLE", 16: "UNAUTHENTICATED",
-}
-_STATUS_CODES: dict[str, ErrorCode] = {
-    **dict.fromkeys(("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"), ErrorCode.INVALID_INPUT),
-    # Our project's quota ran out mid-render: nothing wrong with the job, and it may pass later.
-    "RESOURCE_EXHAUSTED": ErrorCode.PROVIDER_UNAVAILABLE, "DEADLINE_EXCEEDED": ErrorCode.TIMEOUT,
-    **dict.fromkeys(("PERMISSION_DENIED", "UNAUTHENTICATED"), ErrorCode.INTERNAL),
-}
-
-
 # --- the Gemini API's wire format, as far as we read it -------------------------------------------------
-
-
-class _Status(msgspec.Struct, kw_only=True):
-    """google.rpc.Status: an operation's `error`, and the `error` of an HTTP error answer (with `status`)."""
-
-    code: int = 0
-    message: str = ""
-    status: str | None = None
-    details: list[dict[str, Any]] = []
-
-
-class _ErrorAnswer(msgspec.Struct):
-    error: _Status
 
 
 class _Video(msgspec.Struct):
@@ -102,7 +76,7 @@ class _OperationResponse(msgspec.Struct, rename="camel"):
 class _Operation(msgspec.Struct, kw_only=True):
     name: str
     done: bool = False
-    error: _Status | None = None
+    error: Status | None = None
     response: _OperationResponse | None = None
 
 
@@ -110,11 +84,11 @@ class _Operation(msgspec.Struct, kw_only=True):
 
 
 def _said(status: int, body: bytes) -> Said:
-    answer = read_or_none(body, _ErrorAnswer)
-    given = answer.error if answer else _Status()
+    answer = read_or_none(body, ErrorAnswer)
+    given = answer.error if answer else Status()
     # The Gemini API answers a wrong key with 400 INVALID_ARGUMENT; the reason tells it from a bad request.
-    wrong_key = _detail(given, "ErrorInfo").get("reason") in ("API_KEY_INVALID", "API_KEY_SERVICE_BLOCKED")
-    return Said(given.message, _KEY_REFUSED if wrong_key else None, _retry_delay(given))
+    wrong_key = given.detail("ErrorInfo").get("reason") in ("API_KEY_INVALID", "API_KEY_SERVICE_BLOCKED")
+    return Said(given.message, _KEY_REFUSED if wrong_key else None, given.retry_delay())
 
 
 ERRORS = ErrorTable("Veo", refusals(KEY_SETTING, inputs=(400, 413, 415, 422)), _said)
@@ -215,24 +189,9 @@ def read_operation(raw: bytes) -> ProviderSignal:
     return ProviderSignal(provider_job_id=op.name, state=ProviderState.FAILED, error=error)
 
 
-def _errored(name: str, status: _Status) -> ProviderSignal:
-    grpc = status.status or _GRPC_NAMES.get(status.code, "UNKNOWN")
-    if grpc == "CANCELLED":
+def _errored(name: str, status: Status) -> ProviderSignal:
+    if status.code_name == "CANCELLED":
         return ProviderSignal(provider_job_id=name, state=ProviderState.CANCELED)
-    code = _STATUS_CODES.get(grpc, ErrorCode.PROVIDER_UNAVAILABLE)
-    error = http.said_error(code, "Veo", f"{grpc}: {status.message}" if status.message else grpc)
-    return ProviderSignal(provider_job_id=name, state=ProviderState.FAILED, error=error)
-
-
-def _detail(given: _Status, kind: str) -> dict[str, Any]:
-    """The first `details` entry of a type (`google.rpc.ErrorInfo`, `google.rpc.RetryInfo`), or {}."""
-    for item in given.details:
-        if isinstance(item, dict) and str(item.get("@type", "")).endswith(f"/google.rpc.{kind}"):
-            return item
-    return {}
-
-
-def _retry_delay(given: _Status) -> float | None:
-    """RetryInfo's `retryDelay` ("33s", a protobuf Duration in JSON) in seconds."""
-    delay = re.fullmatch(r"(\d+(?:\.\d+)?)s", str(_detail(given, "RetryInfo").get("retryDelay", "")))
-    return float(delay.group(1)) if delay else None
+    said = f"{status.code_name}: {status.message}" if status.message else status.code_name
+    return ProviderSignal(provider_job_id=name, state=ProviderState.FAILED,
+                          error=http.said_error(status.meaning, "Veo", said))

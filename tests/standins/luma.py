@@ -41,7 +41,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.standins import server
-from tests.standins.server import CallingStandin, Render, bearer_door, found, listening, payloads, scenario_in
+from tests.standins.server import CallingStandin, Render, bearer_door, listening, payloads, scenario_in
 from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
 RETRY_AFTER_S = 2
@@ -120,9 +120,8 @@ class LumaStandin(CallingStandin):
     async def _run(self, gen: Generation) -> None:
         await asyncio.sleep(self.step_s)
         self._move(gen, "dreaming")
-        if gen.scenario is Scenario.HANG:
+        if not await self.worked(gen, self.step_s):
             return
-        await asyncio.sleep(self.step_s)
         if gen.scenario in _FAILED:
             self._move(gen, "failed")
             return
@@ -159,10 +158,7 @@ def _error(name: str, status: int, headers: dict[str, str] | None = None) -> web
 @ROUTES.post("/dream-machine/v1/generations")
 async def create_generation(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        return web.json_response({"detail": "Invalid JSON body"}, status=400)
+    body = await server.json_body(request, {"detail": "Invalid JSON body"})
     standin.creates.append(body)
     scenario = Scenario(scenario_in(str(body.get("prompt", ""))))
     if scenario in _REFUSALS:
@@ -185,13 +181,9 @@ async def list_generations(request: web.Request) -> web.Response:
     return web.json_response(body)
 
 
-def _generation(request: web.Request) -> Generation:
-    return found(request.app[STANDIN].generations, request, payload("error_404_not_found"))
-
-
-@ROUTES.get("/dream-machine/v1/generations/{id}")
-async def get_generation(request: web.Request) -> web.Response:
-    return web.json_response(request.app[STANDIN].view(_generation(request)))
+_generation = server.render_routes(ROUTES, STANDIN, "/dream-machine/v1/generations", "/files/{id}/video.mp4",
+                                   lambda standin: standin.generations, lambda gen: gen.state == "completed",
+                                   missing=lambda: payload("error_404_not_found"))
 
 
 @ROUTES.delete("/dream-machine/v1/generations/{id}")
@@ -200,16 +192,8 @@ async def delete_generation(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
-@ROUTES.get("/files/{id}/video.mp4")
-async def get_video(request: web.Request) -> web.Response:
-    gen = request.app[STANDIN].generations.get(request.match_info["id"])
-    return await server.video(gen.clip if gen is not None and gen.state == "completed" else None)
-
-
 require_key = bearer_door("/dream-machine/", lambda request: request.app[STANDIN].api_key,
                           lambda: _error("error_401_invalid_key", 401))
-
-
 
 
 def running_luma_standin(*, api_key: str, host: str = "127.0.0.1",

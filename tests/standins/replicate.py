@@ -45,7 +45,7 @@ from typing import Any
 from aiohttp import web
 
 from tests.standins import server
-from tests.standins.server import CallingStandin, Render, bearer_door, found, listening, now, payloads, scenario_in
+from tests.standins.server import CallingStandin, Render, bearer_door, listening, now, payloads, scenario_in
 from vidjobs.providers import webhooks
 from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
 
@@ -153,9 +153,8 @@ class ReplicateStandin(CallingStandin):
             return
         pred.status, pred.started_at = "processing", now()
         self.notify(pred, "logs")
-        if pred.scenario is Scenario.HANG:
+        if not await self.worked(pred, self.step_s):
             return
-        await asyncio.sleep(self.step_s)
         if pred.scenario in _FAILED:
             self._finish(pred, "failed")
         elif pred.scenario is Scenario.CANCELED:
@@ -221,10 +220,7 @@ def _refusal(standin: ReplicateStandin, scenario: Scenario, prompt: str) -> web.
 @ROUTES.post("/v1/models/{owner}/{name}/predictions")
 async def create_prediction(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
-    try:
-        body = json.loads(await request.read())
-    except ValueError:
-        return web.json_response({"detail": "The request body is not valid JSON.", "status": 400}, status=400)
+    body = await server.json_body(request, {"detail": "The request body is not valid JSON.", "status": 400})
     standin.creates.append(body)
     prompt = str((body.get("input") or {}).get("prompt", ""))
     standin.creates_by_prompt[prompt] += 1
@@ -238,13 +234,9 @@ async def create_prediction(request: web.Request) -> web.Response:
     return web.json_response(standin.view(pred), status=201)
 
 
-def _prediction(request: web.Request) -> Prediction:
-    return found(request.app[STANDIN].predictions, request, payload("error_404_not_found"))
-
-
-@ROUTES.get("/v1/predictions/{id}")
-async def get_prediction(request: web.Request) -> web.Response:
-    return web.json_response(request.app[STANDIN].view(_prediction(request)))
+_prediction = server.render_routes(ROUTES, STANDIN, "/v1/predictions", "/files/{id}/output.mp4",
+                                   lambda standin: standin.predictions, lambda pred: pred.status == "succeeded",
+                                   missing=lambda: payload("error_404_not_found"))
 
 
 @ROUTES.post("/v1/predictions/{id}/cancel")
@@ -254,16 +246,8 @@ async def cancel_prediction(request: web.Request) -> web.Response:
     return web.json_response(standin.view(pred))
 
 
-@ROUTES.get("/files/{id}/output.mp4")
-async def get_output(request: web.Request) -> web.Response:
-    pred = request.app[STANDIN].predictions.get(request.match_info["id"])
-    return await server.video(pred.clip if pred is not None and pred.status == "succeeded" else None)
-
-
 require_token = bearer_door("/v1/", lambda request: request.app[STANDIN].api_token,
                             lambda: _problem("error_401_unauthenticated", 401))
-
-
 
 
 def running_replicate_standin(*, api_token: str, webhook_secret: str, host: str = "127.0.0.1",

@@ -84,6 +84,39 @@ def found(items: Mapping[str, S], request: web.Request, missing: dict[str, Any] 
     return item
 
 
+async def json_body(request: web.Request, refusal: dict[str, Any]) -> dict[str, Any]:
+    """The request's JSON body; one that is not JSON is answered 400 with the provider's own `refusal`."""
+    try:
+        return json.loads(await request.read())
+    except ValueError:
+        raise web.HTTPBadRequest(text=json.dumps(refusal), content_type="application/json") from None
+
+
+R = TypeVar("R", bound="Render")
+
+
+def render_routes(routes: web.RouteTableDef, key: web.AppKey[Any], path: str, video_path: str,
+                  renders: Callable[[Any], Mapping[str, R]], ready: Callable[[R], bool], *,
+                  missing: Callable[[], dict[str, Any]]) -> Callable[[web.Request], R]:
+    """The routes a calling stand-in answers alike: `GET {path}/{id}`, one render as the provider shows it (the
+    stand-in's `view`), and `GET {video_path}`, its video once `ready`. Returns the lookup of the render a
+    request's `{id}` names (404 with the provider's `missing` body), for the routes that act on one."""
+
+    def lookup(request: web.Request) -> R:
+        return found(renders(request.app[key]), request, missing())
+
+    async def get_render(request: web.Request) -> web.Response:
+        return web.json_response(request.app[key].view(lookup(request)))
+
+    async def get_video(request: web.Request) -> web.Response:
+        render = renders(request.app[key]).get(request.match_info["id"])
+        return await video(render.clip if render is not None and ready(render) else None)
+
+    routes.get(f"{path}/{{id}}")(get_render)
+    routes.get(video_path)(get_video)
+    return lookup
+
+
 async def video(clip: ClipSpec | None) -> web.Response:
     """The render as a real MP4, as the provider's CDN serves it; None: nothing to serve yet."""
     if clip is None:
@@ -182,6 +215,14 @@ class CallingStandin(BackgroundTasks):
             if taken(outcome) or attempt == attempts - 1:
                 return
             await asyncio.sleep(pause(attempt))
+
+    async def worked(self, render: Render, step_s: float) -> bool:
+        """A render's working step, as long as `step_s`: False at once for one whose scenario is `hang` (it stays
+        running for good), else True when the step is over."""
+        if render.scenario == "hang":
+            return False
+        await asyncio.sleep(step_s)
+        return True
 
     async def sink(self, request: web.Request) -> web.Response:
         self.received.append(Received(dict(request.headers), await request.read()))

@@ -7,7 +7,7 @@ provider would: it decodes answers leniently (new fields are ignored) and maps e
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 import aiohttp
@@ -15,22 +15,26 @@ import msgspec
 
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.jobs import JobRequest
-from vidjobs.providers import base, http, webhooks
+from vidjobs.providers import base, checks, http, webhooks
 from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
-from vidjobs.providers.checks import invalid, is_number
-from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, SignedCallbacks, decode, lost
-
-T = TypeVar("T")
+from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, SignedCallbacks
 
 SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
     "content_rejected", "fail_always", "hang", "bad_output", "expired_output", "unsafe_output",
     "accept_then_timeout", "accept_then_drop",
 )
-PARAMS = ("scenario", "render_s", "output_mb", "cost_usd", "answer_after_s", "lookup")
-MAX_OUTPUT_MB = 2048
 MAX_RENDER_S = 600
-MAX_COST_USD = 1000
+
+# What each `params` entry a job may set must be.
+PARAM_CHECKS: dict[str, checks.Check] = {
+    "scenario": lambda value: None if value in SCENARIOS else f"unknown scenario; one of {', '.join(SCENARIOS)}",
+    "render_s": checks.number(0, MAX_RENDER_S, "seconds"),
+    "output_mb": checks.number(0, 2048, "megabytes", whole=True),
+    "cost_usd": checks.number(0, 1000, "USD"),
+    "answer_after_s": checks.number(0, MAX_RENDER_S, "seconds"),
+    "lookup": checks.boolean,
+}
 
 # The provider's own error codes, in a failed render or an error answer, in our taxonomy.
 PROVIDER_CODES: dict[str, ErrorCode] = {
@@ -98,11 +102,8 @@ class _CreateRender(msgspec.Struct, kw_only=True):
 
 def _read(status: int, body: bytes) -> Said:
     given = _error_answer(body)
-    if given is None:
-        return Said()
-    if given.code in PROVIDER_CODES:
-        return Said(given.message, Refusal(PROVIDER_CODES[given.code], "{said}"))
-    return Said(given.message)
+    code = PROVIDER_CODES.get(given.code) if given else None
+    return Said(given.message if given else "", Refusal(code, "{said}") if code else None)
 
 
 # 401, 403, an unexpected 404 fall to the table's last row: our configuration is wrong, not the job.
@@ -115,6 +116,7 @@ class FakeAdapter(SignedCallbacks, HttpAdapter):
     errors = ERRORS
     supports_callbacks = True
     key_header = None  # the fake provider takes no key
+    forgotten = "The provider lost track of this render."  # it restarted
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, webhook_secret: str, *,
                  tolerance_s: float = webhooks.DEFAULT_TOLERANCE_S):
@@ -132,53 +134,31 @@ class FakeAdapter(SignedCallbacks, HttpAdapter):
                           negative_prompt=True, seed=True)]
 
     def validate(self, request: JobRequest) -> None:
-        for name in request.params:
-            if name not in PARAMS:
-                raise invalid(f"params.{name}: not a parameter of the fake provider (it takes {', '.join(PARAMS)})")
-        scenario = request.params.get("scenario", "succeed")
-        if scenario not in SCENARIOS:
-            raise invalid(f"params.scenario: unknown scenario {scenario!r}; one of {', '.join(SCENARIOS)}")
-        render_s = request.params.get("render_s", 3.0)
-        if not is_number(render_s) or not 0 <= render_s <= MAX_RENDER_S:
-            raise invalid(f"params.render_s: must be a number of seconds from 0 to {MAX_RENDER_S}, "
-                          f"not {render_s!r}")
-        output_mb = request.params.get("output_mb", 0)
-        if not isinstance(output_mb, int) or isinstance(output_mb, bool) or not 0 <= output_mb <= MAX_OUTPUT_MB:
-            raise invalid(f"params.output_mb: must be a whole number of megabytes from 0 to {MAX_OUTPUT_MB}")
-        cost_usd = request.params.get("cost_usd", 0)
-        if not is_number(cost_usd) or not 0 <= cost_usd <= MAX_COST_USD:
-            raise invalid(f"params.cost_usd: must be a number of USD from 0 to {MAX_COST_USD}, not {cost_usd!r}")
-        answer_after_s = request.params.get("answer_after_s", 0)
-        if not is_number(answer_after_s) or not 0 <= answer_after_s <= MAX_RENDER_S:
-            raise invalid(f"params.answer_after_s: must be a number of seconds from 0 to {MAX_RENDER_S}")
-        if not isinstance(request.params.get("lookup", True), bool):
-            raise invalid("params.lookup: must be true or false")
+        checks.check_params("the fake provider", request.params, PARAM_CHECKS)
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         raw = await self.send("/v1/renders", _create_body(req), {"Idempotency-Key": req.idempotency_key})
-        render = _decode(raw, _Render)
+        render = self.read(raw, _Render, "render")
         return Submission(provider_job_id=render.id, state=render.status)
 
     async def find(self, req: SubmitRequest) -> Submission | None:
         if req.request.params.get("lookup") is False:
             return None  # behaves as a provider that cannot look a render up
         raw = await self.call("GET", "/v1/renders", params={"idempotency_key": req.idempotency_key})
-        found = _decode(raw, _RenderList).data
+        found = self.read(raw, _RenderList, "render list").data
         return Submission(provider_job_id=found[0].id, state=found[0].status) if found else None
 
     async def status(self, provider_job_id: str) -> ProviderSignal:
-        raw = await self.call_known("GET", f"/v1/renders/{quote(provider_job_id, safe='')}")
-        if raw is None:  # the provider forgot the render (it restarted)
-            return lost(provider_job_id, "The provider lost track of this render.")
-        return _signal(_decode(raw, _Render))
+        return await self.poll(f"/v1/renders/{quote(provider_job_id, safe='')}", provider_job_id,
+                               lambda raw: _signal(self.read(raw, _Render, "render")))
 
     async def cancel(self, provider_job_id: str) -> None:
         # A render the provider no longer has is nothing to stop.
         await self.call_known("POST", f"/v1/renders/{quote(provider_job_id, safe='')}/cancel")
 
     def parse_callback(self, body: bytes) -> ProviderSignal:
-        return _signal(_decode(body, _Event).data)
+        return _signal(self.read(body, _Event, "event").data)
 
 
 # --- translation ---------------------------------------------------------------------------------------
@@ -194,25 +174,17 @@ def render_error(error: _Error | None) -> JobError:
 
 def _signal(render: _Render) -> ProviderSignal:
     failed = render.status is ProviderState.FAILED
-    return ProviderSignal(
-        provider_job_id=render.id, state=render.status, job_id=render.metadata.job_id,
-        attempt=render.metadata.attempt, progress=render.progress, output_url=render.output_url,
-        error=render_error(render.error) if failed else None, cost=render.cost_usd,
-    )
+    return ProviderSignal(provider_job_id=render.id, state=render.status, job_id=render.metadata.job_id,
+                          attempt=render.metadata.attempt, progress=render.progress, output_url=render.output_url,
+                          error=render_error(render.error) if failed else None, cost=render.cost_usd)
 
 
 def _create_body(req: SubmitRequest) -> _CreateRender:
     r = req.request
-    return _CreateRender(
-        model=r.model_name, prompt=r.prompt, duration_s=r.duration_s, aspect_ratio=r.aspect_ratio,
-        resolution=r.resolution, seed=r.seed, negative_prompt=r.negative_prompt,
-        input_image_url=req.input_image_url, params=r.params, callback_url=req.callback_url,
-        metadata=_Metadata(job_id=req.job_id, attempt=req.attempt),
-    )
-
-
-def _decode(raw: bytes, kind: type[T]) -> T:
-    return decode(raw, kind, "The provider", kind.__name__.strip("_").lower())
+    return _CreateRender(model=r.model_name, prompt=r.prompt, duration_s=r.duration_s, aspect_ratio=r.aspect_ratio,
+                         resolution=r.resolution, seed=r.seed, negative_prompt=r.negative_prompt,
+                         input_image_url=req.input_image_url, params=r.params, callback_url=req.callback_url,
+                         metadata=_Metadata(job_id=req.job_id, attempt=req.attempt))
 
 
 def _error_answer(body: bytes) -> _Error | None:
