@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -104,8 +105,9 @@ async def scratch_database(admin_url: str) -> tuple[str, str]:
         await admin.execute(f'CREATE DATABASE "{name}"')
     finally:
         await admin.close()
-    base, _, _ = admin_url.rpartition("/")
-    return name, f"{base}/{name}"
+    # Only the path names the database: a socket URL's query (`?host=/tmp/...`) holds slashes of its own.
+    parts = urlsplit(admin_url)
+    return name, urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
 
 
 async def drop_database(admin_url: str, name: str) -> None:
