@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncpg
 import msgspec
 
-KINDS = ("video", "thumbnail", "preview")
-
 
 class StoredFile(msgspec.Struct, frozen=True, kw_only=True):
     """One object in our bucket: its key, what it is and what we verified of it."""
@@ -39,8 +37,9 @@ class Outputs(msgspec.Struct, frozen=True, kw_only=True):
 
 def outputs_sql(job_id: str) -> str:
     """A scalar subquery: the job's asset rows as one jsonb object keyed by kind (decoded by `decode`), or NULL
-    while it has no video. Served by the unique (job_id, kind) index. Rows of removed files stay: an expired
-    job still shows its facts and its thumbnail, and reads decide what to link by the job's status."""
+    until it has both its video and its thumbnail. Served by the unique (job_id, kind) index. Rows of removed
+    files stay: an expired job still shows its facts and its thumbnail, and reads decide what to link by the
+    job's status."""
     return f"""(SELECT jsonb_object_agg(a.kind, jsonb_build_object(
                     'key', a.key, 'content_type', a.content_type, 'bytes', a.bytes, 'sha256', a.sha256,
                     'width', a.width, 'height', a.height, 'duration_s', a.duration_s))
