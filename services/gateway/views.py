@@ -57,14 +57,14 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
     """`waiting_position` is the job's place among its account's waiting jobs, computed with the read;
     `outputs` its stored files, read with it from their one record."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
-    shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED) and outputs is not None
+    shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED)
     asked = job.request
     return JobOut(
         id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=asked.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
         attempt=job.attempt, queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
         progress=job.progress, error=job.error,
-        outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs else None,
+        outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs is not None else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
         duration_s=asked.duration_s, aspect_ratio=asked.aspect_ratio, resolution=asked.resolution, seed=asked.seed,
         negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,
