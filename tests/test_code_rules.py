@@ -12,7 +12,7 @@ from vidjobs.common.states import JobStatus
 ROOT = Path(__file__).parents[1]
 _QUOTED_STATUS = re.compile(r"'(" + "|".join(s.value for s in JobStatus) + r")'")
 # webhook_deliveries has statuses of its own (pending, delivered, failed, disabled), not a job's.
-_OTHER_STATUSES = {"services/gateway/appwebhooks.py"}
+_OTHER_STATUSES = {"services/gateway/appwebhooks/deliveries.py", "services/gateway/appwebhooks/endpoints.py"}
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:

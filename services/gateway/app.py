@@ -19,7 +19,6 @@ from vidjobs.common.events import AppEventDue
 from vidjobs.common.runtime import Runtime, consumer, every, health_app, open_runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway import (
-    appwebhooks,
     idempotency,
     inbox,
     ratelimit,
@@ -35,6 +34,7 @@ from vidjobs.gateway import (
     stream,
 )
 from vidjobs.gateway.access import request_id_middleware, stamp_request_id
+from vidjobs.gateway.appwebhooks import deliveries, urls
 from vidjobs.gateway.auth import auth_middleware, stamp_rate_limit
 from vidjobs.gateway.errors import ErrorOut, error_middleware
 from vidjobs.gateway.limits import Bucket, StreamSlots
@@ -121,18 +121,18 @@ async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -
     """The consumer that turns moves into deliveries, and the deliverer that sends them (appwebhooks)."""
     rt = gw.rt
     session = await stack.enter_async_context(netguard.guarded_session(
-        rt.settings.allowed_webhook_hosts(), purpose=appwebhooks.WEBHOOKS,
+        rt.settings.allowed_webhook_hosts(), purpose=urls.WEBHOOKS,
         timeout=aiohttp.ClientTimeout(total=rt.settings.app_webhook_timeout_s)))
 
     async def job_body(account_id: str, job_id: str) -> bytes | None:
         owned = await Tenant(rt, account_id).job(job_id)
         return None if owned is None else msgspec.json.encode(owned_view(gw, owned))
 
-    deliverer = appwebhooks.Deliverer(rt, session, job_body)
+    deliverer = deliveries.Deliverer(rt, session, job_body)
     gw.poke_deliveries = deliverer.poke
 
     async def on_app_event(event: AppEventDue, _: Delivery) -> None:
-        if await appwebhooks.fan_out(rt.pool, event):
+        if await deliveries.fan_out(rt.pool, event):
             deliverer.poke()
 
     spec = consumer(rt, "gateway-app-events", events.APP_EVENTS, on_app_event, concurrency=8)

@@ -1,4 +1,4 @@
-"""`/v1/webhook-endpoints`: where an account's app hears of its jobs (services/gateway/appwebhooks.py), what
+"""`/v1/webhook-endpoints`: where an account's app hears of its jobs (services/gateway/appwebhooks/), what
 was delivered there and how each attempt went; and `GET /v1/account/webhook-secret`, which verifies the
 deliveries to the `webhook_url` a job names for itself."""
 
@@ -9,7 +9,7 @@ import re
 import msgspec
 from aiohttp import web
 
-from vidjobs.gateway import appwebhooks
+from vidjobs.gateway.appwebhooks import urls
 from vidjobs.gateway.bodies import (
     DeliveryList,
     DeliveryOut,
@@ -39,7 +39,7 @@ def _endpoint_id(request: web.Request) -> str:
 
 async def create_endpoint(request: web.Request) -> web.Response:
     body = await read_json(request, EndpointIn, gateway(request).settings.max_body_bytes)
-    await appwebhooks.checked_url(body.url, gateway(request).settings.allowed_webhook_hosts(), "url")
+    await urls.checked_url(body.url, gateway(request).settings.allowed_webhook_hosts(), "url")
     endpoint, secret = await tenant(request).add_endpoint(body.url, sorted(set(body.events)), body.description)
     created = EndpointCreated(**msgspec.structs.asdict(endpoint), secret=secret)
     return json_response(created, status=201, headers={"Location": f"/v1/webhook-endpoints/{endpoint.id}"})

@@ -16,7 +16,8 @@ from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExha
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
-from vidjobs.gateway import appwebhooks, cursor, idempotency
+from vidjobs.gateway import cursor, idempotency
+from vidjobs.gateway.appwebhooks import urls
 from vidjobs.gateway.bodies import (
     DEFAULT_JOB_EVENTS,
     CreateJob,
@@ -131,7 +132,7 @@ async def checked_create(request: web.Request) -> Checked:
     check_provider(gw.adapters, job_request)
     await check_input_image(owner, job_request)
     if body.webhook_url is not None:
-        await appwebhooks.checked_url(body.webhook_url, gw.settings.allowed_webhook_hosts(), "webhook_url")
+        await urls.checked_url(body.webhook_url, gw.settings.allowed_webhook_hosts(), "webhook_url")
     return Checked(body, job_request, route)
 
 

@@ -30,7 +30,7 @@ class Gateway:
     webhook_rates: dict[str, Bucket]  # stored callbacks, by provider
     # Set when the server begins shutting down, so long-lived streams end instead of holding it open.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
-    # Wakes the delivery of webhooks to apps now rather than at its next look (appwebhooks.Deliverer).
+    # Wakes the delivery of webhooks to apps now rather than at its next look (appwebhooks.deliveries.Deliverer).
     poke_deliveries: Callable[[], None] = lambda: None
 
 

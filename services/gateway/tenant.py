@@ -26,8 +26,9 @@ from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.common.uploads import UploadRow
-from vidjobs.gateway import accounts, appwebhooks
+from vidjobs.gateway import accounts
 from vidjobs.gateway.accounts import Account
+from vidjobs.gateway.appwebhooks import endpoints, secrets
 from vidjobs.gateway.state import ACCOUNT, gateway
 
 Conn = asyncpg.Connection | asyncpg.Pool
@@ -196,23 +197,23 @@ class Tenant:
 
     # --- webhooks to the account's app -------------------------------------------------------------------
     async def add_endpoint(self, url: str, events: list[str], description: str,
-                           ) -> tuple[appwebhooks.Endpoint, str]:
-        return await appwebhooks.add_endpoint(self._rt.pool, self.account_id, url, events, description)
+                           ) -> tuple[endpoints.Endpoint, str]:
+        return await endpoints.add_endpoint(self._rt.pool, self.account_id, url, events, description)
 
-    async def endpoints(self) -> list[appwebhooks.Endpoint]:
-        return await appwebhooks.endpoints(self._rt.pool, self.account_id)
+    async def endpoints(self) -> list[endpoints.Endpoint]:
+        return await endpoints.endpoints(self._rt.pool, self.account_id)
 
     async def remove_endpoint(self, endpoint_id: str) -> bool:
-        return await appwebhooks.remove_endpoint(self._rt.pool, self.account_id, endpoint_id)
+        return await endpoints.remove_endpoint(self._rt.pool, self.account_id, endpoint_id)
 
-    async def deliveries(self, endpoint_id: str, limit: int) -> list[appwebhooks.DeliveryView] | None:
-        return await appwebhooks.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit)
+    async def deliveries(self, endpoint_id: str, limit: int) -> list[endpoints.DeliveryView] | None:
+        return await endpoints.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit)
 
     async def retry_delivery(self, endpoint_id: str, delivery_id: str) -> bool:
-        return await appwebhooks.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id)
+        return await endpoints.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id)
 
     async def webhook_secret(self) -> str:
-        return await appwebhooks.account_secret(self._rt.pool, self.account_id)
+        return await secrets.account_secret(self._rt.pool, self.account_id)
 
     # --- uploads ----------------------------------------------------------------------------------------
     async def upload(self, upload_id: str) -> UploadRow | None:

@@ -1,5 +1,4 @@
-"""Webhooks to accounts' apps: the endpoints an account registers, a job's own `webhook_url`, and delivering
-what happened to its jobs to them, signed with Standard Webhooks.
+"""Delivering what happened to an account's jobs to its endpoints and to a job's own `webhook_url`.
 
 A move that an app may hear of (states.app_events) puts `AppEventDue` in the outbox with the move. Its
 consumer writes one delivery row per event type and destination that wants it (once, whatever the
@@ -10,8 +9,7 @@ the endpoint (and whatever else waits for it); anything else is tried again afte
 
 Deliveries are claimed by pushing their due time out, so replicas share the work; at most a few of one URL
 are in flight at once and each is cut at `VIDJOBS_APP_WEBHOOK_TIMEOUT_S`, so a slow or dead endpoint holds up
-neither jobs (they never wait on a delivery) nor other endpoints. Every URL passes the request-forgery guard
-of render downloads, at registration and on every request.
+neither jobs (they never wait on a delivery) nor other endpoints.
 """
 
 from __future__ import annotations
@@ -26,27 +24,20 @@ import aiohttp
 import asyncpg
 import msgspec
 
-from vidjobs.common import ids, netguard, requestids
+from vidjobs.common import requestids
 from vidjobs.common.events import AppEventDue
 from vidjobs.common.runtime import Runtime
-from vidjobs.gateway.errors import invalid
+from vidjobs.gateway.appwebhooks import secrets
+from vidjobs.gateway.appwebhooks.urls import UnsafeEndpoint
 from vidjobs.providers import webhooks
 from vidjobs.providers.http import retry_after
 
 log = logging.getLogger("vidjobs.gateway.appwebhooks")
 
-ALLOW_SETTING = "VIDJOBS_WEBHOOK_ALLOW_HOSTS"
 PER_URL_IN_FLIGHT = 4
 MAX_IN_FLIGHT = 64
 BATCH = 64
 CLAIM_SLACK_S = 30.0  # a claimed delivery comes due again this long after its attempt should have ended
-
-
-class UnsafeEndpoint(ValueError):
-    """A URL the request-forgery guard refuses; its message says why and what to do."""
-
-
-WEBHOOKS = netguard.Purpose(doing="deliver webhooks", setting=ALLOW_SETTING, error=UnsafeEndpoint)
 
 
 class Delivery(msgspec.Struct, kw_only=True):
@@ -57,7 +48,6 @@ class Delivery(msgspec.Struct, kw_only=True):
     event_type: str
     url: str
     attempts: int
-    secret: str
 
 
 # --- fan-out --------------------------------------------------------------------------------------------
@@ -102,9 +92,7 @@ WITH due AS (
 UPDATE webhook_deliveries w SET next_attempt_at = clock_timestamp() + make_interval(secs => $3),
                                 updated_at = clock_timestamp()
 FROM due WHERE w.id = due.id AND w.status = 'pending' AND w.next_attempt_at <= clock_timestamp()
-RETURNING w.id, w.account_id, w.endpoint_id, w.job_id, w.event_type, w.url, w.attempts,
-          COALESCE((SELECT e.secret FROM webhook_endpoints e WHERE e.id = w.endpoint_id),
-                   (SELECT a.webhook_secret FROM accounts a WHERE a.id = w.account_id)) AS secret
+RETURNING w.id, w.account_id, w.endpoint_id, w.job_id, w.event_type, w.url, w.attempts
 """
 
 
@@ -184,7 +172,7 @@ class Deliverer:
     async def _claim(self, limit: int) -> list[Delivery]:
         full = [url for url, n in self._in_flight.items() if n >= PER_URL_IN_FLIGHT]
         rows = await self._rt.pool.fetch(_CLAIM, limit, PER_URL_IN_FLIGHT, self._timeout_s + CLAIM_SLACK_S, full)
-        return [msgspec.convert(dict(r), Delivery) for r in rows if r["secret"] is not None]
+        return [msgspec.convert(dict(r), Delivery) for r in rows]
 
     async def _attempt_safely(self, delivery: Delivery) -> None:
         try:
@@ -202,7 +190,11 @@ class Deliverer:
             return
         body = b'{"type":' + msgspec.json.encode(delivery.event_type) + b',"timestamp":' + msgspec.json.encode(
             datetime.now(UTC)) + b',"data":' + data + b"}"
-        outcome = await self._post(delivery, body)
+        keys = await secrets.signing_secrets(self._rt.pool, delivery.account_id, delivery.endpoint_id)
+        if not keys:
+            await _settle(self._rt.pool, delivery, Outcome(None, "the endpoint was removed", 0), "disabled", None)
+            return
+        outcome = await self._post(delivery, body, keys)
         status, due = self._next(delivery, outcome)
         await _settle(self._rt.pool, delivery, outcome, status, due)
         log.info("webhook delivery attempted", extra={
@@ -210,8 +202,8 @@ class Deliverer:
             "endpoint_id": delivery.endpoint_id, "status": outcome.status, "error": outcome.error,
             "outcome": status})
 
-    async def _post(self, delivery: Delivery, body: bytes) -> Outcome:
-        headers = {**webhooks.signed_headers(delivery.secret, body, msg_id=delivery.id),
+    async def _post(self, delivery: Delivery, body: bytes, keys: list[str]) -> Outcome:
+        headers = {**webhooks.signed_headers(keys[0], body, msg_id=delivery.id),
                    "Content-Type": "application/json", "User-Agent": "vidjobs-webhooks"}
         started = time.perf_counter()
         try:
@@ -274,133 +266,3 @@ async def _gone(conn: asyncpg.Connection, delivery: Delivery) -> None:
                        "WHERE job_id = $1 AND endpoint_id IS NULL AND status = 'pending'", delivery.job_id)
 
 
-# --- URLs and secrets -----------------------------------------------------------------------------------
-
-def guard(settings_hosts: frozenset[str]) -> netguard.DownloadGuard:
-    return netguard.DownloadGuard(settings_hosts, WEBHOOKS)
-
-
-async def check_endpoint_url(url: str, hosts: frozenset[str]) -> None:
-    """Raises UnsafeEndpoint unless the URL may be delivered to: its form, its literal address, and every
-    address its name resolves to now (each delivery checks again, when it connects)."""
-    checker = guard(hosts)
-    parsed = netguard.screen_url(url, WEBHOOKS)
-    checker.check_request(parsed)
-    host, port = parsed.raw_host or "", parsed.port or (443 if parsed.scheme == "https" else 80)
-    if netguard.literal_address(host) is not None or checker.allows(host, port):
-        return
-    try:
-        found = await aiohttp.ThreadedResolver().resolve(host, port)
-    except OSError as exc:
-        raise UnsafeEndpoint(f"We refused to deliver webhooks to {host}: the name does not resolve ({exc}).") from exc
-    checker.check_resolved(host, port, found)
-
-
-async def checked_url(url: str, settings_hosts: frozenset[str], field: str) -> None:
-    """check_endpoint_url as the API answers it: a 422 naming `field` and what to do."""
-    try:
-        await check_endpoint_url(url, settings_hosts)
-    except UnsafeEndpoint as err:
-        raise invalid(f"{field}: {err}") from err
-
-
-def new_endpoint_id() -> str:
-    return ids.new("whe")
-
-
-# --- endpoints and secrets, as an account sees them (through its Tenant) ---------------------------------
-
-class Endpoint(msgspec.Struct, kw_only=True):
-    id: str
-    url: str
-    events: list[str]
-    description: str
-    created_at: datetime
-    disabled_at: datetime | None
-    disabled_reason: str | None
-
-
-_ENDPOINT_COLUMNS = "id, url, events, description, created_at, disabled_at, disabled_reason"
-
-
-async def add_endpoint(pool: asyncpg.Pool, account_id: str, url: str, events: list[str],
-                       description: str) -> tuple[Endpoint, str]:
-    secret = webhooks.new_secret()
-    row = await pool.fetchrow(
-        f"INSERT INTO webhook_endpoints (id, account_id, url, secret, events, description) "
-        f"VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_ENDPOINT_COLUMNS}",
-        new_endpoint_id(), account_id, url, secret, events, description)
-    return msgspec.convert(dict(row), Endpoint), secret
-
-
-async def endpoints(pool: asyncpg.Pool, account_id: str) -> list[Endpoint]:
-    rows = await pool.fetch(f"SELECT {_ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE account_id = $1 "
-                            "AND deleted_at IS NULL ORDER BY created_at, id", account_id)
-    return [msgspec.convert(dict(r), Endpoint) for r in rows]
-
-
-async def remove_endpoint(pool: asyncpg.Pool, account_id: str, endpoint_id: str) -> bool:
-    """Nothing more is sent to it: its waiting deliveries are dropped with it."""
-    async with pool.acquire() as conn, conn.transaction():
-        status = await conn.execute("UPDATE webhook_endpoints SET deleted_at = clock_timestamp() "
-                                    "WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL", endpoint_id, account_id)
-        await conn.execute("UPDATE webhook_deliveries SET status = 'disabled', next_attempt_at = NULL "
-                           "WHERE endpoint_id = $1 AND status = 'pending'", endpoint_id)
-    return status.endswith(" 1")
-
-
-class Attempt(msgspec.Struct, kw_only=True):
-    at: datetime
-    status: int | None
-    error: str | None
-    ms: int
-
-
-class DeliveryView(msgspec.Struct, kw_only=True):
-    id: str
-    job_id: str
-    event_type: str
-    status: str
-    next_attempt_at: datetime | None
-    created_at: datetime
-    attempts: list[Attempt]
-
-
-async def endpoint_deliveries(pool: asyncpg.Pool, account_id: str, endpoint_id: str,
-                              limit: int) -> list[DeliveryView] | None:
-    """Newest first, each with its attempts; None when the account has no such endpoint."""
-    owned = await pool.fetchval("SELECT true FROM webhook_endpoints WHERE id = $1 AND account_id = $2 "
-                                "AND deleted_at IS NULL", endpoint_id, account_id)
-    if not owned:
-        return None
-    rows = await pool.fetch(
-        """
-        SELECT d.id, d.job_id, d.event_type, d.status, d.next_attempt_at, d.created_at,
-               COALESCE((SELECT jsonb_agg(jsonb_build_object('at', a.at, 'status', a.status, 'error', a.error,
-                                                             'ms', a.ms) ORDER BY a.id)
-                         FROM webhook_attempts a WHERE a.delivery_id = d.id), '[]') AS attempts
-        FROM webhook_deliveries d WHERE d.endpoint_id = $1
-        ORDER BY d.created_at DESC, d.id DESC LIMIT $2
-        """, endpoint_id, limit)
-    return [msgspec.convert(dict(r), DeliveryView, strict=False) for r in rows]
-
-
-async def retry_delivery(pool: asyncpg.Pool, account_id: str, endpoint_id: str, delivery_id: str) -> bool:
-    """Send a delivery again now, whatever became of it, while its endpoint is enabled. Past its schedule, it
-    gets this one attempt."""
-    status = await pool.execute(
-        """
-        UPDATE webhook_deliveries d SET status = 'pending', next_attempt_at = clock_timestamp(),
-            updated_at = clock_timestamp()
-        FROM webhook_endpoints e
-        WHERE d.id = $3 AND d.endpoint_id = $2 AND e.id = d.endpoint_id AND e.account_id = $1
-          AND e.deleted_at IS NULL AND e.disabled_at IS NULL
-        """, account_id, endpoint_id, delivery_id)
-    return status.endswith(" 1")
-
-
-async def account_secret(pool: asyncpg.Pool, account_id: str) -> str:
-    """The secret that signs deliveries to jobs' own webhook_url, made on first use."""
-    return await pool.fetchval(
-        "UPDATE accounts SET webhook_secret = COALESCE(webhook_secret, $2) WHERE id = $1 RETURNING webhook_secret",
-        account_id, webhooks.new_secret())

@@ -1,0 +1,3 @@
+"""Webhooks to accounts' apps: the endpoints an account registers (endpoints.py), a job's own `webhook_url`,
+the secrets that sign what is sent (secrets.py), the request-forgery guard every URL passes (urls.py), and
+delivering what happened to an account's jobs (deliveries.py), signed with Standard Webhooks."""

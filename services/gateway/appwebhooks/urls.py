@@ -1,0 +1,46 @@
+"""Where webhooks may go: every URL passes the request-forgery guard of render downloads, at registration and
+on every request (the delivering session is guarded too, when it connects)."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from vidjobs.common import netguard
+from vidjobs.gateway.errors import invalid
+
+ALLOW_SETTING = "VIDJOBS_WEBHOOK_ALLOW_HOSTS"
+
+
+class UnsafeEndpoint(ValueError):
+    """A URL the request-forgery guard refuses; its message says why and what to do."""
+
+
+WEBHOOKS = netguard.Purpose(doing="deliver webhooks", setting=ALLOW_SETTING, error=UnsafeEndpoint)
+
+
+def guard(settings_hosts: frozenset[str]) -> netguard.DownloadGuard:
+    return netguard.DownloadGuard(settings_hosts, WEBHOOKS)
+
+
+async def check_endpoint_url(url: str, hosts: frozenset[str]) -> None:
+    """Raises UnsafeEndpoint unless the URL may be delivered to: its form, its literal address, and every
+    address its name resolves to now (each delivery checks again, when it connects)."""
+    checker = guard(hosts)
+    parsed = netguard.screen_url(url, WEBHOOKS)
+    checker.check_request(parsed)
+    host, port = parsed.raw_host or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    if netguard.literal_address(host) is not None or checker.allows(host, port):
+        return
+    try:
+        found = await aiohttp.ThreadedResolver().resolve(host, port)
+    except OSError as exc:
+        raise UnsafeEndpoint(f"We refused to deliver webhooks to {host}: the name does not resolve ({exc}).") from exc
+    checker.check_resolved(host, port, found)
+
+
+async def checked_url(url: str, settings_hosts: frozenset[str], field: str) -> None:
+    """check_endpoint_url as the API answers it: a 422 naming `field` and what to do."""
+    try:
+        await check_endpoint_url(url, settings_hosts)
+    except UnsafeEndpoint as err:
+        raise invalid(f"{field}: {err}") from err
