@@ -98,8 +98,8 @@ GRANTS: dict[str, dict[str, frozenset[Privilege]]] = {
         "provider_submissions": SEL,  # a callback must name a render of ours
         "uploads": SEL | INS | UPD,
         "webhook_endpoints": INS | UPD,
-        "webhook_deliveries": SEL | INS | UPD,
-        "webhook_attempts": SEL | INS,
+        "webhook_deliveries": SEL | INS | UPD | DEL,  # prunes finished history
+        "webhook_attempts": SEL | INS | DEL,
         "rate_cards": SEL,  # prices a job at create
         "rate_card_prices": SEL,
         "assets": SEL,  # a finished job's outputs are read from the media service's record of its files

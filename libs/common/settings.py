@@ -150,6 +150,19 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     webhook_allow_hosts: str = ""
     app_webhook_retry_s: str = "5,300,1800,7200,18000,36000,36000"
     app_webhook_timeout_s: float = 10.0
+    # What one account's webhooks may cost (appwebhooks/claims.py): endpoints registered, attempts under way
+    # at once and a minute (more wait their turn, nothing is dropped), manual retries of one delivery; and
+    # attempts at once to one host (host:port), whoever's. Delivery history is kept this long once finished.
+    max_webhook_endpoints: int = 20
+    webhook_deliveries_in_flight: int = 16
+    webhook_deliveries_per_minute: int = 600
+    max_webhook_manual_retries: int = 5
+    webhook_host_in_flight: int = 4
+    webhook_delivery_retention_days: float = 7.0
+    # Looking up a name for an untrusted URL (webhook endpoints, render downloads): its own few threads, so
+    # a resolver that never answers cannot take the ones image decoding uses, and a time limit.
+    dns_timeout_s: float = 5.0
+    dns_threads: int = 4
     s3_part_bytes: int = 8 * 1024 * 1024  # multipart upload part size for the S3 backend (at least 5 MiB)
     # Image uploads (image-to-video input).
     upload_max_bytes: int = 10 * 1024 * 1024

@@ -4,6 +4,7 @@ decoding, `Retry-After`, and the status → error-code table each provider fills
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -22,21 +23,32 @@ from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Sub
 T = TypeVar("T")
 
 
+MAX_RETRY_AFTER_S = 86400.0  # a day: whoever sent the header, we never wait longer than this on its word
+
+
 def retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header: delta-seconds or an HTTP date. None when absent or unreadable."""
-    if not value:
+    """Seconds from a Retry-After header: delta-seconds or an HTTP date, between 0 and MAX_RETRY_AFTER_S (the
+    sender controls it: `1e300` or `inf` would overflow every timestamp it is added to). None when absent or
+    unreadable."""
+    if not value or len(value) > 64:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        pass
+        seconds = _until(value)
+    if seconds is None or math.isnan(seconds):
+        return None
+    return min(MAX_RETRY_AFTER_S, max(0.0, seconds))
+
+
+def _until(value: str) -> float | None:
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+    return (when - datetime.now(UTC)).total_seconds()
 
 
 @contextlib.asynccontextmanager

@@ -78,6 +78,12 @@ async def _prune_webhook_inbox(rt: Runtime) -> None:
                 partial(inbox.prune, rt.pool, settings.webhook_retention_days), "webhook inbox prune")
 
 
+async def _prune_webhook_deliveries(rt: Runtime) -> None:
+    settings = rt.settings
+    await every(rt, settings.idempotency_sweep_interval_s,
+                partial(deliveries.prune, rt.pool, settings.webhook_delivery_retention_days), "webhook delivery prune")
+
+
 async def _stop(task: asyncio.Task) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -105,6 +111,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         # Stopped before the pool they use is closed.
         for work, name in ((_sweep_idempotency_keys(rt), "idempotency-sweep"),
                            (_prune_webhook_inbox(rt), "webhook-inbox-prune"),
+                           (_prune_webhook_deliveries(rt), "webhook-delivery-prune"),
                            (every(rt, ratelimit.SYNC_S, buckets.sync, "rate limit sync"), "rate-limit-sync")):
             stack.push_async_callback(_stop, rt.watch(work, name))
         streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)

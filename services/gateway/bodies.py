@@ -182,6 +182,10 @@ class Limits(msgspec.Struct, kw_only=True):
     max_uploads_per_day: int  # image uploads per UTC day, deleted ones included
     max_body_bytes: int  # a JSON request body
     max_upload_bytes: int  # an uploaded image
+    max_webhook_endpoints: int  # webhook endpoints registered at once
+    webhook_deliveries_in_flight: int  # webhook attempts under way at once; more wait their turn
+    webhook_deliveries_per_minute: int  # webhook attempts a minute; more wait their turn
+    max_webhook_manual_retries: int  # times one delivery may be sent again by hand
 
 
 class AccountOut(msgspec.Struct, kw_only=True):

@@ -10,6 +10,7 @@ import msgspec
 from aiohttp import web
 
 from vidjobs.gateway.appwebhooks import urls
+from vidjobs.gateway.appwebhooks.endpoints import CapReached, Retried
 from vidjobs.gateway.bodies import (
     DeliveryList,
     DeliveryOut,
@@ -20,7 +21,7 @@ from vidjobs.gateway.bodies import (
     WebhookSecretOut,
 )
 from vidjobs.gateway.decoding import read_json
-from vidjobs.gateway.errors import ErrorOut, not_found
+from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant
@@ -38,9 +39,14 @@ def _endpoint_id(request: web.Request) -> str:
 
 
 async def create_endpoint(request: web.Request) -> web.Response:
-    body = await read_json(request, EndpointIn, gateway(request).settings.max_body_bytes)
-    await urls.checked_url(body.url, gateway(request).settings.allowed_webhook_hosts(), "url")
-    endpoint, secret = await tenant(request).add_endpoint(body.url, sorted(set(body.events)), body.description)
+    settings = gateway(request).settings
+    body = await read_json(request, EndpointIn, settings.max_body_bytes)
+    await urls.checked_url(body.url, settings.allowed_webhook_hosts(), "url")
+    try:
+        endpoint, secret = await tenant(request).add_endpoint(body.url, sorted(set(body.events)), body.description,
+                                                              cap=settings.max_webhook_endpoints)
+    except CapReached as err:
+        raise ApiError(429, GatewayCode.LIMIT_REACHED, str(err)) from err
     created = EndpointCreated(**msgspec.structs.asdict(endpoint), secret=secret)
     return json_response(created, status=201, headers={"Location": f"/v1/webhook-endpoints/{endpoint.id}"})
 
@@ -64,12 +70,21 @@ async def list_deliveries(request: web.Request) -> web.Response:
 
 
 async def retry_delivery(request: web.Request) -> web.Response:
-    delivery_id = request.match_info["delivery_id"]
-    if not DELIVERY_ID.match(delivery_id) or not await tenant(request).retry_delivery(_endpoint_id(request),
-                                                                                     delivery_id):
+    delivery_id, endpoint_id = request.match_info["delivery_id"], _endpoint_id(request)
+    if not DELIVERY_ID.match(delivery_id):
         raise not_found("delivery of an enabled webhook endpoint")
-    gateway(request).poke_deliveries()
-    return web.Response(status=202)
+    cap = gateway(request).settings.max_webhook_manual_retries
+    match await tenant(request).retry_delivery(endpoint_id, delivery_id, cap=cap):
+        case Retried.SENT:
+            gateway(request).poke_deliveries()
+            return web.Response(status=202)
+        case Retried.IN_FLIGHT:
+            raise ApiError(409, GatewayCode.CONFLICT, "an attempt of this delivery is under way: see its outcome "
+                           "in the endpoint's deliveries, then send it again if it still needs to be", retryable=True)
+        case Retried.CAPPED:
+            raise ApiError(429, GatewayCode.LIMIT_REACHED, f"this delivery was sent again by hand {cap} times, the "
+                           "most it may be: check that the endpoint answers 2xx, and fetch the job itself instead")
+    raise not_found("delivery of an enabled webhook endpoint")
 
 
 async def webhook_secret(request: web.Request) -> web.Response:
@@ -82,7 +97,7 @@ ROUTES = [
     Route("POST", "/v1/webhook-endpoints", create_endpoint, "create_webhook_endpoint",
           "Register an endpoint of your app to hear of your jobs; its signing secret is shown this once",
           body=EndpointIn, responses={201: EndpointCreated, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut,
-                                      415: ErrorOut, 422: ErrorOut}),
+                                      415: ErrorOut, 422: ErrorOut, 429: ErrorOut}),
     Route("GET", "/v1/webhook-endpoints", list_endpoints, "list_webhook_endpoints", "Your webhook endpoints",
           responses={200: EndpointList, 401: ErrorOut}),
     Route("DELETE", _ONE, delete_endpoint, "delete_webhook_endpoint",
@@ -91,7 +106,7 @@ ROUTES = [
           "What was delivered to an endpoint, newest first, with every attempt", responses={200: DeliveryList,
                                                                                             **_MISSING}),
     Route("POST", f"{_ONE}/deliveries/{{delivery_id}}/retry", retry_delivery, "retry_webhook_delivery",
-          "Send a delivery again now", responses={202: None, **_MISSING}),
+          "Send a delivery again now", responses={202: None, 409: ErrorOut, 429: ErrorOut, **_MISSING}),
     Route("GET", "/v1/account/webhook-secret", webhook_secret, "account_webhook_secret",
           "The secret that signs deliveries to the webhook_url a job names", responses={200: WebhookSecretOut,
                                                                                          401: ErrorOut}),

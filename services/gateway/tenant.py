@@ -196,9 +196,9 @@ class Tenant:
             return await jobs.mark_deleted(conn, job_id, self.account_id)
 
     # --- webhooks to the account's app -------------------------------------------------------------------
-    async def add_endpoint(self, url: str, events: list[str], description: str,
+    async def add_endpoint(self, url: str, events: list[str], description: str, *, cap: int,
                            ) -> tuple[endpoints.Endpoint, str]:
-        return await endpoints.add_endpoint(self._rt.pool, self.account_id, url, events, description)
+        return await endpoints.add_endpoint(self._rt.pool, self.account_id, url, events, description, cap=cap)
 
     async def endpoints(self) -> list[endpoints.Endpoint]:
         return await endpoints.endpoints(self._rt.pool, self.account_id)
@@ -209,8 +209,8 @@ class Tenant:
     async def deliveries(self, endpoint_id: str, limit: int) -> list[endpoints.DeliveryView] | None:
         return await endpoints.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit)
 
-    async def retry_delivery(self, endpoint_id: str, delivery_id: str) -> bool:
-        return await endpoints.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id)
+    async def retry_delivery(self, endpoint_id: str, delivery_id: str, *, cap: int) -> endpoints.Retried:
+        return await endpoints.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id, cap=cap)
 
     async def webhook_secret(self) -> str:
         return await secrets.account_secret(self._rt.pool, self.account_id)

@@ -136,6 +136,10 @@ class Limits(_Model, kw_only=True):
     max_uploads_per_day: int
     max_body_bytes: int
     max_upload_bytes: int
+    max_webhook_endpoints: int
+    webhook_deliveries_in_flight: int
+    webhook_deliveries_per_minute: int
+    max_webhook_manual_retries: int
 
 
 class Account(_Model, kw_only=True):

@@ -7,9 +7,12 @@ redeliveries), and the deliverer sends due rows: the job as `GET /v1/jobs/{id}` 
 the endpoint (and whatever else waits for it); anything else is tried again after the next delay of
 `VIDJOBS_APP_WEBHOOK_RETRY_S` (or the endpoint's `Retry-After`, if longer) until the schedule runs out.
 
-Deliveries are claimed by pushing their due time out, so replicas share the work; at most a few of one URL
-are in flight at once and each is cut at `VIDJOBS_APP_WEBHOOK_TIMEOUT_S`, so a slow or dead endpoint holds up
-neither jobs (they never wait on a delivery) nor other endpoints.
+Deliveries are claimed by pushing their due time out, so replicas share the work, each account and each host
+within its share (claims.py); each attempt is cut at `VIDJOBS_APP_WEBHOOK_TIMEOUT_S` and reads at most
+READ_LIMIT bytes of the answer, so a slow, dead or flooding endpoint holds up neither jobs (they never wait on
+a delivery) nor other tenants' endpoints, and cannot fill the gateway's memory. Every attempt is counted,
+even one whose outcome cannot be stored as it is, and one settling after its endpoint was deleted or
+disabled leaves the delivery disabled.
 """
 
 from __future__ import annotations
@@ -27,32 +30,23 @@ import msgspec
 from vidjobs.common import requestids
 from vidjobs.common.events import AppEventDue
 from vidjobs.common.runtime import Runtime
-from vidjobs.gateway.appwebhooks import secrets
+from vidjobs.gateway.appwebhooks import claims, secrets
+from vidjobs.gateway.appwebhooks.claims import HOST_OF_URL, Delivery
 from vidjobs.gateway.appwebhooks.urls import UnsafeEndpoint
 from vidjobs.providers import webhooks
 from vidjobs.providers.http import retry_after
 
 log = logging.getLogger("vidjobs.gateway.appwebhooks")
 
-PER_URL_IN_FLIGHT = 4
-MAX_IN_FLIGHT = 64
+MAX_IN_FLIGHT = 64  # attempts under way in one replica
 BATCH = 64
 CLAIM_SLACK_S = 30.0  # a claimed delivery comes due again this long after its attempt should have ended
-
-
-class Delivery(msgspec.Struct, kw_only=True):
-    id: str
-    account_id: str
-    endpoint_id: str | None
-    job_id: str
-    event_type: str
-    url: str
-    attempts: int
+READ_LIMIT = 64 * 1024  # of an endpoint's answer; a longer one is cut off with its connection
 
 
 # --- fan-out --------------------------------------------------------------------------------------------
 
-_FAN_OUT = """
+_FAN_OUT = f"""
 WITH job AS (
     SELECT j.id, j.account_id, j.webhook_url, j.webhook_events FROM jobs j
     WHERE j.id = $1 AND j.deleted_at IS NULL
@@ -63,9 +57,10 @@ destinations AS (
     UNION ALL
     SELECT NULL, job.webhook_url, job.webhook_events, job.account_id FROM job WHERE job.webhook_url IS NOT NULL
 )
-INSERT INTO webhook_deliveries (id, account_id, endpoint_id, job_id, event_type, event_key, url, next_attempt_at)
+INSERT INTO webhook_deliveries (id, account_id, endpoint_id, job_id, event_type, event_key, url, host,
+                                next_attempt_at)
 SELECT 'msg_' || md5(random()::text || clock_timestamp()::text), d.account_id, d.endpoint_id, $1, t.type, $2,
-       d.url, clock_timestamp()
+       d.url, {HOST_OF_URL.format(url="d.url")}, clock_timestamp()
 FROM destinations d CROSS JOIN unnest($3::text[]) AS t (type)
 WHERE t.type = ANY (d.events)
 ON CONFLICT DO NOTHING
@@ -79,22 +74,6 @@ async def fan_out(pool: asyncpg.Pool, event: AppEventDue) -> int:
 
 
 # --- delivering -----------------------------------------------------------------------------------------
-
-_CLAIM = """
-WITH due AS (
-    SELECT id FROM (
-        SELECT id, row_number() OVER (PARTITION BY url ORDER BY next_attempt_at) AS nth
-        FROM webhook_deliveries
-        WHERE status = 'pending' AND next_attempt_at <= clock_timestamp() AND NOT (url = ANY ($4::text[]))
-    ) d WHERE nth <= $2
-    LIMIT $1
-)
-UPDATE webhook_deliveries w SET next_attempt_at = clock_timestamp() + make_interval(secs => $3),
-                                updated_at = clock_timestamp()
-FROM due WHERE w.id = due.id AND w.status = 'pending' AND w.next_attempt_at <= clock_timestamp()
-RETURNING w.id, w.account_id, w.endpoint_id, w.job_id, w.event_type, w.url, w.attempts
-"""
-
 
 class Outcome(msgspec.Struct, frozen=True):
     status: int | None  # the HTTP status answered, None when none came
@@ -112,9 +91,8 @@ JobBody = Callable[[str, str], Awaitable[bytes | None]]  # (account, job) -> the
 
 
 class Deliverer:
-    """Sends due deliveries, up to MAX_IN_FLIGHT at once and a few to one URL (PER_URL_IN_FLIGHT, or up to
-    twice that when a claim lands while some are under way), taking more as soon as any attempt ends: an
-    attempt hanging until its timeout holds its own place and nothing else."""
+    """Sends due deliveries, up to MAX_IN_FLIGHT at once, taking more as soon as any attempt ends: an attempt
+    hanging until its timeout holds its own place and nothing else."""
 
     def __init__(self, rt: Runtime, session: aiohttp.ClientSession, job_body: JobBody):
         self._rt = rt
@@ -123,7 +101,7 @@ class Deliverer:
         self._wake = asyncio.Event()
         self._retries = rt.settings.app_webhook_retries()
         self._timeout_s = rt.settings.app_webhook_timeout_s
-        self._in_flight: dict[str, int] = {}  # url -> attempts under way
+        self._caps = claims.Caps.of(rt.settings)
         self._tasks: set[asyncio.Task] = set()
 
     def poke(self) -> None:
@@ -156,23 +134,17 @@ class Deliverer:
                 task.cancel()
 
     def _start(self, delivery: Delivery) -> None:
-        self._in_flight[delivery.url] = self._in_flight.get(delivery.url, 0) + 1
         task = asyncio.create_task(self._attempt_safely(delivery))
         self._tasks.add(task)
 
         def done(_: asyncio.Task) -> None:
             self._tasks.discard(task)
-            left = self._in_flight.pop(delivery.url, 1) - 1
-            if left:
-                self._in_flight[delivery.url] = left
             self._wake.set()  # a place came free
 
         task.add_done_callback(done)
 
     async def _claim(self, limit: int) -> list[Delivery]:
-        full = [url for url, n in self._in_flight.items() if n >= PER_URL_IN_FLIGHT]
-        rows = await self._rt.pool.fetch(_CLAIM, limit, PER_URL_IN_FLIGHT, self._timeout_s + CLAIM_SLACK_S, full)
-        return [msgspec.convert(dict(r), Delivery) for r in rows]
+        return await claims.claim(self._rt.pool, self._caps, limit, self._timeout_s + CLAIM_SLACK_S)
 
     async def _attempt_safely(self, delivery: Delivery) -> None:
         try:
@@ -196,7 +168,13 @@ class Deliverer:
             return
         outcome = await self._post(delivery, body, keys)
         status, due = self._next(delivery, outcome)
-        await _settle(self._rt.pool, delivery, outcome, status, due)
+        try:
+            status = await _settle(self._rt.pool, delivery, outcome, status, due)
+        except (asyncpg.PostgresError, OSError, TimeoutError) as exc:
+            # The attempt happened whatever the database made of its outcome: it is counted all the same,
+            # and the delivery comes due when its claim runs out.
+            await _count(self._rt.pool, delivery, outcome, f"could not be recorded: {exc!r}"[:500])
+            raise
         log.info("webhook delivery attempted", extra={
             "job_id": delivery.job_id, "delivery_id": delivery.id, "event": delivery.event_type,
             "endpoint_id": delivery.endpoint_id, "status": outcome.status, "error": outcome.error,
@@ -209,7 +187,7 @@ class Deliverer:
         try:
             async with asyncio.timeout(self._timeout_s), self._session.post(
                     delivery.url, data=body, headers=headers, allow_redirects=False) as resp:
-                await resp.read()
+                await _read_prefix(resp)
                 wait = retry_after(resp.headers.get("Retry-After"))
                 return Outcome(resp.status, None, _ms(started), wait)
         except UnsafeEndpoint as exc:
@@ -231,25 +209,60 @@ class Deliverer:
         return "pending", max(self._retries[done - 1], outcome.retry_after_s or 0.0)
 
 
+async def _read_prefix(resp: aiohttp.ClientResponse) -> None:
+    """Read at most READ_LIMIT bytes of the answer; a longer one is cut off, with its connection, so an
+    endpoint can neither fill our memory nor hold the connection while it streams."""
+    left = READ_LIMIT
+    while left > 0:
+        chunk = await resp.content.read(left)
+        if not chunk:
+            return
+        left -= len(chunk)
+    if not resp.content.at_eof():
+        resp.close()
+
+
 def _ms(started: float) -> int:
     return round((time.perf_counter() - started) * 1000)
 
 
-async def _settle(pool: asyncpg.Pool, delivery: Delivery, outcome: Outcome, status: str, due_s: float | None) -> None:
+# A settle changes a delivery only while it is still pending; one whose endpoint was deleted or disabled
+# while the attempt was under way becomes disabled, whatever the attempt's outcome.
+_SETTLE = """
+WITH decided AS (
+    SELECT CASE WHEN d.status <> 'pending' THEN d.status
+                WHEN e.deleted_at IS NOT NULL OR e.disabled_at IS NOT NULL THEN 'disabled'
+                ELSE $2 END AS status
+    FROM webhook_deliveries d LEFT JOIN webhook_endpoints e ON e.id = d.endpoint_id
+    WHERE d.id = $1
+)
+UPDATE webhook_deliveries d SET status = decided.status, attempts = d.attempts + 1, last_status = $3,
+    last_error = $4, claimed_until = NULL, updated_at = clock_timestamp(),
+    next_attempt_at = CASE WHEN decided.status = 'pending' THEN clock_timestamp() + make_interval(secs => $5) END
+FROM decided WHERE d.id = $1
+RETURNING d.status
+"""
+_ATTEMPT = "INSERT INTO webhook_attempts (delivery_id, account_id, status, error, ms) VALUES ($1, $2, $3, $4, $5)"
+
+
+async def _settle(pool: asyncpg.Pool, delivery: Delivery, outcome: Outcome, status: str,
+                  due_s: float | None) -> str:
+    """Record the attempt and the delivery's status from here; returns the status it now has."""
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            """
-            UPDATE webhook_deliveries SET status = $2, attempts = attempts + 1, last_status = $3, last_error = $4,
-                next_attempt_at = CASE WHEN $2 = 'pending' THEN clock_timestamp() + make_interval(secs => $5) END,
-                updated_at = clock_timestamp()
-            WHERE id = $1
-            """,
-            delivery.id, status, outcome.status, outcome.error, due_s or 0.0,
-        )
-        await conn.execute("INSERT INTO webhook_attempts (delivery_id, status, error, ms) VALUES ($1, $2, $3, $4)",
-                           delivery.id, outcome.status, outcome.error, outcome.ms)
-        if status == "disabled":
+        settled = await conn.fetchval(_SETTLE, delivery.id, status, outcome.status, outcome.error, due_s or 0.0)
+        await conn.execute(_ATTEMPT, delivery.id, delivery.account_id, outcome.status, outcome.error, outcome.ms)
+        if outcome.status == 410 and settled == "disabled":
             await _gone(conn, delivery)
+    return settled
+
+
+async def _count(pool: asyncpg.Pool, delivery: Delivery, outcome: Outcome, error: str) -> None:
+    """The attempt alone, when its outcome could not be settled: the delivery stays due at its claim's end."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("UPDATE webhook_deliveries SET attempts = attempts + 1, last_status = $2, "
+                           "last_error = $3, claimed_until = NULL, updated_at = clock_timestamp() WHERE id = $1",
+                           delivery.id, outcome.status, error)
+        await conn.execute(_ATTEMPT, delivery.id, delivery.account_id, outcome.status, error, outcome.ms)
 
 
 async def _gone(conn: asyncpg.Connection, delivery: Delivery) -> None:
@@ -266,3 +279,24 @@ async def _gone(conn: asyncpg.Connection, delivery: Delivery) -> None:
                        "WHERE job_id = $1 AND endpoint_id IS NULL AND status = 'pending'", delivery.job_id)
 
 
+
+
+PRUNE_BATCH = 1000
+
+
+async def prune(pool: asyncpg.Pool, retention_days: float) -> int:
+    """Delete finished deliveries (and their attempts) last changed longer ago than `retention_days`, in
+    batches; how many went. Pending ones stay whatever their age: their schedule ends them."""
+    removed = 0
+    while True:
+        status = await pool.execute(
+            """
+            DELETE FROM webhook_deliveries WHERE id IN (
+                SELECT id FROM webhook_deliveries
+                WHERE status <> 'pending' AND updated_at < clock_timestamp() - make_interval(secs => $1 * 86400)
+                ORDER BY updated_at LIMIT $2)
+            """, retention_days, PRUNE_BATCH)
+        count = int(status.split()[-1])
+        removed += count
+        if count < PRUNE_BATCH:
+            return removed

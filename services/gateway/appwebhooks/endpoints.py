@@ -3,6 +3,7 @@ them, what was delivered to each, and sending a delivery again."""
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 
 import asyncpg
@@ -10,6 +11,10 @@ import msgspec
 
 from vidjobs.common import ids
 from vidjobs.gateway.appwebhooks import secrets
+
+
+class CapReached(Exception):
+    """One of the account's webhook caps is reached; the message says which and what to do."""
 
 
 def new_endpoint_id() -> str:
@@ -30,12 +35,21 @@ _ENDPOINT_COLUMNS = "id, url, events, description, created_at, disabled_at, disa
 
 
 async def add_endpoint(pool: asyncpg.Pool, account_id: str, url: str, events: list[str],
-                       description: str) -> tuple[Endpoint, str]:
+                       description: str, *, cap: int) -> tuple[Endpoint, str]:
+    """Register an endpoint unless the account has `cap` already (CapReached). One account's registrations
+    are decided one at a time (a transaction-scoped lock), so racing ones never pass the cap."""
     secret = secrets.new_secret()
-    row = await pool.fetchrow(
-        f"INSERT INTO webhook_endpoints (id, account_id, url, secret, events, description) "
-        f"VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_ENDPOINT_COLUMNS}",
-        new_endpoint_id(), account_id, url, secret, events, description)
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(hashtext('webhook-endpoints:' || $1))", account_id)
+        if await conn.fetchval("SELECT count(*) FROM webhook_endpoints WHERE account_id = $1 "
+                               "AND deleted_at IS NULL", account_id) >= cap:
+            raise CapReached(f"this account has {cap} webhook endpoints, the most it may have: delete one it no "
+                             "longer uses (DELETE /v1/webhook-endpoints/{id}), or have one endpoint hear "
+                             "several kinds of event")
+        row = await conn.fetchrow(
+            f"INSERT INTO webhook_endpoints (id, account_id, url, secret, events, description) "
+            f"VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_ENDPOINT_COLUMNS}",
+            new_endpoint_id(), account_id, url, secret, events, description)
     return msgspec.convert(dict(row), Endpoint), secret
 
 
@@ -91,15 +105,37 @@ async def endpoint_deliveries(pool: asyncpg.Pool, account_id: str, endpoint_id: 
     return [msgspec.convert(dict(r), DeliveryView, strict=False) for r in rows]
 
 
-async def retry_delivery(pool: asyncpg.Pool, account_id: str, endpoint_id: str, delivery_id: str) -> bool:
-    """Send a delivery again now, whatever became of it, while its endpoint is enabled. Past its schedule, it
-    gets this one attempt."""
-    status = await pool.execute(
-        """
-        UPDATE webhook_deliveries d SET status = 'pending', next_attempt_at = clock_timestamp(),
-            updated_at = clock_timestamp()
-        FROM webhook_endpoints e
-        WHERE d.id = $3 AND d.endpoint_id = $2 AND e.id = d.endpoint_id AND e.account_id = $1
-          AND e.deleted_at IS NULL AND e.disabled_at IS NULL
-        """, account_id, endpoint_id, delivery_id)
-    return status.endswith(" 1")
+class Retried(enum.Enum):
+    SENT = "sent"  # it is due now
+    NOT_FOUND = "not_found"  # no such delivery of an enabled endpoint of the account
+    IN_FLIGHT = "in_flight"  # an attempt is under way; its outcome comes first
+    CAPPED = "capped"  # it was sent again by hand as often as it may be
+
+
+_RETRY = """
+WITH target AS (
+    SELECT d.id, d.manual_retries, d.claimed_until > clock_timestamp() AS in_flight
+    FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+    WHERE d.id = $3 AND d.endpoint_id = $2 AND e.account_id = $1 AND e.deleted_at IS NULL AND e.disabled_at IS NULL
+    FOR UPDATE OF d
+),
+sent AS (
+    UPDATE webhook_deliveries d SET status = 'pending', next_attempt_at = clock_timestamp(),
+        manual_retries = d.manual_retries + 1, updated_at = clock_timestamp()
+    FROM target WHERE d.id = target.id AND target.manual_retries < $4 AND target.in_flight IS NOT TRUE
+    RETURNING d.id
+)
+SELECT target.manual_retries, target.in_flight, EXISTS (SELECT 1 FROM sent) AS sent FROM target
+"""
+
+
+async def retry_delivery(pool: asyncpg.Pool, account_id: str, endpoint_id: str, delivery_id: str,
+                         *, cap: int) -> Retried:
+    """Send a delivery again now, whatever became of it, while its endpoint is enabled, at most `cap` times
+    by hand. Past its schedule, it gets this one attempt."""
+    row = await pool.fetchrow(_RETRY, account_id, endpoint_id, delivery_id, cap)
+    if row is None:
+        return Retried.NOT_FOUND
+    if row["sent"]:
+        return Retried.SENT
+    return Retried.IN_FLIGHT if row["in_flight"] else Retried.CAPPED
