@@ -214,7 +214,11 @@ async def test_caps_on_endpoints_hosts_rates_and_manual_retries(tmp_path, databa
                 waiting = await conn.fetchval("SELECT count(*) FROM webhook_deliveries WHERE status = 'pending'")
             finally:
                 await conn.close()
-            delivery = (await _get(stack, f"/v1/webhook-endpoints/{made[0]['id']}/deliveries"))["data"][0]
+            listing = f"/v1/webhook-endpoints/{made[0]['id']}/deliveries"
+            first = await _get(stack, f"{listing}?limit=2")
+            rest = await _get(stack, f"{listing}?limit=100&cursor={first['next_cursor']}")
+            everything = await _get(stack, f"{listing}?limit=100")
+            delivery = first["data"][0]
             retry = f"/v1/webhook-endpoints/{made[0]['id']}/deliveries/{delivery['id']}/retry"
             retries = [await _post(stack, retry) for _ in range(4)]
 
@@ -224,5 +228,8 @@ async def test_caps_on_endpoints_hosts_rates_and_manual_retries(tmp_path, databa
     assert limits["max_webhook_endpoints"] == 20 and limits["webhook_deliveries_per_minute"] == 30
     assert app.most_open <= 4, f"{app.most_open} requests at once to one host"
     assert sent == 30 and waiting > 0, (sent, waiting)  # the rest wait their turn: nothing is dropped
+    # 6. The history is paged: two, then the rest, the same as all at once.
+    assert len(first["data"]) == 2 and first["next_cursor"] and rest["next_cursor"] is None
+    assert [d["id"] for d in first["data"] + rest["data"]] == [d["id"] for d in everything["data"]]
     assert [status for status, _ in retries] == [202, 202, 429, 429], retries
     assert retries[-1][1]["error"]["code"] == "limit_reached"

@@ -23,6 +23,7 @@ names it, its own allow setting and its own error (`Purpose`).
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import socket
 from collections.abc import Callable, Iterable, Sequence
@@ -33,9 +34,11 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from yarl import URL
 
 from vidjobs.common import tracing
+from vidjobs.common.dns import BoundedResolver
 from vidjobs.common.errors import ErrorCode, MediaError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+log = logging.getLogger("vidjobs.netguard")
 
 ALLOW_SETTING = "VIDJOBS_DOWNLOAD_ALLOW_HOSTS"
 SCHEMES = frozenset({"http", "https"})
@@ -85,6 +88,9 @@ class Purpose:
     doing: str = "fetch the finished render"
     setting: str = ALLOW_SETTING
     error: Callable[[str], Exception] = refused
+    # Whether a refusal may name the address a host resolved to. Not when the URL's author reads the refusal
+    # (an account's webhook endpoint): it would map our internal DNS for them. The log keeps the detail.
+    names_resolved: bool = True
 
 
 DOWNLOADS = Purpose()
@@ -228,10 +234,16 @@ class DownloadGuard:
 
 
 def _address_refusal(host: str, port: int | None, addr: IPAddress, why: str, purpose: Purpose) -> str:
-    what = "it is" if _bare_host(host) == str(addr) else f"it resolves to {addr},"
-    return (f"We refused to {purpose.doing} at {_host_port(host, None)}: {what} {why}, not an address on the "
-            f"public internet. If it really is to be reached there, add '{_host_port(host, port)}' to "
-            f"{purpose.setting}.")
+    if _bare_host(host) == str(addr):
+        what = f"it is {why}, not"
+    elif purpose.names_resolved:
+        what = f"it resolves to {addr}, {why}, not"
+    else:
+        log.info("refused a name resolving to an address that is not public",
+                 extra={"host": host, "address": str(addr), "why": why, "doing": purpose.doing})
+        what = "its name resolves to an address that is not"
+    return (f"We refused to {purpose.doing} at {_host_port(host, None)}: {what} an address on the public "
+            f"internet. If it really is to be reached there, add '{_host_port(host, port)}' to {purpose.setting}.")
 
 
 def _spelling_refusal(host: str, addr: IPAddress, purpose: Purpose) -> str:
@@ -247,13 +259,14 @@ def _spelling_refusal(host: str, addr: IPAddress, purpose: Purpose) -> str:
 class GuardedResolver(AbstractResolver):
     """Looks a name up once through `lookup` and hands the connector only addresses that passed the guard.
 
-    `lookup` defaults to getaddrinfo in a thread (aiohttp's ThreadedResolver); tests stand in their own DNS
-    answers for made-up names. The lookup belongs to the caller, who closes it if it needs closing.
+    `lookup` defaults to the process's BoundedResolver (getaddrinfo on threads of its own, with a time
+    limit); tests stand in their own DNS answers for made-up names. The lookup belongs to the caller, who
+    closes it if it needs closing.
     """
 
     def __init__(self, guard: DownloadGuard, lookup: AbstractResolver | None = None):
         self._guard = guard
-        self._lookup = lookup or aiohttp.ThreadedResolver()
+        self._lookup = lookup or BoundedResolver.shared()
 
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:

@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from vidjobs.common import bus, changes, db, faults, logs, tracing
+from vidjobs.common.dns import BoundedResolver
 from vidjobs.common.errors import ConfigError, ErrorCode, JobError
 from vidjobs.common.events import Event
 from vidjobs.common.outbox import Relay
@@ -134,6 +135,7 @@ async def _wait_for_database(url: str, timeout_s: float = 60.0) -> None:
 async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) -> AsyncIterator[Runtime]:
     if not settings.database_url or not settings.nats_url:
         raise ConfigError("VIDJOBS_DATABASE_URL and VIDJOBS_NATS_URL must be set (`vidjobs up` sets both)")
+    BoundedResolver.configure(settings.dns_threads, settings.dns_timeout_s)
     await _wait_for_database(settings.database_url)
     await db.migrate(settings.database_url)
     pool = await db.create_pool(settings.database_url, max_size=pool_size, timeouts=db.Timeouts.of(settings),

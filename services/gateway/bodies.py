@@ -323,11 +323,20 @@ class DeliveryOut(msgspec.Struct, kw_only=True):
     status: Literal["pending", "delivered", "failed", "disabled"]
     next_attempt_at: datetime | None  # when it is tried next, while pending
     created_at: datetime  # when the move happened
-    attempts: list[AttemptOut]  # every attempt, oldest first
+    attempt_count: int  # attempts made so far
+    attempts: list[AttemptOut]  # the last ten attempts, oldest first
+
+
+class DeliveryQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Query string of `GET /v1/webhook-endpoints/{endpoint_id}/deliveries`."""
+
+    limit: Annotated[int, Meta(ge=1, le=100)] = 20  # deliveries per page, 1-100
+    cursor: str | None = None  # next_cursor of the previous page
 
 
 class DeliveryList(msgspec.Struct, kw_only=True):
     data: list[DeliveryOut]  # newest first
+    next_cursor: str | None = None  # pass as `cursor` for the next page; null on the last
 
 
 class WebhookSecretOut(msgspec.Struct, kw_only=True):

@@ -1,5 +1,5 @@
-"""Opaque keyset cursors: the position of the last row on the previous page, for job listings
-((created_at, id)) and the credit ledger (the entry id). A cursor made for one listing does not decode
+"""Opaque keyset cursors: the position of the last row on the previous page, for job and webhook delivery
+listings ((created_at, id)) and the credit ledger (the entry id). A cursor made for one listing does not decode
 as the other's."""
 
 from __future__ import annotations

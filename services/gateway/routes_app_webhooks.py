@@ -9,18 +9,20 @@ import re
 import msgspec
 from aiohttp import web
 
+from vidjobs.gateway import cursor
 from vidjobs.gateway.appwebhooks import urls
 from vidjobs.gateway.appwebhooks.endpoints import CapReached, Retried
 from vidjobs.gateway.bodies import (
     DeliveryList,
     DeliveryOut,
+    DeliveryQuery,
     EndpointCreated,
     EndpointIn,
     EndpointList,
     EndpointOut,
     WebhookSecretOut,
 )
-from vidjobs.gateway.decoding import read_json
+from vidjobs.gateway.decoding import read_json, read_query
 from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
@@ -28,7 +30,6 @@ from vidjobs.gateway.tenant import tenant
 
 ENDPOINT_ID = re.compile(r"^whe_[0-9a-z]{1,64}$")
 DELIVERY_ID = re.compile(r"^msg_[0-9a-z]{1,64}$")
-DELIVERIES_SHOWN = 100
 
 
 def _endpoint_id(request: web.Request) -> str:
@@ -63,10 +64,17 @@ async def delete_endpoint(request: web.Request) -> web.Response:
 
 
 async def list_deliveries(request: web.Request) -> web.Response:
-    found = await tenant(request).deliveries(_endpoint_id(request), DELIVERIES_SHOWN)
+    query = read_query(request.query, DeliveryQuery)
+    before = cursor.decode(query.cursor, cursor.JobPosition) if query.cursor else None
+    found = await tenant(request).deliveries(_endpoint_id(request), query.limit + 1,
+                                             (before.created_at, before.id) if before else None)
     if found is None:
         raise not_found("webhook endpoint")
-    return json_response(DeliveryList(data=[msgspec.convert(msgspec.to_builtins(d), DeliveryOut) for d in found]))
+    page = found[: query.limit]
+    more = len(found) > query.limit
+    next_cursor = cursor.encode(cursor.JobPosition(page[-1].created_at, page[-1].id)) if more else None
+    return json_response(DeliveryList(data=[msgspec.convert(msgspec.to_builtins(d), DeliveryOut) for d in page],
+                                      next_cursor=next_cursor))
 
 
 async def retry_delivery(request: web.Request) -> web.Response:
@@ -103,8 +111,8 @@ ROUTES = [
     Route("DELETE", _ONE, delete_endpoint, "delete_webhook_endpoint",
           "Remove an endpoint; nothing more is sent to it", responses={204: None, **_MISSING}),
     Route("GET", f"{_ONE}/deliveries", list_deliveries, "list_webhook_deliveries",
-          "What was delivered to an endpoint, newest first, with every attempt", responses={200: DeliveryList,
-                                                                                            **_MISSING}),
+          "What was delivered to an endpoint, newest first, with its last attempts; keyset pagination",
+          query=DeliveryQuery, responses={200: DeliveryList, 400: ErrorOut, 422: ErrorOut, **_MISSING}),
     Route("POST", f"{_ONE}/deliveries/{{delivery_id}}/retry", retry_delivery, "retry_webhook_delivery",
           "Send a delivery again now", responses={202: None, 409: ErrorOut, 429: ErrorOut, **_MISSING}),
     Route("GET", "/v1/account/webhook-secret", webhook_secret, "account_webhook_secret",

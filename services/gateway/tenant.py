@@ -206,8 +206,9 @@ class Tenant:
     async def remove_endpoint(self, endpoint_id: str) -> bool:
         return await endpoints.remove_endpoint(self._rt.pool, self.account_id, endpoint_id)
 
-    async def deliveries(self, endpoint_id: str, limit: int) -> list[endpoints.DeliveryView] | None:
-        return await endpoints.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit)
+    async def deliveries(self, endpoint_id: str, limit: int, before: tuple[datetime, str] | None = None,
+                         ) -> list[endpoints.DeliveryView] | None:
+        return await endpoints.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit, before)
 
     async def retry_delivery(self, endpoint_id: str, delivery_id: str, *, cap: int) -> endpoints.Retried:
         return await endpoints.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id, cap=cap)

@@ -231,9 +231,21 @@ class AsyncClient:
         """Remove an endpoint; nothing more is sent to it."""
         await self._send(calls.delete_webhook_endpoint(endpoint_id))
 
-    async def deliveries(self, endpoint_id: str) -> list[models.Delivery]:
-        """What was delivered to an endpoint, newest first, with every attempt."""
-        return (await self._send(calls.deliveries(endpoint_id))).data
+    async def deliveries(self, endpoint_id: str, cursor: str | None = None) -> models.DeliveryList:
+        """One page of what was delivered to an endpoint, newest first, each with its last attempts; pass
+        `next_cursor` for the next."""
+        return await self._send(calls.deliveries(endpoint_id, cursor))
+
+    async def iter_deliveries(self, endpoint_id: str) -> AsyncIterator[models.Delivery]:
+        """Everything delivered to an endpoint, newest first, fetching pages as they are needed."""
+        cursor = None
+        while True:
+            page = await self.deliveries(endpoint_id, cursor)
+            for delivery in page.data:
+                yield delivery
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
 
     async def retry_delivery(self, endpoint_id: str, delivery_id: str) -> None:
         """Send a delivery again now."""

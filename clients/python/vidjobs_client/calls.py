@@ -177,8 +177,9 @@ def delete_webhook_endpoint(endpoint_id: str) -> Call[None]:
     return Call("DELETE", _endpoint(endpoint_id), None)
 
 
-def deliveries(endpoint_id: str) -> Call[models.DeliveryList]:
-    return Call("GET", _endpoint(endpoint_id) + "/deliveries", models.DeliveryList)
+def deliveries(endpoint_id: str, cursor: str | None = None) -> Call[models.DeliveryList]:
+    query: Query = [("cursor", cursor)] if cursor else []
+    return Call("GET", _endpoint(endpoint_id) + "/deliveries", models.DeliveryList, query=query)
 
 
 def retry_delivery(endpoint_id: str, delivery_id: str) -> Call[None]:

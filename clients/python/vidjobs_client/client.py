@@ -224,9 +224,20 @@ class Client:
         """Remove an endpoint; nothing more is sent to it."""
         self._send(calls.delete_webhook_endpoint(endpoint_id))
 
-    def deliveries(self, endpoint_id: str) -> list[models.Delivery]:
-        """What was delivered to an endpoint, newest first, with every attempt."""
-        return self._send(calls.deliveries(endpoint_id)).data
+    def deliveries(self, endpoint_id: str, cursor: str | None = None) -> models.DeliveryList:
+        """One page of what was delivered to an endpoint, newest first, each with its last attempts; pass
+        `next_cursor` for the next."""
+        return self._send(calls.deliveries(endpoint_id, cursor))
+
+    def iter_deliveries(self, endpoint_id: str) -> Iterator[models.Delivery]:
+        """Everything delivered to an endpoint, newest first, fetching pages as they are needed."""
+        cursor = None
+        while True:
+            page = self.deliveries(endpoint_id, cursor)
+            yield from page.data
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
 
     def retry_delivery(self, endpoint_id: str, delivery_id: str) -> None:
         """Send a delivery again now."""

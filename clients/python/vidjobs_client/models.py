@@ -233,11 +233,13 @@ class Delivery(_Model, kw_only=True):
     status: str
     next_attempt_at: datetime | None = None
     created_at: datetime
+    attempt_count: int = 0
     attempts: list[Attempt]
 
 
 class DeliveryList(_Model, kw_only=True):
     data: list[Delivery]
+    next_cursor: str | None = None
 
 
 class WebhookSecret(_Model, kw_only=True):

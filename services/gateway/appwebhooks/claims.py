@@ -5,7 +5,8 @@ of one host they register. So what is in flight is kept in the rows (`claimed_un
 replica, and a claim gives each account at most its share: `in_flight` attempts at once and `per_minute`
 attempts a minute (the attempts of the last minute plus those under way); each host (`host:port`, whatever
 the path or query) at most `host_in_flight` at once. Accounts take turns: each one's oldest due delivery
-first, then each one's second, so one tenant's backlog never stands in front of another's first delivery.
+first, then each one's second, so one tenant's backlog never stands in front of another's first delivery;
+and a host whose share is taken is passed over, so it never stands in front of the account's other hosts.
 Deliveries over a cap are not dropped; they wait in their rows for a later claim.
 """
 
@@ -56,6 +57,9 @@ WITH RECURSIVE accounts AS (
 busy AS (
     SELECT account_id, host FROM webhook_deliveries WHERE claimed_until > clock_timestamp() AND status = 'pending'
 ),
+full_hosts AS (
+    SELECT host FROM busy GROUP BY host HAVING count(*) >= $4
+),
 recent AS (
     SELECT account_id, count(*) AS n FROM webhook_attempts
     WHERE at > clock_timestamp() - interval '1 minute' GROUP BY account_id
@@ -73,6 +77,7 @@ due AS (
         FROM webhook_deliveries w LEFT JOIN webhook_endpoints e ON e.id = w.endpoint_id
         WHERE w.account_id = room.account_id AND w.status = 'pending' AND w.next_attempt_at <= clock_timestamp()
           AND e.deleted_at IS NULL AND e.disabled_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM full_hosts f WHERE f.host IS NOT DISTINCT FROM w.host)
         ORDER BY w.next_attempt_at, w.id LIMIT GREATEST(room.n, 0)
     ) d
 ),

@@ -83,25 +83,35 @@ class DeliveryView(msgspec.Struct, kw_only=True):
     status: str
     next_attempt_at: datetime | None
     created_at: datetime
-    attempts: list[Attempt]
+    attempt_count: int
+    attempts: list[Attempt]  # the last ATTEMPTS_SHOWN, oldest first
 
 
-async def endpoint_deliveries(pool: asyncpg.Pool, account_id: str, endpoint_id: str,
-                              limit: int) -> list[DeliveryView] | None:
-    """Newest first, each with its attempts; None when the account has no such endpoint."""
+ATTEMPTS_SHOWN = 10
+
+# A page of deliveries, each with its last few attempts: an answer's size is bounded by the page, whatever
+# an endpoint's history.
+_DELIVERIES = f"""
+SELECT d.id, d.job_id, d.event_type, d.status, d.next_attempt_at, d.created_at, d.attempts AS attempt_count,
+       COALESCE((SELECT jsonb_agg(jsonb_build_object('at', a.at, 'status', a.status, 'error', a.error, 'ms', a.ms)
+                                  ORDER BY a.id)
+                 FROM (SELECT * FROM webhook_attempts WHERE delivery_id = d.id ORDER BY id DESC
+                       LIMIT {ATTEMPTS_SHOWN}) a), '[]') AS attempts
+FROM webhook_deliveries d
+WHERE d.endpoint_id = $1 AND ($3::timestamptz IS NULL OR (d.created_at, d.id) < ($3, $4))
+ORDER BY d.created_at DESC, d.id DESC LIMIT $2
+"""
+
+
+async def endpoint_deliveries(pool: asyncpg.Pool, account_id: str, endpoint_id: str, limit: int,
+                              before: tuple[datetime, str] | None = None) -> list[DeliveryView] | None:
+    """Newest first, strictly before `before` (created_at, id); None when the account has no such endpoint."""
     owned = await pool.fetchval("SELECT true FROM webhook_endpoints WHERE id = $1 AND account_id = $2 "
                                 "AND deleted_at IS NULL", endpoint_id, account_id)
     if not owned:
         return None
-    rows = await pool.fetch(
-        """
-        SELECT d.id, d.job_id, d.event_type, d.status, d.next_attempt_at, d.created_at,
-               COALESCE((SELECT jsonb_agg(jsonb_build_object('at', a.at, 'status', a.status, 'error', a.error,
-                                                             'ms', a.ms) ORDER BY a.id)
-                         FROM webhook_attempts a WHERE a.delivery_id = d.id), '[]') AS attempts
-        FROM webhook_deliveries d WHERE d.endpoint_id = $1
-        ORDER BY d.created_at DESC, d.id DESC LIMIT $2
-        """, endpoint_id, limit)
+    at, after_id = before or (None, None)
+    rows = await pool.fetch(_DELIVERIES, endpoint_id, limit, at, after_id)
     return [msgspec.convert(dict(r), DeliveryView, strict=False) for r in rows]
 
 

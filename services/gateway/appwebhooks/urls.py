@@ -3,9 +3,8 @@ on every request (the delivering session is guarded too, when it connects)."""
 
 from __future__ import annotations
 
-import aiohttp
-
 from vidjobs.common import netguard
+from vidjobs.common.dns import BoundedResolver
 from vidjobs.gateway.errors import invalid
 
 ALLOW_SETTING = "VIDJOBS_WEBHOOK_ALLOW_HOSTS"
@@ -15,7 +14,9 @@ class UnsafeEndpoint(ValueError):
     """A URL the request-forgery guard refuses; its message says why and what to do."""
 
 
-WEBHOOKS = netguard.Purpose(doing="deliver webhooks", setting=ALLOW_SETTING, error=UnsafeEndpoint)
+# The endpoint's author reads its refusals: they never name the addresses a host resolved to.
+WEBHOOKS = netguard.Purpose(doing="deliver webhooks", setting=ALLOW_SETTING, error=UnsafeEndpoint,
+                            names_resolved=False)
 
 
 def guard(settings_hosts: frozenset[str]) -> netguard.DownloadGuard:
@@ -32,7 +33,7 @@ async def check_endpoint_url(url: str, hosts: frozenset[str]) -> None:
     if netguard.literal_address(host) is not None or checker.allows(host, port):
         return
     try:
-        found = await aiohttp.ThreadedResolver().resolve(host, port)
+        found = await BoundedResolver.shared().resolve(host, port)
     except OSError as exc:
         raise UnsafeEndpoint(f"We refused to deliver webhooks to {host}: the name does not resolve ({exc}).") from exc
     checker.check_resolved(host, port, found)
