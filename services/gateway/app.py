@@ -31,6 +31,7 @@ from vidjobs.gateway import (
     routes_page,
     routes_uploads,
     routes_webhooks,
+    sealing,
     stream,
 )
 from vidjobs.gateway.access import request_id_middleware, stamp_request_id
@@ -147,6 +148,7 @@ async def _closing(app: web.Application) -> None:
 
 
 def create_app(settings: Settings) -> web.Application:
+    sealing.keyring(settings)  # without its key the gateway cannot sign a webhook: refused before anything opens
     routes = route_table(settings)
     app = web.Application(
         middlewares=[request_id_middleware, metrics_middleware, error_middleware, auth_middleware],
