@@ -10,6 +10,7 @@ import msgspec
 
 from vidjobs.common import ids
 from vidjobs.gateway.appwebhooks import secrets
+from vidjobs.gateway.sealing import Keyring
 
 
 def new_endpoint_id() -> str:
@@ -24,18 +25,24 @@ class Endpoint(msgspec.Struct, kw_only=True):
     created_at: datetime
     disabled_at: datetime | None
     disabled_reason: str | None
+    secret_created_at: datetime
+    previous_secret_expires_at: datetime | None  # while a rotated-out secret still signs
 
 
-_ENDPOINT_COLUMNS = "id, url, events, description, created_at, disabled_at, disabled_reason"
+_ENDPOINT_COLUMNS = ("id, url, events, description, created_at, disabled_at, disabled_reason, secret_created_at, "
+                     "CASE WHEN previous_secret_expires_at > clock_timestamp() THEN previous_secret_expires_at END "
+                     "AS previous_secret_expires_at")
 
 
-async def add_endpoint(pool: asyncpg.Pool, account_id: str, url: str, events: list[str],
+async def add_endpoint(pool: asyncpg.Pool, ring: Keyring, account_id: str, url: str, events: list[str],
                        description: str) -> tuple[Endpoint, str]:
-    secret = secrets.new_secret()
+    """The endpoint and its secret, shown this once: the row holds it sealed."""
+    endpoint_id = new_endpoint_id()
+    secret, sealed = secrets.sealed_new(ring, secrets.ENDPOINT, endpoint_id)
     row = await pool.fetchrow(
-        f"INSERT INTO webhook_endpoints (id, account_id, url, secret, events, description) "
+        f"INSERT INTO webhook_endpoints (id, account_id, url, secret_sealed, events, description) "
         f"VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_ENDPOINT_COLUMNS}",
-        new_endpoint_id(), account_id, url, secret, events, description)
+        endpoint_id, account_id, url, sealed, events, description)
     return msgspec.convert(dict(row), Endpoint), secret
 
 
