@@ -26,6 +26,10 @@ SERVICES: dict[str, str] = {
     "reaper": "vidjobs.reaper",
 }
 
+# Settings only the gateway is given: the key that opens the webhook signing secrets kept in the database
+# (services/gateway/sealing.py). A worker has no use for it, so a compromised worker cannot leak it.
+GATEWAY_ONLY = frozenset({"VIDJOBS_SECRETS_KEY"})
+
 
 @dataclass
 class Child:
@@ -63,7 +67,10 @@ class Supervisor:
         child.watcher = asyncio.create_task(self._watch(child), name=f"watch-{name}")
 
     def env(self, name: str) -> dict[str, str]:
-        return {**self._env, **self._env_for.get(name, {})}
+        env = {**self._env, **self._env_for.get(name, {})}
+        if name != "gateway":
+            env = {k: v for k, v in env.items() if k not in GATEWAY_ONLY}
+        return env
 
     async def _watch(self, child: Child) -> None:
         assert child.proc is not None

@@ -26,6 +26,7 @@ from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port, requ
 from vidjobs.cli.supervisor import Supervisor
 from vidjobs.common import db
 from vidjobs.common.settings import Settings
+from vidjobs.gateway.sealing import new_key as new_secrets_key
 from vidjobs.providers.webhooks import new_secret
 
 
@@ -53,6 +54,7 @@ def load_secrets(data: Path) -> dict[str, str]:
     stored = json.loads(path.read_text()) if path.exists() else {}
     stored.setdefault("signing_secret", secrets.token_urlsafe(32))
     stored.setdefault("fake_webhook_secret", new_secret())
+    stored.setdefault("secrets_key", new_secrets_key())  # without it, a restart could not open what it sealed
     save_secrets(data, stored)
     return stored
 
@@ -86,6 +88,7 @@ def resolve(settings: Settings, embedded: Embedded) -> Settings:
     changes["download_allow_hosts"] = allow_downloads_from(settings.download_allow_hosts, fake_provider_url)
     changes["signing_secret"] = settings.signing_secret or stored["signing_secret"]
     changes["fake_webhook_secret"] = settings.fake_webhook_secret or stored["fake_webhook_secret"]
+    changes["secrets_key"] = settings.secrets_key or stored["secrets_key"]
     if "VIDJOBS_LOG_FORMAT" not in os.environ:
         changes["log_format"] = "text"
     return settings.with_(**changes)

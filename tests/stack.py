@@ -20,6 +20,7 @@ from vidjobs.cli.up import allow_downloads_from, wait_ready
 from vidjobs.common import db
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import TERMINAL, JobStatus, is_legal
+from vidjobs.gateway.sealing import new_key as new_secrets_key
 from vidjobs.providers.webhooks import new_secret
 
 
@@ -129,7 +130,7 @@ def stack_settings(tmp: Path, database_url: str, nats_url: str, **overrides: Any
         storage_url=f"file://{tmp / 'objects'}", http_port=free_port(),
         fake_provider_url=f"http://127.0.0.1:{free_port()}", fake_webhook_secret=new_secret(),
         signing_secret=secrets.token_urlsafe(24), recovery_delay_s=30, recovery_interval_s=30,
-        fake_provider="on",
+        fake_provider="on", secrets_key=new_secrets_key(),
     ).with_(**overrides)
     return settings.with_(
         download_allow_hosts=allow_downloads_from(settings.download_allow_hosts, settings.fake_provider_url))

@@ -343,7 +343,7 @@ async def test_every_documented_route_called_with_another_accounts_ids_leaks_not
         a_jobs = await _jobs_in_every_state(a)
         a_upload = await _upload(a)
         a_endpoint = await _endpoint(a)
-        async with a.session.get(f"{a.url}/v1/account/webhook-secret", headers=a.auth) as resp:
+        async with a.session.post(f"{a.url}/v1/account/webhook-secret", json={}, headers=a.auth) as resp:
             a_webhook_secret = (await resp.json())["secret"]
         b_job = await b.create_job(prompt="b's own")
         async with stack.session.get(f"{stack.url}/openapi.json") as resp:
@@ -424,7 +424,10 @@ async def _state_of(database_url: str, account_id: str, jobs: dict[str, dict]) -
         ledger = await conn.fetchval("SELECT count(*) FROM credit_ledger WHERE account_id = $1", account_id)
         live = await conn.fetchval("SELECT deleted_at IS NULL AND status NOT IN ('canceled', 'failed') FROM jobs "
                                    "WHERE id = $1", jobs["pending"]["id"])
-        return [[tuple(j) for j in finished], tuple(account), ledger, live]
+        # A's signing secrets, as stored: a rotation by B would change them.
+        sealed = await conn.fetch("SELECT secret_sealed FROM webhook_endpoints WHERE account_id = $1 UNION ALL "
+                                  "SELECT webhook_secret_sealed FROM accounts WHERE id = $1", account_id)
+        return [[tuple(j) for j in finished], tuple(account), ledger, live, sorted(r[0] for r in sealed)]
     finally:
         await conn.close()
 
@@ -527,5 +530,8 @@ def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tup
             "GET", f"/v1/webhook-endpoints/{a_endpoint}/deliveries", expect=404),
         ("POST", "/v1/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/retry"): plain(
             "POST", f"/v1/webhook-endpoints/{a_endpoint}/deliveries/msg_0/retry", expect=404),
+        ("POST", "/v1/webhook-endpoints/{endpoint_id}/rotate-secret"): plain(
+            "POST", f"/v1/webhook-endpoints/{a_endpoint}/rotate-secret", expect=404, json={}),
         ("GET", "/v1/account/webhook-secret"): plain("GET", "/v1/account/webhook-secret"),
+        ("POST", "/v1/account/webhook-secret"): plain("POST", "/v1/account/webhook-secret", expect=201, json={}),
     }

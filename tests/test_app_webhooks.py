@@ -2,7 +2,8 @@
 receives signed job events, verified with the Standard Webhooks reference algorithm; an endpoint that
 answers 500 twice is retried until it takes the event; one that answers 410 is disabled and hears nothing
 more; a private address is refused; a job's own webhook_url is signed with the account's secret; every
-attempt is visible, and a delivery can be sent again."""
+attempt is visible, and a delivery can be sent again. The secrets are kept sealed (no `whsec_` in the
+database, an upgraded database's too), and a rotated secret signs beside the new one until its overlap ends."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ import json
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 
+import asyncpg
 from aiohttp import web
 
-from tests.stack import running_stack, stack_settings
+from tests.stack import Stack, running_stack, stack_settings
 from tests.standins.server import serving
 from tests.support import wait_until
+from vidjobs.common import db
+from vidjobs.gateway.accounts import create_account
+from vidjobs.providers.webhooks import new_secret
 
 
 def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -87,7 +93,9 @@ async def test_an_app_hears_of_its_jobs_signed_retried_and_never_after_410(tmp_p
             _, gone = await post("/v1/webhook-endpoints", {"url": f"{base}/gone"})
             private = [await post("/v1/webhook-endpoints", {"url": url})
                        for url in ("http://10.1.2.3/hook", "https://169.254.169.254/latest", "http://127.0.0.1:9/x")]
-            account_secret = (await get("/v1/account/webhook-secret"))["secret"]
+            status, made = await post("/v1/account/webhook-secret", {})
+            assert status == 201, made
+            account_secret = made["secret"]
             job = await stack.create_job(params={"render_s": 0.2}, webhook_url=f"{base}/own")
             done = await stack.wait_terminal(job["id"])
             await wait_until(lambda: _delivered(app, "flaky", 3), within=30, what="the third attempt")
@@ -103,7 +111,9 @@ async def test_an_app_hears_of_its_jobs_signed_retried_and_never_after_410(tmp_p
                     headers=stack.auth) as resp:
                 retried = resp.status
             await wait_until(lambda: _delivered(app, "flaky", 5), within=30, what="the delivery sent again")
+        in_the_clear = await plaintext_secrets(database_url)
 
+    assert in_the_clear == []
     assert done["status"] == "completed"
     assert flaky["secret"].startswith("whsec_") and "secret" not in endpoints[flaky["id"]]
     for status, body in private:
@@ -161,3 +171,111 @@ async def test_an_endpoint_that_never_answers_holds_up_neither_jobs_nor_other_ho
 async def _completed(app: ClientApp, name: str, count: int) -> bool:
     await asyncio.sleep(0)
     return sum(e["type"] == "job.completed" for e in app.events(name)) >= count
+
+
+async def plaintext_secrets(database_url: str) -> list[str]:
+    """`table.column` of every text column of webhook_endpoints and accounts that holds a `whsec_` secret."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        columns = await conn.fetch(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name IN ('webhook_endpoints', 'accounts') AND data_type IN ('text', 'character varying', "
+            "'character', 'ARRAY', 'json', 'jsonb', 'bytea')")
+        assert {(c["table_name"], c["column_name"]) for c in columns} >= {("webhook_endpoints", "url"),
+                                                                          ("accounts", "name")}
+        found = []
+        for c in columns:
+            table, column = c["table_name"], c["column_name"]
+            holding = f'SELECT count(*) FROM "{table}" WHERE position(\'whsec_\' in "{column}"::text) > 0'
+            if await conn.fetchval(holding):
+                found.append(f"{table}.{column}")
+        return found
+    finally:
+        await conn.close()
+
+
+async def _post(stack: Stack, path: str, body: dict) -> dict:
+    async with stack.session.post(f"{stack.url}{path}", json=body, headers=stack.auth) as resp:
+        answer = await resp.json()
+        assert resp.status in (200, 201), (path, answer)
+        return answer
+
+
+def _at(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+async def test_after_a_rotation_deliveries_verify_with_both_secrets_until_the_overlap_ends(tmp_path, database_url,
+                                                                                            nats_url):
+    async with client_app() as (app, port):
+        base = f"http://127.0.0.1:{port}/hooks"
+        settings = stack_settings(tmp_path, database_url, nats_url, webhook_allow_hosts=f"127.0.0.1:{port}")
+        async with running_stack(settings) as stack:
+            endpoint = await _post(stack, "/v1/webhook-endpoints", {"url": f"{base}/app", "events": ["job.completed"]})
+            account = await _post(stack, "/v1/account/webhook-secret", {})
+            rotated = await _post(stack, f"/v1/webhook-endpoints/{endpoint['id']}/rotate-secret", {"overlap_s": 10})
+            account_rotated = await _post(stack, "/v1/account/webhook-secret", {"overlap_s": 10})
+            during = await stack.create_job(params={"render_s": 0.1}, webhook_url=f"{base}/own")
+            await stack.wait_terminal(during["id"])
+            await wait_until(lambda: _both_delivered(app, 1), within=30, what="the deliveries during the overlap")
+            overlap_ends = max(_at(rotated["previous_secret_expires_at"]),
+                               _at(account_rotated["previous_secret_expires_at"]))
+            await asyncio.sleep(max(0.0, overlap_ends - datetime.now().timestamp()) + 1.0)
+            after = await stack.create_job(params={"render_s": 0.1}, webhook_url=f"{base}/own")
+            await stack.wait_terminal(after["id"])
+            await wait_until(lambda: _both_delivered(app, 2), within=30, what="the deliveries after the overlap")
+
+    old, new = endpoint["secret"], rotated["secret"]
+    account_old, account_new = account["secret"], account_rotated["secret"]
+    assert len({old, new, account_old, account_new}) == 4
+    [(headers, body), (later_headers, later_body)] = app.received["app"]
+    [(own_headers, own_body), (own_later_headers, own_later_body)] = app.received["own"]
+    assert int(headers["webhook-timestamp"]) < overlap_ends and int(own_headers["webhook-timestamp"]) < overlap_ends
+    assert len(headers["webhook-signature"].split()) == 2
+    assert reference_verify(new, headers, body) and reference_verify(old, headers, body)
+    assert reference_verify(account_new, own_headers, own_body) and reference_verify(account_old, own_headers, own_body)
+    assert len(later_headers["webhook-signature"].split()) == 1
+    assert reference_verify(new, later_headers, later_body) and not reference_verify(old, later_headers, later_body)
+    assert reference_verify(account_new, own_later_headers, own_later_body)
+    assert not reference_verify(account_old, own_later_headers, own_later_body)
+
+
+async def _both_delivered(app: ClientApp, count: int) -> bool:
+    await asyncio.sleep(0)
+    return len(app.received["app"]) >= count and len(app.received["own"]) >= count
+
+
+async def test_an_upgrade_seals_the_plaintext_secrets_and_deliveries_still_verify(tmp_path, empty_database_url,
+                                                                                  nats_url):
+    endpoint_secret, account_secret = new_secret(), new_secret()
+    async with client_app() as (app, port):
+        base = f"http://127.0.0.1:{port}/hooks"
+        conn = await asyncpg.connect(empty_database_url)
+        await db.init_connection(conn)
+        try:
+            # The schema as the previous release left it, its secrets in plain text.
+            await db._apply_pending(conn, [m for m in db._migration_files() if m[0] <= 13])
+            account_id, key = await create_account(conn, "old", credits=1_000_000, concurrency=8,
+                                                   requests_per_s=1000.0, request_burst=1000)
+            await conn.execute("INSERT INTO webhook_endpoints (id, account_id, url, secret, events) "
+                               "VALUES ('whe_old', $1, $2, $3, '{job.completed}')",
+                               account_id, f"{base}/old", endpoint_secret)
+            await conn.execute("UPDATE accounts SET webhook_secret = $2 WHERE id = $1", account_id, account_secret)
+        finally:
+            await conn.close()
+        in_the_clear_before = set(await plaintext_secrets(empty_database_url))
+        assert in_the_clear_before == {"webhook_endpoints.secret", "accounts.webhook_secret"}
+
+        settings = stack_settings(tmp_path, empty_database_url, nats_url, webhook_allow_hosts=f"127.0.0.1:{port}")
+        async with running_stack(settings, key=key) as stack:
+            in_the_clear = await plaintext_secrets(empty_database_url)
+            job = await stack.create_job(params={"render_s": 0.1}, webhook_url=f"{base}/own")
+            await stack.wait_terminal(job["id"])
+            await wait_until(lambda: _delivered(app, "old", 1), within=30, what="the endpoint's delivery")
+            await wait_until(lambda: _delivered(app, "own", 1), within=30, what="the job's own delivery")
+
+    assert in_the_clear == []
+    [(headers, body)] = app.received["old"]
+    assert reference_verify(endpoint_secret, headers, body)
+    [(own_headers, own_body)] = app.received["own"]
+    assert reference_verify(account_secret, own_headers, own_body)

@@ -8,6 +8,7 @@ import hashlib
 import os
 import re
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -67,9 +68,16 @@ async def test_up_runs_a_job_stops_cleanly_and_resumes(tmp_path):
                     return job if job["status"] == "completed" else None
 
             job = await wait_until(completed, within=60, what="the job to complete")
+            # Webhook secrets, sealed under the key `up` made and kept: the restart below must open them.
+            async with http.post(f"{url}/v1/webhook-endpoints", json={"url": "https://93.184.215.14/h"}) as resp:
+                assert resp.status == 201
+                endpoint_id = (await resp.json())["id"]
+            async with http.post(f"{url}/v1/account/webhook-secret", json={}) as resp:
+                assert resp.status == 201
     finally:
         code = await _interrupt(proc)
     assert code == 0
+    assert stat.S_IMODE((tmp_path / "state" / "secrets.json").stat().st_mode) == 0o600
 
     # A second account from the command line, while nothing is running: only the key on stdout.
     made = await _vidjobs("accounts", "create", "second", "--credits", "500", env=env)
@@ -90,6 +98,11 @@ async def test_up_runs_a_job_stops_cleanly_and_resumes(tmp_path):
                 assert hashlib.sha256(await resp.read()).hexdigest() == job["outputs"]["sha256"]
             async with http.get(f"{url2}/v1/account", headers={"Authorization": f"Bearer {out.decode().strip()}"}) as r:
                 assert r.status == 200 and (await r.json())["credits"]["balance"] == 500
+            # Rotating reads the current secrets (to keep them signing a while): they open after the restart.
+            async with http.post(f"{url2}/v1/webhook-endpoints/{endpoint_id}/rotate-secret", json={}) as resp:
+                assert resp.status == 200, await resp.text()
+            async with http.post(f"{url2}/v1/account/webhook-secret", json={}) as resp:
+                assert resp.status == 201, await resp.text()
     finally:
         assert await _interrupt(again) == 0
 

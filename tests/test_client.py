@@ -21,6 +21,7 @@ import pytest
 
 from tests import imagefiles
 from tests.stack import demo_key, running_stack, stack_settings
+from tests.test_gateway_harness import gateway_settings, running_gateway
 from vidjobs.cli.embedded import free_port
 from vidjobs.client import (
     AsyncClient,
@@ -168,6 +169,33 @@ async def test_pages_filters_and_uploads(settings, tmp_path):
         assert [m.id for m in await vj.list_models()]  # the models the deployment renders with
 
 
+async def test_webhook_secrets_are_made_rotated_and_described_without_showing_them(tmp_path, database_url,
+                                                                                  nats_url):
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as h:
+        _, key = await h.account()
+        async with AsyncClient(h.settings.gateway_url, key) as vj:
+            before = await vj.webhook_secret()
+            made = await vj.create_webhook_secret()
+            rotated = await vj.create_webhook_secret(overlap_s=60)
+            described = await vj.webhook_secret()
+            endpoint = await vj.create_webhook_endpoint("https://93.184.215.14/hooks")
+            endpoint_rotated = await vj.rotate_webhook_endpoint_secret(endpoint.id, overlap_s=0)
+            [listed] = await vj.list_webhook_endpoints()
+            with pytest.raises(InvalidRequest, match="overlap_s"):
+                await vj.create_webhook_secret(overlap_s=-1)
+            with pytest.raises(NotFound):
+                await vj.rotate_webhook_endpoint_secret("whe_" + "0" * 26)
+
+    assert before.created_at is None and before.previous_secret_expires_at is None
+    assert made.secret.startswith("whsec_") and made.previous_secret_expires_at is None
+    assert rotated.secret != made.secret and rotated.previous_secret_expires_at is not None
+    assert (described.created_at, described.previous_secret_expires_at) == (rotated.created_at,
+                                                                          rotated.previous_secret_expires_at)
+    assert endpoint.secret and endpoint_rotated.secret != endpoint.secret
+    assert listed.secret is None and listed.secret_created_at == endpoint_rotated.created_at
+    assert listed.previous_secret_expires_at is None
+
+
 def test_a_connection_that_cannot_be_made_fails_after_the_policy_s_tries():
     tries: list[str] = []
     hooks = {"request": [lambda req: tries.append(req.url.path)]}
@@ -187,7 +215,8 @@ _SCHEMAS = {
     models.LedgerEntry: "LedgerEntryOut", models.LedgerPage: "LedgerPage", models.Model: "ModelOut",
     models.Format: "Format", models.ModelList: "ModelList", models.Estimate: "EstimateOut",
     models.WebhookEndpoint: "EndpointCreated", models.Delivery: "DeliveryOut", models.Attempt: "AttemptOut",
-    models.WebhookSecret: "WebhookSecretOut", models.EndpointList: "EndpointList",
+    models.WebhookSecret: "WebhookSecretOut", models.NewWebhookSecret: "SecretIssued",
+    models.EndpointList: "EndpointList",
     models.DeliveryList: "DeliveryList", models.Trail: "Trail",
 }
 

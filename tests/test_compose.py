@@ -12,6 +12,7 @@ import yaml
 from tests.sqlscan import ROOT
 from vidjobs.common.grants import SERVICES, role
 from vidjobs.common.settings import load
+from vidjobs.gateway.sealing import Keyring
 from vidjobs.providers.webhooks import decode_secret
 
 COMPOSE = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())["services"]
@@ -27,6 +28,16 @@ def test_every_vidjobs_container_has_settings_the_code_accepts(name):
     assert settings.nats_url == "nats://nats:4222" and settings.storage_url.startswith("s3://")
     assert environment["AWS_ENDPOINT_URL"] == "http://minio:9000"
     assert decode_secret(settings.fake_webhook_secret)
+
+
+@pytest.mark.parametrize("name", sorted(VIDJOBS))
+def test_only_the_gateway_holds_the_key_to_the_stored_webhook_secrets(name):
+    settings = load(VIDJOBS[name]["environment"])
+
+    if name == "gateway":
+        assert Keyring.from_setting(settings.secrets_key).primary_id
+    else:
+        assert settings.secrets_key == ""
 
 
 @pytest.mark.parametrize("service", SERVICES)

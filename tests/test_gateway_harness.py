@@ -26,6 +26,7 @@ from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.gateway.accounts import create_account
 from vidjobs.gateway.app import create_app
+from vidjobs.gateway.sealing import new_key as new_secrets_key
 from vidjobs.gateway.state import GATEWAY, Gateway
 from vidjobs.media import assets
 from vidjobs.providers.webhooks import new_secret
@@ -41,6 +42,7 @@ def gateway_settings(tmp: Path, database_url: str, nats_url: str, **overrides: A
         # Nothing listens there: these tests never reach a provider.
         fake_provider_url=f"http://127.0.0.1:{free_port()}", fake_webhook_secret=new_secret(),
         signing_secret=secrets.token_urlsafe(24), recovery_delay_s=3600, log_format="text", fake_provider="on",
+        secrets_key=new_secrets_key(),
     ).with_(**overrides)
 
 

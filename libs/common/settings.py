@@ -82,6 +82,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     db_lock_timeout_s: float = 10.0
     db_idle_in_transaction_timeout_s: float = 60.0
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
+    # The gateway's key for the webhook signing secrets it keeps in the database (services/gateway/sealing.py):
+    # 32 random bytes, base64url; comma-separated while replacing it (the first seals, any opens). Only the
+    # gateway is given it; `vidjobs up` generates one and keeps it in the data directory.
+    secrets_key: str = ""
     signed_url_ttl_s: int = 900  # links to stored objects are short-lived; reading the job again renews them
     # The fake provider's adapters (`fake/*`, `fake-poll/*`): `on` for local development and tests (`vidjobs
     # up` turns it on); off otherwise, so a production deployment refuses fake models at create instead of

@@ -15,7 +15,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from vidjobs.common import ids
 from vidjobs.common.errors import ConfigError, WebhookRejected
@@ -55,15 +55,19 @@ def sign(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
-def signed_headers(secret: str, body: bytes, *, msg_id: str | None = None, timestamp: int | None = None,
-                   ) -> dict[str, str]:
-    """The three headers of one delivery attempt. Retries pass the same `msg_id` and a new timestamp."""
+def signed_headers(secret: str | Sequence[str], body: bytes, *, msg_id: str | None = None,
+                   timestamp: int | None = None) -> dict[str, str]:
+    """The three headers of one delivery attempt. Retries pass the same `msg_id` and a new timestamp. Several
+    secrets (while one is being rotated out) give one signature each, space-separated, in their order."""
+    keys = [secret] if isinstance(secret, str) else list(secret)
+    if not keys:
+        raise ConfigError("no webhook secret to sign with")
     msg_id = msg_id or new_message_id()
     timestamp = int(time.time()) if timestamp is None else timestamp
     return {
         ID_HEADER: msg_id,
         TIMESTAMP_HEADER: str(timestamp),
-        SIGNATURE_HEADER: sign(secret, msg_id, timestamp, body),
+        SIGNATURE_HEADER: " ".join(sign(key, msg_id, timestamp, body) for key in keys),
     }
 
 

@@ -51,9 +51,10 @@ def _operation(method: str, path: str, op: dict[str, Any]) -> list[str]:
         lines += ["| parameter | in | type | |", "|---|---|---|---|"]
         lines += [f"| `{p['name']}` | {p['in']} | {_type(p['schema'])} | {_note(p)} |" for p in params]
         lines.append("")
-    body = op.get("requestBody", {}).get("content", {})
-    for media, spec in body.items():
-        lines += [f"Body: {_type(spec['schema']) if media == 'application/json' else media}", ""]
+    body = op.get("requestBody", {})
+    optional = "" if body.get("required", True) else " (optional: leave it out for the defaults)"
+    for media, spec in body.get("content", {}).items():
+        lines += [f"Body: {_type(spec['schema']) if media == 'application/json' else media}{optional}", ""]
     answers = []
     for status, answer in op["responses"].items():
         content = answer.get("content", {})

@@ -31,10 +31,11 @@ from vidjobs.gateway import (
     routes_page,
     routes_uploads,
     routes_webhooks,
+    sealing,
     stream,
 )
 from vidjobs.gateway.access import request_id_middleware, stamp_request_id
-from vidjobs.gateway.appwebhooks import deliveries, urls
+from vidjobs.gateway.appwebhooks import deliveries, resealing, urls
 from vidjobs.gateway.auth import auth_middleware, stamp_rate_limit
 from vidjobs.gateway.errors import ErrorOut, error_middleware
 from vidjobs.gateway.limits import Bucket, StreamSlots
@@ -119,9 +120,20 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
                      buckets=buckets, webhook_rates=rates)
         app[GATEWAY] = gw
+        await _seal_webhook_secrets(rt, stack)
         await _deliver_app_webhooks(gw, stack)
         stack.callback(rt.stop.set)  # runs first at cleanup: the tasks stopped next are not failures
         yield
+
+
+async def _seal_webhook_secrets(rt: Runtime, stack: contextlib.AsyncExitStack) -> None:
+    """Refuse to start over secrets sealed under a key we lack; seal what the previous release left in plain
+    text before serving, and keep sweeping (appwebhooks/resealing.py)."""
+    ring = sealing.keyring(rt.settings)
+    await resealing.check_keys(rt.pool, ring)
+    await resealing.sweep(rt.pool, ring)
+    sweeping = every(rt, resealing.EVERY_S, partial(resealing.sweep, rt.pool, ring), "webhook secret sealing")
+    stack.push_async_callback(_stop, rt.watch(sweeping, "webhook-secret-sealing"))
 
 
 async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
@@ -154,6 +166,7 @@ async def _closing(app: web.Application) -> None:
 
 
 def create_app(settings: Settings) -> web.Application:
+    sealing.keyring(settings)  # without its key the gateway cannot sign a webhook: refused before anything opens
     routes = route_table(settings)
     app = web.Application(
         middlewares=[request_id_middleware, metrics_middleware, error_middleware, auth_middleware],

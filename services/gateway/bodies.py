@@ -56,7 +56,7 @@ class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     input_image: UploadId | None = None  # an upload id (POST /v1/uploads): render from this first frame
     params: dict[str, Any] = {}  # the provider's own extras, checked by its adapter
     metadata: Metadata = {}  # your own labels: returned with the job and filterable
-    # an URL of your app that hears of this job (signed with GET /v1/account/webhook-secret)
+    # an URL of your app that hears of this job, signed with your webhook secret (POST /v1/account/webhook-secret)
     webhook_url: WebhookUrl | None = None
     # which events go to webhook_url; default job.completed, job.failed, job.canceled
     webhook_events: Annotated[list[AppEvent], Meta(min_length=1)] | None = None
@@ -298,6 +298,9 @@ class EndpointOut(msgspec.Struct, kw_only=True):
     created_at: datetime  # when it was registered
     disabled_at: datetime | None  # it answered 410 Gone; nothing more is sent to it
     disabled_reason: str | None  # why it was disabled
+    secret_created_at: datetime  # when its secret was made: at registration, or by its last rotation
+    # until then deliveries are signed with the secret its last rotation replaced too; null: only the current
+    previous_secret_expires_at: datetime | None
 
 
 class EndpointCreated(EndpointOut, kw_only=True):
@@ -339,5 +342,27 @@ class DeliveryList(msgspec.Struct, kw_only=True):
     next_cursor: str | None = None  # pass as `cursor` for the next page; null on the last
 
 
+DEFAULT_OVERLAP_S = 86_400
+MAX_OVERLAP_S = 7 * 86_400
+
+
+class RotateSecretIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /v1/webhook-endpoints/{endpoint_id}/rotate-secret` and `POST /v1/account/webhook-secret`."""
+
+    # seconds the replaced secret keeps signing beside the new one: 0 (not at all) to 604800 (7 days); default a day
+    overlap_s: Annotated[int, Meta(ge=0, le=MAX_OVERLAP_S)] = DEFAULT_OVERLAP_S
+
+
+class SecretIssued(msgspec.Struct, kw_only=True):
+    secret: str  # whsec_...: verifies deliveries from now on (Standard Webhooks); shown this once
+    created_at: datetime  # when it was made
+    # until then deliveries are signed with the secret it replaced too (two `v1,` signatures); null: not at all
+    previous_secret_expires_at: datetime | None
+
+
 class WebhookSecretOut(msgspec.Struct, kw_only=True):
-    secret: str  # whsec_...: verifies deliveries to the webhook_url a job names for itself
+    """The account's secret for the webhook_url a job names, described; the secret is shown only when made."""
+
+    created_at: datetime | None  # when it was made; null: none yet (POST /v1/account/webhook-secret makes it)
+    # until then deliveries are signed with the secret the last rotation replaced too; null: only the current
+    previous_secret_expires_at: datetime | None

@@ -75,6 +75,13 @@ async def read_json(request: web.Request, kind: type[T], max_bytes: int) -> T:
     return decoded
 
 
+async def read_optional_json(request: web.Request, kind: type[T], max_bytes: int) -> T:
+    """A body the client may leave out: none at all is `kind` with its defaults; one given is read_json's."""
+    if not request.body_exists:
+        return kind()
+    return await read_json(request, kind, max_bytes)
+
+
 def nul_in(value: object, path: str = "") -> str | None:
     """The path of the first string holding a NUL character (PostgreSQL text cannot hold one), or None."""
     if isinstance(value, str):

@@ -87,7 +87,7 @@ def _operation(route: Route, schema_of: dict[type, Any], components: dict[str, A
         },
     }
     if route.body is not None:
-        op["requestBody"] = {"required": True, "content": _content(route.body, schema_of)}
+        op["requestBody"] = {"required": route.body_required, "content": _content(route.body, schema_of)}
     return op
 
 

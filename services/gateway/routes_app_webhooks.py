@@ -1,6 +1,8 @@
 """`/v1/webhook-endpoints`: where an account's app hears of its jobs (services/gateway/appwebhooks/), what
-was delivered there and how each attempt went; and `GET /v1/account/webhook-secret`, which verifies the
-deliveries to the `webhook_url` a job names for itself."""
+was delivered there and how each attempt went; and `/v1/account/webhook-secret`, the secret that signs the
+deliveries to the `webhook_url` a job names for itself. A secret is shown once, in the answer that makes it
+(registering an endpoint, rotating its secret, making the account's); rotating keeps the old one signing
+beside the new for `overlap_s`, so a receiver can switch without rejecting a delivery."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import msgspec
 from aiohttp import web
 
 from vidjobs.gateway import cursor
-from vidjobs.gateway.appwebhooks import urls
+from vidjobs.gateway.appwebhooks import secrets, urls
 from vidjobs.gateway.appwebhooks.endpoints import CapReached, Retried
 from vidjobs.gateway.bodies import (
     DeliveryList,
@@ -20,9 +22,11 @@ from vidjobs.gateway.bodies import (
     EndpointIn,
     EndpointList,
     EndpointOut,
+    RotateSecretIn,
+    SecretIssued,
     WebhookSecretOut,
 )
-from vidjobs.gateway.decoding import read_json, read_query
+from vidjobs.gateway.decoding import read_json, read_optional_json, read_query
 from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
@@ -95,12 +99,38 @@ async def retry_delivery(request: web.Request) -> web.Response:
     raise not_found("delivery of an enabled webhook endpoint")
 
 
+async def _overlap_s(request: web.Request) -> int:
+    body = await read_optional_json(request, RotateSecretIn, gateway(request).settings.max_body_bytes)
+    return body.overlap_s
+
+
+def _shown(issued: secrets.Issued) -> SecretIssued:
+    return SecretIssued(secret=issued.secret, created_at=issued.created_at,
+                        previous_secret_expires_at=issued.previous_expires_at)
+
+
+async def rotate_endpoint_secret(request: web.Request) -> web.Response:
+    endpoint_id = _endpoint_id(request)
+    issued = await tenant(request).rotate_endpoint_secret(endpoint_id, await _overlap_s(request))
+    if issued is None:
+        raise not_found("webhook endpoint")
+    return json_response(_shown(issued))
+
+
 async def webhook_secret(request: web.Request) -> web.Response:
-    return json_response(WebhookSecretOut(secret=await tenant(request).webhook_secret()))
+    held = await tenant(request).webhook_secret()
+    return json_response(WebhookSecretOut(created_at=held.created_at,
+                                          previous_secret_expires_at=held.previous_expires_at))
+
+
+async def issue_webhook_secret(request: web.Request) -> web.Response:
+    issued = await tenant(request).issue_webhook_secret(await _overlap_s(request))
+    return json_response(_shown(issued), status=201)
 
 
 _ONE = "/v1/webhook-endpoints/{endpoint_id}"
 _MISSING = {401: ErrorOut, 404: ErrorOut}
+_BAD_BODY = {400: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut}
 ROUTES = [
     Route("POST", "/v1/webhook-endpoints", create_endpoint, "create_webhook_endpoint",
           "Register an endpoint of your app to hear of your jobs; its signing secret is shown this once",
@@ -115,7 +145,14 @@ ROUTES = [
           query=DeliveryQuery, responses={200: DeliveryList, 400: ErrorOut, 422: ErrorOut, **_MISSING}),
     Route("POST", f"{_ONE}/deliveries/{{delivery_id}}/retry", retry_delivery, "retry_webhook_delivery",
           "Send a delivery again now", responses={202: None, 409: ErrorOut, 429: ErrorOut, **_MISSING}),
+    Route("POST", f"{_ONE}/rotate-secret", rotate_endpoint_secret, "rotate_webhook_endpoint_secret",
+          "Replace an endpoint's signing secret, shown this once; the old one signs too for overlap_s",
+          body=RotateSecretIn, body_required=False, responses={200: SecretIssued, **_BAD_BODY, **_MISSING}),
     Route("GET", "/v1/account/webhook-secret", webhook_secret, "account_webhook_secret",
-          "The secret that signs deliveries to the webhook_url a job names", responses={200: WebhookSecretOut,
-                                                                                         401: ErrorOut}),
+          "When the secret that signs deliveries to the webhook_url a job names was made (never the secret)",
+          responses={200: WebhookSecretOut, 401: ErrorOut}),
+    Route("POST", "/v1/account/webhook-secret", issue_webhook_secret, "issue_account_webhook_secret",
+          "Make the secret that signs deliveries to the webhook_url a job names, or replace it (the old one "
+          "signs too for overlap_s); shown this once", body=RotateSecretIn, body_required=False,
+          responses={201: SecretIssued, 401: ErrorOut, **_BAD_BODY}),
 ]

@@ -133,6 +133,11 @@ async def checked_create(request: web.Request) -> Checked:
     await check_input_image(owner, job_request)
     if body.webhook_url is not None:
         await urls.checked_url(body.webhook_url, gw.settings.allowed_webhook_hosts(), "webhook_url")
+        # Made on purpose, not here: a secret made silently would be one its owner never saw.
+        if not await owner.has_webhook_secret():
+            raise invalid("webhook_url: deliveries to it are signed with your account's webhook secret, and the "
+                          "account has none yet: make it first with POST /v1/account/webhook-secret (its answer "
+                          "shows it, once)")
     return Checked(body, job_request, route)
 
 
@@ -140,8 +145,6 @@ async def create_job(request: web.Request) -> web.Response:
     gw, owner = gateway(request), tenant(request)
     checked = await checked_create(request)
     body, job_request, route = checked.body, checked.request, checked.route
-    if body.webhook_url is not None:
-        await owner.webhook_secret()  # made now, so its deliveries can be signed
     key = idempotency.key_from(request)
     try:
         job, created = await _create_once(gw, owner, body, job_request, key, route)

@@ -26,6 +26,7 @@ class Route:
     responses: Mapping[int, ResponseSpec]
     auth: bool = True
     body: type[msgspec.Struct] | str | None = None
+    body_required: bool = True  # False: the body may be left out (its defaults are taken)
     query: type[msgspec.Struct] | None = None
     headers: Mapping[str, str] = field(default_factory=dict)  # request header -> description
     # status -> response header -> its OpenAPI header object, beside the ones every answer carries

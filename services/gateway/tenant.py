@@ -26,7 +26,7 @@ from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.common.uploads import UploadRow
-from vidjobs.gateway import accounts
+from vidjobs.gateway import accounts, sealing
 from vidjobs.gateway.accounts import Account
 from vidjobs.gateway.appwebhooks import endpoints, secrets
 from vidjobs.gateway.state import ACCOUNT, gateway
@@ -198,7 +198,12 @@ class Tenant:
     # --- webhooks to the account's app -------------------------------------------------------------------
     async def add_endpoint(self, url: str, events: list[str], description: str, *, cap: int,
                            ) -> tuple[endpoints.Endpoint, str]:
-        return await endpoints.add_endpoint(self._rt.pool, self.account_id, url, events, description, cap=cap)
+        return await endpoints.add_endpoint(self._rt.pool, self._ring(), self.account_id, url, events, description,
+                                            cap=cap)
+
+    async def rotate_endpoint_secret(self, endpoint_id: str, overlap_s: int) -> secrets.Issued | None:
+        return await secrets.rotate_endpoint_secret(self._rt.pool, self._ring(), self.account_id, endpoint_id,
+                                                    overlap_s)
 
     async def endpoints(self) -> list[endpoints.Endpoint]:
         return await endpoints.endpoints(self._rt.pool, self.account_id)
@@ -213,8 +218,18 @@ class Tenant:
     async def retry_delivery(self, endpoint_id: str, delivery_id: str, *, cap: int) -> endpoints.Retried:
         return await endpoints.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id, cap=cap)
 
-    async def webhook_secret(self) -> str:
-        return await secrets.account_secret(self._rt.pool, self.account_id)
+    async def webhook_secret(self) -> secrets.Held:
+        """What is known of the account's secret (never the secret itself)."""
+        return await secrets.account_secret_held(self._rt.pool, self.account_id)
+
+    async def has_webhook_secret(self) -> bool:
+        return await secrets.has_account_secret(self._rt.pool, self.account_id)
+
+    async def issue_webhook_secret(self, overlap_s: int) -> secrets.Issued:
+        return await secrets.issue_account_secret(self._rt.pool, self._ring(), self.account_id, overlap_s)
+
+    def _ring(self) -> sealing.Keyring:
+        return sealing.keyring(self._rt.settings)
 
     # --- uploads ----------------------------------------------------------------------------------------
     async def upload(self, upload_id: str) -> UploadRow | None:

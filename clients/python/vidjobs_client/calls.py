@@ -153,6 +153,16 @@ def webhook_secret() -> Call[models.WebhookSecret]:
     return Call("GET", "/v1/account/webhook-secret", models.WebhookSecret)
 
 
+def _overlap(overlap_s: int | None) -> bytes:
+    return _json({} if overlap_s is None else {"overlap_s": overlap_s})
+
+
+def create_webhook_secret(overlap_s: int | None) -> Call[models.NewWebhookSecret]:
+    # Not replayable: a second one replaces the first, whose answer (the only time it is shown) was lost.
+    return Call("POST", "/v1/account/webhook-secret", models.NewWebhookSecret, body=_overlap(overlap_s),
+                headers={"Content-Type": "application/json"}, replayable=False)
+
+
 def list_models() -> Call[models.ModelList]:
     return Call("GET", "/v1/models", models.ModelList)
 
@@ -171,6 +181,11 @@ def list_webhook_endpoints() -> Call[models.EndpointList]:
 
 def _endpoint(endpoint_id: str) -> str:
     return f"/v1/webhook-endpoints/{quote(endpoint_id, safe='')}"
+
+
+def rotate_webhook_endpoint_secret(endpoint_id: str, overlap_s: int | None) -> Call[models.NewWebhookSecret]:
+    return Call("POST", _endpoint(endpoint_id) + "/rotate-secret", models.NewWebhookSecret, body=_overlap(overlap_s),
+                headers={"Content-Type": "application/json"}, replayable=False)
 
 
 def delete_webhook_endpoint(endpoint_id: str) -> Call[None]:

@@ -207,9 +207,14 @@ class Client:
         """The models this deployment renders with, what each takes and its price."""
         return self._send(calls.list_models()).data
 
-    def webhook_secret(self) -> str:
-        """The secret that signs deliveries to the `webhook_url` a job names."""
-        return self._send(calls.webhook_secret()).secret
+    def webhook_secret(self) -> models.WebhookSecret:
+        """When the secret that signs deliveries to the `webhook_url` a job names was made (not the secret)."""
+        return self._send(calls.webhook_secret())
+
+    def create_webhook_secret(self, *, overlap_s: int | None = None) -> models.NewWebhookSecret:
+        """Make the account's webhook secret, or replace it (the old one signs too for `overlap_s`, default a
+        day); its `secret` is in this answer only."""
+        return self._send(calls.create_webhook_secret(overlap_s))
 
     def create_webhook_endpoint(self, url: str, *, events: list[str] | None = None,
                                 description: str = "") -> models.WebhookEndpoint:
@@ -219,6 +224,12 @@ class Client:
     def list_webhook_endpoints(self) -> list[models.WebhookEndpoint]:
         """Your webhook endpoints, oldest first."""
         return self._send(calls.list_webhook_endpoints()).data
+
+    def rotate_webhook_endpoint_secret(self, endpoint_id: str, *,
+                                       overlap_s: int | None = None) -> models.NewWebhookSecret:
+        """Replace an endpoint's secret (the old one signs too for `overlap_s`, default a day); the new `secret`
+        is in this answer only."""
+        return self._send(calls.rotate_webhook_endpoint_secret(endpoint_id, overlap_s))
 
     def delete_webhook_endpoint(self, endpoint_id: str) -> None:
         """Remove an endpoint; nothing more is sent to it."""

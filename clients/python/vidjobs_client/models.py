@@ -212,6 +212,8 @@ class WebhookEndpoint(_Model, kw_only=True):
     created_at: datetime
     disabled_at: datetime | None = None
     disabled_reason: str | None = None
+    secret_created_at: datetime
+    previous_secret_expires_at: datetime | None = None  # while the secret a rotation replaced still signs
     secret: str | None = None  # only in the answer that registered it
 
 
@@ -243,7 +245,18 @@ class DeliveryList(_Model, kw_only=True):
 
 
 class WebhookSecret(_Model, kw_only=True):
+    """The account's webhook secret, described; the secret itself is only in the answer that made it."""
+
+    created_at: datetime | None = None  # None: not made yet (create_webhook_secret)
+    previous_secret_expires_at: datetime | None = None
+
+
+class NewWebhookSecret(_Model, kw_only=True):
+    """A secret just made (the account's, or an endpoint's by a rotation): the one time it is shown."""
+
     secret: str
+    created_at: datetime
+    previous_secret_expires_at: datetime | None = None  # until then the secret it replaced signs too
 
 
 class JobOptions(TypedDict, total=False):

@@ -1,3 +1,4 @@
 """Webhooks to accounts' apps: the endpoints an account registers (endpoints.py), a job's own `webhook_url`,
-the secrets that sign what is sent (secrets.py), the request-forgery guard every URL passes (urls.py), and
-delivering what happened to an account's jobs (deliveries.py), signed with Standard Webhooks."""
+the secrets that sign what is sent, shown once and stored sealed (secrets.py; resealing.py keeps them sealed
+under the gateway's current key), the request-forgery guard every URL passes (urls.py), and delivering what
+happened to an account's jobs (deliveries.py), signed with Standard Webhooks."""

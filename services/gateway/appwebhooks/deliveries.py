@@ -162,9 +162,9 @@ class Deliverer:
             return
         body = b'{"type":' + msgspec.json.encode(delivery.event_type) + b',"timestamp":' + msgspec.json.encode(
             datetime.now(UTC)) + b',"data":' + data + b"}"
-        keys = await secrets.signing_secrets(self._rt.pool, delivery.account_id, delivery.endpoint_id)
-        if not keys:
-            await _settle(self._rt.pool, delivery, Outcome(None, "the endpoint was removed", 0), "disabled", None)
+        keys = await secrets.signing_secrets(self._rt, delivery.account_id, delivery.endpoint_id)
+        if not keys:  # its endpoint was removed, or (a job's own URL) the account has no secret to sign with
+            await _settle(self._rt.pool, delivery, Outcome(None, "no secret to sign it with", 0), "disabled", None)
             return
         outcome = await self._post(delivery, body, keys)
         status, due = self._next(delivery, outcome)
@@ -181,7 +181,7 @@ class Deliverer:
             "outcome": status})
 
     async def _post(self, delivery: Delivery, body: bytes, keys: list[str]) -> Outcome:
-        headers = {**webhooks.signed_headers(keys[0], body, msg_id=delivery.id),
+        headers = {**webhooks.signed_headers(keys, body, msg_id=delivery.id),
                    "Content-Type": "application/json", "User-Agent": "vidjobs-webhooks"}
         started = time.perf_counter()
         try:

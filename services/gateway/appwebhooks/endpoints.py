@@ -11,6 +11,7 @@ import msgspec
 
 from vidjobs.common import ids
 from vidjobs.gateway.appwebhooks import secrets
+from vidjobs.gateway.sealing import Keyring
 
 
 class CapReached(Exception):
@@ -29,16 +30,22 @@ class Endpoint(msgspec.Struct, kw_only=True):
     created_at: datetime
     disabled_at: datetime | None
     disabled_reason: str | None
+    secret_created_at: datetime
+    previous_secret_expires_at: datetime | None  # while a rotated-out secret still signs
 
 
-_ENDPOINT_COLUMNS = "id, url, events, description, created_at, disabled_at, disabled_reason"
+_ENDPOINT_COLUMNS = ("id, url, events, description, created_at, disabled_at, disabled_reason, secret_created_at, "
+                     "CASE WHEN previous_secret_expires_at > clock_timestamp() THEN previous_secret_expires_at END "
+                     "AS previous_secret_expires_at")
 
 
-async def add_endpoint(pool: asyncpg.Pool, account_id: str, url: str, events: list[str],
+async def add_endpoint(pool: asyncpg.Pool, ring: Keyring, account_id: str, url: str, events: list[str],
                        description: str, *, cap: int) -> tuple[Endpoint, str]:
-    """Register an endpoint unless the account has `cap` already (CapReached). One account's registrations
-    are decided one at a time (a transaction-scoped lock), so racing ones never pass the cap."""
-    secret = secrets.new_secret()
+    """The endpoint and its secret, shown this once (the row holds it sealed), unless the account has `cap`
+    already (CapReached). One account's registrations are decided one at a time (a transaction-scoped lock),
+    so racing ones never pass the cap."""
+    endpoint_id = new_endpoint_id()
+    secret, sealed = secrets.sealed_new(ring, secrets.ENDPOINT, endpoint_id)
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(hashtext('webhook-endpoints:' || $1))", account_id)
         if await conn.fetchval("SELECT count(*) FROM webhook_endpoints WHERE account_id = $1 "
@@ -47,9 +54,9 @@ async def add_endpoint(pool: asyncpg.Pool, account_id: str, url: str, events: li
                              "longer uses (DELETE /v1/webhook-endpoints/{id}), or have one endpoint hear "
                              "several kinds of event")
         row = await conn.fetchrow(
-            f"INSERT INTO webhook_endpoints (id, account_id, url, secret, events, description) "
+            f"INSERT INTO webhook_endpoints (id, account_id, url, secret_sealed, events, description) "
             f"VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_ENDPOINT_COLUMNS}",
-            new_endpoint_id(), account_id, url, secret, events, description)
+            endpoint_id, account_id, url, sealed, events, description)
     return msgspec.convert(dict(row), Endpoint), secret
 
 
