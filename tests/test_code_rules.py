@@ -12,7 +12,7 @@ from vidjobs.common.states import JobStatus
 ROOT = Path(__file__).parents[1]
 _QUOTED_STATUS = re.compile(r"'(" + "|".join(s.value for s in JobStatus) + r")'")
 # webhook_deliveries has statuses of its own (pending, delivered, failed, disabled), not a job's.
-_OTHER_STATUSES = {"services/gateway/appwebhooks/deliveries.py", "services/gateway/appwebhooks/endpoints.py"}
+_OTHER_STATUSES = "services/gateway/appwebhooks/"
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:
@@ -28,7 +28,7 @@ def test_sql_never_spells_a_job_status():
     found = []
     for path in sorted([*ROOT.glob("libs/**/*.py"), *ROOT.glob("services/**/*.py"), *ROOT.glob("cli/**/*.py")]):
         name = path.relative_to(ROOT).as_posix()
-        if name in _OTHER_STATUSES:
+        if name.startswith(_OTHER_STATUSES):
             continue
         found += [f"{name}:{line}: {text.strip()[:80]}" for line, text in _strings(path) if _QUOTED_STATUS.search(text)]
     assert not found, "write statuses with vidjobs.common.states.sql():\n" + "\n".join(found)

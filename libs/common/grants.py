@@ -99,7 +99,7 @@ GRANTS: dict[str, dict[str, frozenset[Privilege]]] = {
         "uploads": SEL | INS | UPD,
         "webhook_endpoints": INS | UPD,
         "webhook_deliveries": SEL | INS | UPD | DEL,  # prunes finished history
-        "webhook_attempts": SEL | INS | DEL,
+        "webhook_attempts": SEL | INS,  # pruned with their deliveries (ON DELETE CASCADE runs as the owner)
         "rate_cards": SEL,  # prices a job at create
         "rate_card_prices": SEL,
         "assets": SEL,  # a finished job's outputs are read from the media service's record of its files
