@@ -7,7 +7,15 @@ import hashlib
 import pytest
 
 from tests.support import wait_until
-from tests.test_gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
+from tests.test_gateway_harness import (
+    JOB_BODY,
+    assert_error,
+    assert_no_traceback,
+    auth,
+    gateway_settings,
+    raw_request,
+    running_gateway,
+)
 from vidjobs.common.errors import StoreError
 from vidjobs.gateway import ratelimit
 from vidjobs.gateway.accounts import add_api_key, create_account
@@ -34,6 +42,15 @@ async def test_every_v1_route_needs_a_known_key(h, headers):
         assert resp.headers["WWW-Authenticate"].startswith("Bearer")
         assert_error(await resp.json(), "unauthorized")
     assert await h.count("SELECT count(*) FROM jobs") == 0
+
+
+@pytest.mark.parametrize("token", [b"\xff\xfe", b"vj_\xc3\xa9", b"vj_\x80abc"])
+async def test_a_key_that_is_not_ascii_is_401_not_a_fault(h, caplog, token):
+    answer = await raw_request(h, "GET", b"/v1/account", [(b"Authorization", b"Bearer " + token)])
+
+    assert answer.status == 401, answer.body
+    assert_error(answer.json(), "unauthorized")
+    assert_no_traceback(caplog)
 
 
 async def test_a_revoked_key_is_refused(h):

@@ -6,7 +6,15 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.test_gateway_harness import assert_error, completed_job, drive, gateway_settings, running_gateway
+from tests.test_gateway_harness import (
+    assert_error,
+    assert_no_traceback,
+    completed_job,
+    drive,
+    gateway_settings,
+    raw_request,
+    running_gateway,
+)
 from vidjobs.common.states import JobStatus
 from vidjobs.storage import signing
 
@@ -78,6 +86,19 @@ async def test_tampered_or_expired_links_are_403(h):
         assert resp.status == 403, path
         assert_error(await resp.json(), "forbidden")
     assert (await h.client.post(_path(out["video_url"]))).status == 405
+
+
+@pytest.mark.parametrize("sig", [b"%C3%A9", b"%FF%FE", b"caf%C3%A9" + b"0" * 60, b"%00"])
+async def test_a_signature_that_is_not_hex_is_403_not_a_fault(h, caplog, sig):
+    """Unexpired and for a real key, so the signature itself is compared, though it decodes to no hex digest."""
+    url, _ = signing.sign("", h.settings.signing_secret, "accounts/a/jobs/j/video.mp4", 60)
+    target = _path(url).split("&sig=")[0].encode() + b"&sig=" + sig
+
+    answer = await raw_request(h, "GET", target, [])
+
+    assert answer.status == 403, answer.body
+    assert_error(answer.json(), "forbidden")
+    assert_no_traceback(caplog)
 
 
 async def test_a_signed_key_outside_the_storage_root_is_refused(h):

@@ -3,8 +3,10 @@ storage; helpers shared by the gateway tests (each test module makes its own sma
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -94,6 +96,38 @@ async def running_gateway(settings: Settings) -> AsyncIterator[Harness]:
     app = create_app(settings)
     async with TestClient(TestServer(app, host=settings.http_host, port=settings.http_port)) as client:
         yield Harness(settings=settings, client=client, app=app)
+
+
+@dataclass
+class RawAnswer:
+    status: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def raw_request(h: Harness, method: str, target: bytes, headers: list[tuple[bytes, bytes]],
+                      body: bytes = b"") -> RawAnswer:
+    """One request written byte for byte on a socket, for what no HTTP client will send: header values
+    that are not ASCII, a target exactly as given. Answers are read to the close (no chunked bodies)."""
+    lines = [f"{method} ".encode() + target + b" HTTP/1.1", b"Host: 127.0.0.1", b"Connection: close",
+             b"Content-Length: " + str(len(body)).encode(), *(name + b": " + value for name, value in headers)]
+    reader, writer = await asyncio.open_connection(h.settings.http_host, h.settings.http_port)
+    try:
+        writer.write(b"\r\n".join(lines) + b"\r\n\r\n" + body)
+        await writer.drain()
+        answer = await reader.read()
+    finally:
+        writer.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return RawAnswer(status=int(head.split(b" ", 2)[1]), body=rest)
+
+
+def assert_no_traceback(caplog: Any) -> None:
+    """Nothing was logged as an unhandled error: a refused request is no fault of ours."""
+    faults = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not faults, [(r.name, r.getMessage()) for r in faults]
 
 
 def assert_error(body: Any, code: str, *mentions: str) -> None:

@@ -11,7 +11,14 @@ import nats
 import pytest
 
 from tests.support import wait_until
-from tests.test_gateway_harness import assert_error, drive, gateway_settings, running_gateway
+from tests.test_gateway_harness import (
+    assert_error,
+    assert_no_traceback,
+    drive,
+    gateway_settings,
+    raw_request,
+    running_gateway,
+)
 from vidjobs.common import bus, events
 from vidjobs.common.events import InboxReceived
 from vidjobs.common.states import JobStatus
@@ -76,6 +83,47 @@ async def test_an_unverifiable_delivery_is_401_and_stores_nothing(h, tamper):
     assert status == 401
     assert_error(answer, "unauthorized")
     assert await _nothing_stored(h)
+
+
+async def _post_raw(h, provider: str, headers: dict[str, bytes], body: bytes = BODY):
+    listed = [(b"Content-Type", b"application/json"), *((k.encode(), v) for k, v in headers.items())]
+    return await raw_request(h, "POST", f"/v1/webhooks/{provider}".encode(), listed, body)
+
+
+@pytest.mark.parametrize("header", ["webhook-signature", "webhook-id", "webhook-timestamp"])
+@pytest.mark.parametrize("value", [b"v1,\xff\xfe", b"v1,\xc3\xa9t\xc3\xa9", b"\xe2\x80\xae"])
+async def test_a_header_that_is_not_ascii_is_401_not_a_fault(h, caplog, header, value):
+    """Header bytes outside ASCII reach the verifier as text it cannot encode back; a sender that writes
+    them is refused like any other unverifiable one."""
+    headers = {k: v.encode() for k, v in webhooks.signed_headers(h.settings.fake_webhook_secret, BODY).items()}
+    headers[header] = value
+
+    answer = await _post_raw(h, "fake", headers)
+
+    assert answer.status == 401, answer.body
+    assert_error(answer.json(), "unauthorized")
+    assert_no_traceback(caplog)
+    assert await _nothing_stored(h)
+
+
+FAL_HEADERS = ["X-Fal-Webhook-Request-Id", "X-Fal-Webhook-User-Id", "X-Fal-Webhook-Timestamp",
+               "X-Fal-Webhook-Signature"]
+
+
+@pytest.mark.parametrize("header", FAL_HEADERS)
+async def test_a_fal_header_that_is_not_ascii_is_401_not_a_fault(tmp_path, database_url, nats_url, caplog, header):
+    settings = gateway_settings(tmp_path, database_url, nats_url, fal_api_key="fal-test-key",
+                                fal_jwks_url="http://127.0.0.1:9/jwks.json")  # nothing listens: no keys, ever
+    headers = dict(zip(FAL_HEADERS, [b"764cabcf-b745-4b3e-ae38-1200304cf45b", b"user-1",
+                                     str(int(time.time())).encode(), b"00" * 64], strict=True))
+    headers[header] = b"\xff\xfe"
+    async with running_gateway(settings) as h:
+        answer = await _post_raw(h, "fal", headers)
+
+        assert answer.status == 401, answer.body
+        assert_error(answer.json(), "unauthorized")
+        assert await _nothing_stored(h)
+    assert_no_traceback(caplog)
 
 
 async def test_unknown_provider_is_404(h):

@@ -251,4 +251,8 @@ def _header(headers: Mapping[str, str], name: str) -> str:
         value = next((v for k, v in headers.items() if k.lower() == lowered), None)
     if not value:
         raise WebhookRejected(f"missing {name} header")
+    # fal's ids, timestamp and hex signature are ASCII. Other bytes arrive as text that cannot be encoded
+    # again into the signed message, so they are refused here as unverifiable.
+    if not value.isascii():
+        raise WebhookRejected(f"{name} header is not ASCII")
     return value

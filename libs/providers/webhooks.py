@@ -92,6 +92,10 @@ def _header(headers: Mapping[str, str], name: str) -> str:
         value = next((v for k, v in headers.items() if k.lower() == name), None)
     if not value:
         raise WebhookRejected(f"missing {name} header")
+    # Every value of these headers is ASCII (an id, digits, base64). Other bytes arrive as text that cannot
+    # be encoded again to be signed or compared, so they are refused here as unverifiable.
+    if not value.isascii():
+        raise WebhookRejected(f"{name} header is not ASCII")
     return value
 
 

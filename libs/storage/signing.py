@@ -34,4 +34,7 @@ def verify(secret: str, key: str, expires: str, sig: str, *, method: str = "GET"
     if expiry < time.time():
         return False
     method = "GET" if method.upper() == "HEAD" else method
-    return hmac.compare_digest(_mac(secret, method, key, expiry), sig)
+    # A MAC is hex: anything else cannot match, and compare_digest refuses non-ASCII text with TypeError.
+    if not sig.isascii():
+        return False
+    return hmac.compare_digest(_mac(secret, method, key, expiry).encode(), sig.encode())

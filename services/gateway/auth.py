@@ -22,6 +22,11 @@ def bearer_token(request: web.Request) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
+def could_be_a_key(token: str) -> bool:
+    # Keys are ASCII. Other header bytes arrive as text that cannot be encoded again to be hashed.
+    return token.isascii()
+
+
 def rate_limited(rate_per_s: float, burst: int, wait: int) -> ApiError:
     return ApiError(
         429, ErrorCode.RATE_LIMITED,
@@ -38,7 +43,7 @@ async def authenticate(request: web.Request) -> ratelimit.Admission:
     if token is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "send your API key as `Authorization: Bearer <key>`",
                        headers=_CHALLENGE)
-    admission = await gateway(request).buckets.admit(token)
+    admission = await gateway(request).buckets.admit(token) if could_be_a_key(token) else None
     if admission is None:
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "unknown or revoked API key", headers=_CHALLENGE)
     request[RATE] = admission
