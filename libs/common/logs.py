@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -58,23 +59,43 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
+    """`service level message name=value ...`, one line per record; a traceback follows on lines of its own,
+    each marked `  | `. What clients and providers send reaches these lines (paths, headers, body fields), so
+    every piece is escaped: no value can end the line and write one that looks like ours."""
+
     def __init__(self, service: str):
         super().__init__()
         self.service = service
 
     def format(self, record: logging.LogRecord) -> str:
-        extras = " ".join(
-            f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")
-        )
+        fields = [(k, v) for k, v in record.__dict__.items() if k not in _STANDARD and not k.startswith("_")]
         if (request_id := requestids.current()) is not None and "request_id" not in record.__dict__:
-            extras += f" request_id={request_id}"
-        for key, value in subject().items():
-            if key not in record.__dict__:
-                extras += f" {key}={value}"
-        line = f"{self.service:9} {record.levelname.lower():7} {record.getMessage()} {extras}".rstrip()
+            fields.append(("request_id", request_id))
+        fields += [(k, v) for k, v in subject().items() if k not in record.__dict__]
+        extras = " ".join(f"{escape(k)}={escape(v)}" for k, v in fields)
+        line = f"{self.service:9} {record.levelname.lower():7} {escape(record.getMessage())} {extras}".rstrip()
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += "".join(f"\n  | {escape(part)}" for part in self.formatException(record.exc_info).split("\n"))
         return line
+
+
+# What ends a line for some reader (C0 controls, DEL, C1 controls such as NEL, the line and paragraph
+# separators) or makes a line show other than it reads (bidirectional marks, embeddings, overrides and
+# isolates; zero-width characters; the byte order mark), and lone surrogates: header bytes that were not
+# UTF-8, which a strict writer would refuse.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff\ud800-\udfff]")
+_SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape(value: object) -> str:
+    """`value` as text with every unsafe character written as an escape (`\\n`, `\\x1b`, `\\u2028`)."""
+    return _UNSAFE.sub(_escaped, str(value))
+
+
+def _escaped(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _SHORT.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
 
 
 def setup(service: str, *, level: str = "INFO", fmt: str = "json") -> None:
