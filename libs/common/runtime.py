@@ -246,10 +246,12 @@ async def _serve(name: str, settings: Settings, main: WorkerMain) -> int:
             await runner.cleanup()
 
 
-def run_worker(name: str, main: WorkerMain) -> None:
-    """Entry point of `python -m vidjobs.<name>`."""
+def run_worker(name: str, main: WorkerMain, *, check: Callable[[Settings], None] | None = None) -> None:
+    """Entry point of `python -m vidjobs.<name>`; `check` refuses settings this worker cannot run on."""
     try:
         settings = load()
+        if check is not None:
+            check(settings)
     except ConfigError as exc:
         print(f"vidjobs {name}: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -93,8 +93,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fake_provider: Literal["on", "off"] = "off"
     fake_provider_url: str = "http://127.0.0.1:8090"
     fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
-    # Real providers: an adapter is offered only when its API key is set. Base URLs are settings so tests
-    # (and regional endpoints) can point them elsewhere.
+    # Real providers: an adapter is offered when its API key is set or its name is in `providers`. Base URLs
+    # are settings so tests (and regional endpoints) can point them elsewhere.
+    # The real providers a deployment offers, comma-separated (`replicate,fal,runway,luma,veo`), named apart
+    # from their keys so that a process that never calls a provider (the gateway: validation, models,
+    # callbacks) is not given its key; the submitter and poller refuse to start without the keys of these.
+    # Empty: the providers whose API key is set.
+    providers: str = ""
     replicate_url: str = "https://api.replicate.com"
     replicate_api_token: str = ""
     replicate_webhook_secret: str = ""  # `whsec_...`, from Replicate's webhook signing-secret endpoint
