@@ -6,33 +6,54 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import re
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
+from vidjobs.common.settings import PREFIX, Settings
+
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
-OVERLAYS = ["dev", "prod"]
+OVERLAYS = ["dev", "prod", "prod+cloudnative-pg"]
 # The oldest Kubernetes the README supports whose schemas the validator ships.
 KUBERNETES_VERSION = "1.29"
 # Custom resources: their schemas come with their operators, not with Kubernetes. Checked below by hand,
 # for the fields these manifests rely on.
 CUSTOM_KINDS = {"ScaledObject", "PodMonitor", "PrometheusRule", "Certificate", "Issuer", "Cluster"}
 METADATA = [ipaddress.ip_network("169.254.169.254/32"), ipaddress.ip_network("fd00:ec2::254/128")]
+# Addresses that are not the internet: private networks (where the cluster's pods, services and nodes live),
+# carrier-grade NAT, link-local (the metadata service), and their IPv6 counterparts. Egress to the internet
+# excludes them all; a pod reaches such an address only through a rule that names it and its ports.
+PRIVATE = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10",
+                                             "169.254.0.0/16", "fc00::/7", "fe80::/10")]
 POD_KINDS = {"Deployment", "StatefulSet", "Job"}
 
 
 def render(overlay: str) -> list[dict]:
+    """An overlay as `kubectl kustomize` renders it; `overlay+component` adds an optional component (the way
+    an overlay opts in), from a kustomization made for the purpose."""
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         if os.environ.get("CI"):
             pytest.fail("kubectl is needed to render the manifests (kubectl kustomize) and is not installed")
         pytest.skip("kubectl is not installed: the manifests cannot be rendered here")
-    out = subprocess.run([kubectl, "kustomize", str(K8S / "overlays" / overlay)], check=True,
-                         capture_output=True, text=True, timeout=60).stdout
+    base, *extra = overlay.split("+")
+    with tempfile.TemporaryDirectory() as scratch:
+        target = K8S / "overlays" / base
+        if extra:
+            target = Path(scratch)
+            (target / "kustomization.yaml").write_text(yaml.safe_dump({
+                "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                "resources": [os.path.relpath(K8S / "overlays" / base, target)],  # kustomize takes no absolute
+                "components": [os.path.relpath(K8S / "components" / name, target) for name in extra]}))
+        out = subprocess.run([kubectl, "kustomize", str(target)], check=True, capture_output=True, text=True,
+                             timeout=60).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -155,22 +176,28 @@ def test_services_get_their_own_nats_user(objects: list[dict]) -> None:
         assert env["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "vidjobs-nats", "key": name}
 
 
+def database_url_source(container: dict) -> str | None:
+    """The Secret a container's VIDJOBS_DATABASE_URL comes from (no database Secret is read whole)."""
+    assert not any(e.get("secretRef") for e in container.get("envFrom", [])), container["name"]
+    refs = [e["valueFrom"]["secretKeyRef"]["name"] for e in container.get("env", [])
+            if e["name"] == "VIDJOBS_DATABASE_URL"]
+    return refs[0] if refs else None
+
+
 def test_in_prod_each_service_reaches_the_database_on_its_own_login() -> None:
-    """Least privilege by default: each Deployment's containers take VIDJOBS_DATABASE_URL last from the
-    service's own Secret (a login in its role, libs/common/grants.py); only the migrations Job uses the
-    schema owner's."""
+    """Least privilege by default: each Deployment's containers take VIDJOBS_DATABASE_URL from the service's
+    own Secret (a login in its role, libs/common/grants.py); only the migrations Job uses the schema owner's."""
     objects = render("prod")
     secrets = {s["metadata"]["name"]: s for s in of_kind(objects, "Secret")}
     for deployment in of_kind(objects, "Deployment"):
         name = deployment["metadata"]["name"]
-        for container in (c for c in containers(deployment) if c.get("envFrom")):
-            refs = [e["secretRef"]["name"] for e in container["envFrom"] if "secretRef" in e]
-            assert refs[-1] == f"vidjobs-db-{name}", (name, container["name"], refs)
+        for container in containers(deployment):
+            if container["name"] != "trust-nats-ca":  # copies a CA file, and reads no setting
+                assert database_url_source(container) == f"vidjobs-db-{name}", (name, container["name"])
         url = secrets[f"vidjobs-db-{name}"]["stringData"]["VIDJOBS_DATABASE_URL"]
         assert url.startswith(f"postgresql://vidjobs_{name}_login:"), url
     for job in of_kind(objects, "Job"):
-        refs = {e["secretRef"]["name"] for c in containers(job) for e in c.get("envFrom", []) if "secretRef" in e}
-        assert not {r for r in refs if r.startswith("vidjobs-db-")}, refs
+        assert [database_url_source(c) for c in containers(job)] == ["vidjobs-secrets"]
 
 
 async def test_a_service_user_can_do_its_work_in_nats_and_nothing_else(tmp_path: Path) -> None:
@@ -218,3 +245,154 @@ async def test_a_service_user_can_do_its_work_in_nats_and_nothing_else(tmp_path:
     finally:
         server.terminate()
         await asyncio.wait_for(server.wait(), 10)
+
+
+# --- which secrets each workload can read ------------------------------------------------------------------
+
+DB = "VIDJOBS_DATABASE_URL"
+S3 = {("vidjobs-secrets", "AWS_ACCESS_KEY_ID"), ("vidjobs-secrets", "AWS_SECRET_ACCESS_KEY")}
+API_KEYS = {("vidjobs-provider-secrets", f"VIDJOBS_{name}") for name in (
+    "REPLICATE_API_TOKEN", "FAL_API_KEY", "RUNWAY_API_KEY", "LUMA_API_KEY", "VEO_API_KEY")}
+REPLICATE_WEBHOOK = ("vidjobs-provider-secrets", "VIDJOBS_REPLICATE_WEBHOOK_SECRET")
+# What each workload's code reads, besides the database URL (the migrator's in dev, the service's own login in
+# prod) and, for a service, its own NATS password:
+NEEDS: dict[str, set[tuple[str, str]]] = {
+    # S3 for outputs' signed URLs and uploads; Replicate's webhook secret to verify its callbacks; the key
+    # that encrypts app webhook secrets at rest. No provider API key: it never calls a provider
+    # (VIDJOBS_PROVIDERS builds the adapters it validates and verifies with).
+    "gateway": S3 | {REPLICATE_WEBHOOK, ("vidjobs-gateway-secrets", "VIDJOBS_SECRETS_KEY")},
+    # Every provider's API key to submit; S3 to sign input images' URLs for the provider; Replicate's webhook
+    # secret only to know whether to ask Replicate for callbacks (ReplicateAdapter.supports_callbacks).
+    "submitter": S3 | API_KEYS | {REPLICATE_WEBHOOK},
+    # Every provider's API key to poll and cancel; no storage.
+    "poller": API_KEYS,
+    # S3 to store renders; Veo's key because Veo's render URLs are Gemini API downloads (KEYED_DOWNLOADS).
+    "media": S3 | {("vidjobs-provider-secrets", "VIDJOBS_VEO_API_KEY")},
+    # The database and NATS only.
+    "reaper": set(),
+    # The schema owner's URL, and nothing else.
+    "migrate": set(),
+}
+# Secret keys that are not secret: the NATS CA certificate the nats-tls component mounts for the services.
+PUBLIC_KEYS = {("nats-server-tls", "ca.crt")}
+ENTRY_MODULES = {"gateway": "vidjobs.gateway.__main__", "submitter": "vidjobs.submitter.__main__",
+                 "poller": "vidjobs.poller.__main__", "media": "vidjobs.media.__main__",
+                 "reaper": "vidjobs.reaper.__main__", "migrate": "vidjobs.cli.__main__"}
+
+
+def workload(obj: dict) -> str:
+    return obj["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+def secret_keys(objects: list[dict]) -> dict[str, set[str]]:
+    return {s["metadata"]["name"]: set(s.get("stringData", {})) | set(s.get("data", {}))
+            for s in of_kind(objects, "Secret")}
+
+
+def visible_secrets(obj: dict, rendered: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(Secret, key) of every secret value a pod of `obj` can read: all keys of a Secret in envFrom (`*` when
+    the Secret is made elsewhere), the one key of each secretKeyRef, and the files of a Secret volume."""
+    seen: set[tuple[str, str]] = set()
+    for container in containers(obj):
+        for source in container.get("envFrom", []):
+            if "secretRef" in source:
+                name = source["secretRef"]["name"]
+                seen |= {(name, key) for key in rendered.get(name, {"*"})}
+        for var in container.get("env", []):
+            if ref := var.get("valueFrom", {}).get("secretKeyRef"):
+                seen.add((ref["name"], ref["key"]))
+    for volume in pod_spec(obj).get("volumes", []):
+        if secret := volume.get("secret"):
+            name = secret["secretName"]
+            items = [item["key"] for item in secret.get("items", [])]
+            seen |= {(name, key) for key in items or rendered.get(name, {"*"})}
+    return seen
+
+
+def expected_secrets(obj: dict, rendered: dict[str, set[str]]) -> set[tuple[str, str]]:
+    name = workload(obj)
+    own_login = f"vidjobs-db-{name}"
+    database = {(own_login if own_login in rendered else "vidjobs-secrets", DB)}
+    nats = {("vidjobs-nats", name)} if obj["kind"] == "Deployment" else set()
+    return NEEDS[name] | database | nats
+
+
+def test_each_workload_can_read_exactly_the_secrets_its_code_uses(objects: list[dict]) -> None:
+    rendered = secret_keys(objects)
+    workloads = of_kind(objects, "Deployment", "Job")
+    assert {workload(o) for o in workloads} == set(NEEDS)
+    for obj in workloads:
+        seen = visible_secrets(obj, rendered) - PUBLIC_KEYS
+        expected = expected_secrets(obj, rendered)
+        assert seen == expected, (workload(obj), "extra:", sorted(seen - expected), "missing:",
+                                  sorted(expected - seen))
+
+
+def test_a_secret_fills_the_variable_of_its_own_name(objects: list[dict]) -> None:
+    """Provider, S3, database and gateway keys are named as the variables they fill, so a reference cannot
+    hand one service's setting another's value unnoticed; every VIDJOBS_* one is a setting the loader knows."""
+    fields = {PREFIX + f.upper() for f in Settings.__struct_fields__}
+    for obj in of_kind(objects, "Deployment", "Job"):
+        for container in containers(obj):
+            for var in container.get("env", []):
+                ref = var.get("valueFrom", {}).get("secretKeyRef")
+                if ref is None or ref["name"] == "vidjobs-nats":
+                    continue
+                assert var["name"] == ref["key"], (workload(obj), container["name"], var["name"], ref)
+                assert var["name"] in fields or not var["name"].startswith(PREFIX), var["name"]
+
+
+@pytest.fixture(scope="module")
+def code_reads() -> dict[str, set[str]]:
+    """Per workload, the secret variables its code could read at all: every secret setting whose name appears
+    in a module the workload's entry point loads (but settings.py, which declares them all), and the AWS_*
+    keys where the S3 backend is loaded (botocore reads them). An upper bound, found by reading the code
+    rather than by trusting the table above."""
+    secret_names = {key for keys in NEEDS.values() for _, key in keys} | {DB}
+    reads: dict[str, set[str]] = {}
+    for name, module in ENTRY_MODULES.items():
+        script = (f"import sys, {module}\n"
+                  "for m in sorted(sys.modules):\n"
+                  "    f = getattr(sys.modules[m], '__file__', None)\n"
+                  "    if m.startswith('vidjobs') and f: print(m, f)")
+        out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
+                             timeout=120).stdout
+        loaded = dict(line.split(" ", 1) for line in out.splitlines())
+        # settings.py declares every setting; the question is which are read
+        source = "\n".join(Path(path).read_text() for m, path in loaded.items() if m != "vidjobs.common.settings")
+        found = {key for key in secret_names
+                 if key.startswith(PREFIX) and re.search(rf"\b{key[len(PREFIX):].lower()}\b", source)}
+        if "vidjobs.storage.s3" in loaded:
+            found |= {key for key in secret_names if key.startswith("AWS_")}
+        reads[name] = found
+    return reads
+
+
+def test_no_workload_is_given_a_secret_its_code_never_reads(code_reads: dict[str, set[str]]) -> None:
+    for name, needs in NEEDS.items():
+        given = {key for _, key in needs} | {DB}
+        assert given <= code_reads[name], (name, sorted(given - code_reads[name]))
+    assert not code_reads["reaper"] - {DB}, code_reads["reaper"]
+    assert not code_reads["migrate"] - {DB}, code_reads["migrate"]
+
+
+def test_no_egress_to_the_internet_reaches_a_private_address(objects: list[dict]) -> None:
+    """An ipBlock that reaches the internet excepts every private range, so a URL that resolves inside the
+    cluster (a provider's render URL, a client's webhook) is stopped here as well as by the services' own
+    guard. Private addresses a pod does need are reached by rules that name them, on named ports."""
+    for policy in of_kind(objects, "NetworkPolicy"):
+        name = policy["metadata"]["name"]
+        for rule in policy["spec"].get("egress", []):
+            for peer in rule["to"]:
+                block = peer.get("ipBlock")
+                if block is None:
+                    continue  # pods picked by label
+                cidr = ipaddress.ip_network(block["cidr"])
+                ranges = [r for r in PRIVATE if r.version == cidr.version]
+                if any(cidr.subnet_of(r) for r in ranges):
+                    assert rule.get("ports"), f"{name}: every port of {cidr}"
+                    continue
+                excepted = [ipaddress.ip_network(e) for e in block.get("except", [])]
+                for private in ranges:
+                    if private.overlaps(cidr):
+                        assert any(private.subnet_of(e) for e in excepted), f"{name}: {cidr} reaches {private}"
