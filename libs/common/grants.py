@@ -3,11 +3,15 @@
 The migrator (whoever runs `vidjobs migrate`) owns the schema, every table and every function. Each service
 connects as a login user that is a member of its own NOLOGIN group role, `vidjobs_<service>`, which holds
 only the privileges below: a gateway bug cannot delete assets, a compromised media pod cannot read API key
-hashes, and no service can change the schema. The operator commands (`vidjobs accounts`, `keys`, `credits`,
-`rates`, `submissions`) run as the migrator: they do what no service may (OPERATOR_ONLY).
+hashes or webhook secrets, and no service can change the schema or add credit to an account. The operator
+commands (`vidjobs accounts`, `keys`, `credits`, `rates`, `submissions`) run as the migrator: they do what
+no service may (OPERATOR_ONLY).
 
-A privilege is on a whole table, on named columns only (`columns`), or EXECUTE on a function. A column
-grant is an allow-list: a column added later stays out of the role's reach until it is named here.
+A privilege is on a whole table, on named columns only (`columns`), or EXECUTE on a function. A service
+that reads a table holding secrets it does not own (accounts, webhook_endpoints) is granted the columns it
+reads, an allow-list: a column added later (a new secret, say) stays out of its reach until it is named
+here. Credit moves only through the functions of migration 0014, which run as their owner and do only what
+reserving for a new job and settling an ended one do (credits.py).
 
 `apply` makes the database hold exactly this declaration; `db.migrate` calls it after the migrations, so a
 new table is granted in the same step that creates it. tests/test_roles.py checks the declaration against
@@ -92,16 +96,14 @@ OWNERS: dict[str, str] = {
 
 # What every service does through libs/common: a transition rereads and updates the job, appends its audit
 # row, writes its events to the outbox (and the relay publishes and deletes them), and settles the job's
-# credit (account balance under its row lock, ledger entry, the day's spend); `schema_migrations` is read
-# at start to see that the schema is current.
+# credit through settle_job_credit; `schema_migrations` is read at start to see that the schema is current.
 _COMMON: dict[str, frozenset[Grant]] = {
     "jobs": SEL | UPD,
     "job_transitions": INS,
     "outbox": SEL | INS | UPD | DEL,
-    "accounts": SEL | UPD,
-    "credit_ledger": SEL | INS,  # the entry is written with RETURNING, which reads it
-    "account_daily_spend": SEL | INS | UPD,
-    "webhook_endpoints": SEL,  # a transition emits an app event only if the account has an endpoint
+    "settle_job_credit": EXE,  # releases an ended job's reservation and charges what it owes
+    # A transition emits an app event only if the account has a live endpoint: the columns that say so.
+    "webhook_endpoints": columns(Privilege.SELECT, "account_id", "deleted_at", "disabled_at"),
     "schema_migrations": SEL,
 }
 
@@ -118,13 +120,18 @@ def _with_common(own: dict[str, frozenset[Grant]]) -> dict[str, frozenset[Grant]
 GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
     "gateway": _with_common({
         "jobs": INS,  # creates jobs; no other service does
+        # Reads every account column; writes only the secret it makes on first use, never the credit.
+        "accounts": SEL | columns(Privilege.UPDATE, "webhook_secret"),
+        "reserve_job_credit": EXE,  # holds a new job's estimate
+        "credit_ledger": SEL,  # the account's ledger (GET /v1/account/ledger)
+        "account_daily_spend": SEL,  # what the account committed today
         "job_transitions": SEL,  # a job's trail (GET /v1/jobs/{id}/events)
         "api_keys": SEL | UPD,  # authenticates, and writes back what a key spent (ratelimit.py)
         "idempotency_keys": SEL | INS | UPD | DEL,
         "webhook_inbox": SEL | INS | DEL,  # stores verified provider callbacks, prunes old ones
         "provider_submissions": SEL,  # a callback must name a render of ours
         "uploads": SEL | INS | UPD,
-        "webhook_endpoints": INS | UPD,
+        "webhook_endpoints": SEL | INS | UPD,  # the endpoints' secrets sign their deliveries
         "webhook_deliveries": SEL | INS | UPD,
         "webhook_attempts": SEL | INS,
         "rate_cards": SEL,  # prices a job at create
@@ -132,6 +139,7 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "assets": SEL,  # a finished job's outputs are read from the media service's record of its files
     }),
     "submitter": _with_common({
+        "accounts": columns(Privilege.SELECT, "id", "concurrent_jobs"),  # an account's cap on renders in flight
         "provider_submissions": SEL | INS | UPD,
         "provider_rate_buckets": SEL | INS | UPD,
         "provider_breakers": SEL | INS | UPD,
@@ -157,8 +165,9 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
 }
 
 # Statements reachable from a service's code that only the operator commands run, as the migrator: creating
-# accounts and keys, publishing a rate card, pausing submissions, recording a migration.
+# accounts and keys, granting credit, publishing a rate card, pausing submissions, recording a migration.
 OPERATOR_ONLY: frozenset[tuple[str, Privilege]] = frozenset({
+    ("grant_credit", Privilege.EXECUTE),
     ("accounts", Privilege.INSERT),
     ("api_keys", Privilege.INSERT),
     ("rate_cards", Privilege.INSERT),
