@@ -90,9 +90,9 @@ async def service_roles(conn: asyncpg.Connection, *, sql_only: bool) -> None:
     changed = await grants.apply(conn)
     _note("service roles granted" if changed else "service roles already hold exactly their grants")
     held = await grants.held(conn)
-    _table(("role", "table", "privileges"),
-           [(grants.role(service), table, ", ".join(p.value for p in grants.Privilege if p in privileges))
-            for service in grants.SERVICES for table, privileges in sorted(held[service].items())])
+    _table(("role", "table or function", "privileges"),
+           [(grants.role(service), name, grants.listed(granted))
+            for service in grants.SERVICES for name, granted in sorted(held[service].items())])
 
 
 # accounts ----------------------------------------------------------------------------------------------

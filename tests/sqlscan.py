@@ -8,7 +8,12 @@ transition guard, the outbox and the credit code run inside every service. The S
 - `FROM t` or `JOIN t` (a read, or a source of an UPDATE or INSERT ... SELECT) needs SELECT;
 - a WHERE or RETURNING on an UPDATE or DELETE, and RETURNING or ON CONFLICT DO UPDATE on an INSERT, read
   the target too (SELECT); ON CONFLICT DO UPDATE also updates it;
-- `FOR UPDATE` / `FOR SHARE` locks need UPDATE on the tables read.
+- `FOR UPDATE` / `FOR SHARE` locks need UPDATE on the tables read;
+- `f(` for a function the migrations create needs EXECUTE on it.
+
+Where a table is granted by column, `named_columns` lists the columns a service's SQL names through the
+table or its alias (`a.concurrent_jobs`), and `*` where it reads them all. A column named bare is not seen:
+the lifecycle test, with every service on its own role, is what catches that.
 
 It over-approximates: a module imported for one function brings all its statements. A reachable statement
 the service never runs is listed, with the reason, by the test that compares this with the grants.
@@ -34,11 +39,19 @@ _LOCK = re.compile(r"FOR (?:NO KEY )?UPDATE|FOR (?:KEY )?SHARE")
 Uses = dict[str, set[Privilege]]
 
 
+def _migrations() -> list[str]:
+    return [sql.read_text() for sql in sorted((ROOT / "libs/common/migrations").glob("*.sql"))]
+
+
 def schema_tables() -> set[str]:
     found = {"schema_migrations"}  # made by db.migrate itself
-    for sql in (ROOT / "libs/common/migrations").glob("*.sql"):
-        found |= set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", sql.read_text()))
+    for sql in _migrations():
+        found |= set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", sql))
     return found
+
+
+def schema_functions() -> set[str]:
+    return {name for sql in _migrations() for name in re.findall(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)", sql)}
 
 
 # Where each part of the `vidjobs` import root lives in the repository.
@@ -101,7 +114,7 @@ def _literals(path: Path) -> list[str]:
     return [" ".join(t.split()) for t in texts if _VERB.search(t)]
 
 
-def statement_uses(sql: str, tables: set[str]) -> Uses:
+def statement_uses(sql: str, tables: set[str], functions: set[str] = frozenset()) -> Uses:
     uses: Uses = {}
 
     def add(names: list[str], *privileges: Privilege) -> None:
@@ -123,18 +136,51 @@ def statement_uses(sql: str, tables: set[str]) -> Uses:
         add(inserted, Privilege.UPDATE, Privilege.SELECT)
     if _LOCK.search(sql):
         add(read + updated, Privilege.UPDATE)
+    for name in functions:
+        if re.search(rf"\b{name}\(", sql):
+            uses[name] = {Privilege.EXECUTE}
     return uses
+
+
+_NOT_ALIAS = {"WHERE", "ON", "JOIN", "LEFT", "RIGHT", "INNER", "CROSS", "FULL", "ORDER", "GROUP", "LIMIT", "FOR",
+              "SET", "USING", "RETURNING", "UNION", "WINDOW", "HAVING", "OFFSET"}
+
+
+def statement_columns(sql: str, table: str) -> set[str]:
+    """The columns of `table` a statement names through the table or its alias; `*` where it takes all."""
+    if not re.search(rf"\b(?:FROM|JOIN|UPDATE|INTO) {table}\b", sql):
+        return set()
+    aliases = {table} | {a for a in re.findall(rf"\b(?:FROM|JOIN|UPDATE) {table}(?: AS)? (\w+)", sql)
+                         if a.upper() not in _NOT_ALIAS}
+    found = set()
+    for alias in aliases:
+        found |= set(re.findall(rf"(?<![\w.]){alias}\.(\w+|\*)", sql))
+    if re.search(r"(?:SELECT|RETURNING) \*", sql):
+        found.add("*")
+    return found
 
 
 def uses_of(service: str) -> dict[str, dict[Privilege, set[str]]]:
     """table → privilege → the files whose SQL needs it."""
-    tables = schema_tables()
+    tables, functions = schema_tables(), schema_functions()
     found: dict[str, dict[Privilege, set[str]]] = {}
     for module in sorted(modules_of(service)):
         path = _path(module)
         assert path is not None
         for sql in _literals(path):
-            for table, privileges in statement_uses(sql, tables).items():
+            for table, privileges in statement_uses(sql, tables, functions).items():
                 for privilege in privileges:
                     found.setdefault(table, {}).setdefault(privilege, set()).add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+def named_columns(service: str, table: str) -> dict[str, set[str]]:
+    """column (or `*`) of `table` -> the files whose SQL names it, for the service's code."""
+    found: dict[str, set[str]] = {}
+    for module in sorted(modules_of(service)):
+        path = _path(module)
+        assert path is not None
+        for sql in _literals(path):
+            for column in statement_columns(sql, table):
+                found.setdefault(column, set()).add(path.relative_to(ROOT).as_posix())
     return found

@@ -1,6 +1,7 @@
 """One PostgreSQL role per service (libs/common/grants.py): the declaration against the SQL each service's code
 contains, the database against the declaration, and the whole lifecycle with every service connecting as a
-login user of its own role, so a statement its grants do not cover is refused by PostgreSQL itself."""
+login user of its own role, so a statement its grants do not cover is refused by PostgreSQL itself.
+tests/test_privileges.py shows what the roles are refused."""
 
 from __future__ import annotations
 
@@ -23,11 +24,16 @@ from tests.support import wait_until
 from tests.test_app_webhooks import client_app
 from vidjobs.common import db, grants
 from vidjobs.common.errors import ConfigError
-from vidjobs.common.grants import GRANTS, OPERATOR_ONLY, OWNERS, SERVICES, Privilege
+from vidjobs.common.grants import GRANTS, OPERATOR_ONLY, OWNERS, SERVICES, Column, Grant, Privilege, privilege_of
 
 # Statements a service's imports bring along that the service never runs, so its role need not cover them.
 REACHABLE_NOT_RUN: dict[str, dict[tuple[str, Privilege], str]] = {
-    service: {("jobs", Privilege.INSERT): "libs/common/jobs.py creates jobs; only the gateway calls it"}
+    service: {
+        ("jobs", Privilege.INSERT): "libs/common/jobs.py creates jobs; only the gateway calls it",
+        ("reserve_job_credit", Privilege.EXECUTE): "libs/common/credits.py: reserving is part of creating a job",
+        ("credit_ledger", Privilege.SELECT): "libs/common/credits.py: the ledger is read by the gateway (entries)",
+        ("account_daily_spend", Privilege.SELECT): "libs/common/credits.py: the gateway shows the day's spend",
+    }
     for service in SERVICES if service != "gateway"
 }
 REACHABLE_NOT_RUN["submitter"] |= {
@@ -39,8 +45,10 @@ REACHABLE_NOT_RUN["reaper"] |= {
 }
 
 
-def _pairs(uses: dict[str, frozenset[Privilege]] | dict[str, dict[Privilege, set[str]]]) -> set[tuple[str, Privilege]]:
-    return {(table, privilege) for table, privileges in uses.items() for privilege in privileges}
+def _pairs(uses: dict[str, frozenset[Grant]] | dict[str, dict[Privilege, set[str]]]) -> set[tuple[str, Privilege]]:
+    """(table or function, privilege): a privilege on some of a table's columns counts as one on the table here;
+    which columns is checked by the test after."""
+    return {(name, privilege_of(grant)) for name, granted in uses.items() for grant in granted}
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -57,6 +65,16 @@ def test_a_service_is_granted_exactly_what_its_sql_needs(service):
     assert not unused, f"granted but no statement of {service} needs it: {sorted(unused)}"
 
 
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_column_grant_covers_exactly_the_columns_a_service_names(service):
+    for table, granted in GRANTS[service].items():
+        readable = {g.name for g in granted if isinstance(g, Column) and g.privilege is Privilege.SELECT}
+        if Privilege.SELECT in granted or not readable:
+            continue
+        named = sqlscan.named_columns(service, table)
+        assert set(named) == readable, f"{table}: granted {sorted(readable)}, named {named}"
+
+
 def test_the_scan_sees_what_a_statement_needs():
     tables = {"jobs", "accounts", "outbox", "credit_ledger"}
     claim = "SELECT id FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"
@@ -68,6 +86,11 @@ def test_the_scan_sees_what_a_statement_needs():
                                                     "accounts": {Privilege.SELECT}}
     assert sqlscan.statement_uses(entry, tables) == {"credit_ledger": {Privilege.INSERT, Privilege.SELECT},
                                                      "accounts": {Privilege.SELECT}}
+    settle = "SELECT * FROM settle_job_credit($1, $2)"
+    assert sqlscan.statement_uses(settle, tables, {"settle_job_credit"}) == {"settle_job_credit": {Privilege.EXECUTE}}
+    cap = "SELECT a.concurrent_jobs FROM jobs j JOIN accounts a ON a.id = j.account_id WHERE j.id = $1"
+    assert sqlscan.statement_columns(cap, "accounts") == {"concurrent_jobs", "id"}
+    assert sqlscan.statement_columns("SELECT * FROM accounts WHERE id = $1", "accounts") == {"*"}
 
 
 async def test_every_table_has_an_owner_and_the_roles_hold_the_declaration(database_url):

@@ -5,11 +5,14 @@ A job's estimate is reserved when it is created, under the account's row lock an
 job ends the reservation is released, and what is owed is charged: a delivered render, or a failed or
 canceled one the provider billed for. A charge never exceeds the estimate: the estimate is the quote.
 
-`_apply` changes the account and appends the ledger entry in one statement, so the two cannot disagree.
-
-Every change locks the account's row before the day's spend row, so reservations and settlements racing on
-one account queue up instead of deadlocking. The row lock is FOR NO KEY UPDATE: it serializes changes of
-credit without blocking the inserts of rows that merely reference the account (jobs, ledger entries).
+The changes themselves are PostgreSQL functions (migration 0014_credit_functions.sql): no service may write
+an account's credit, the ledger or the day's spend directly (libs/common/grants.py). The gateway may call
+`reserve_job_credit` and every service `settle_job_credit`; they run as the schema's owner and do only
+what reserving for a new job and settling an ended one do, so a service that misbehaves cannot add credit.
+Each changes the account and appends the ledger entry in one statement, so the two cannot disagree, and
+locks the account's row before the day's spend row, so reservations and settlements racing on one account
+queue up instead of deadlocking. The row lock is FOR NO KEY UPDATE: it serializes changes of credit without
+blocking the inserts of rows that merely reference the account (jobs, ledger entries).
 """
 
 from __future__ import annotations
@@ -45,51 +48,23 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     at: datetime
 
 
-class Guardrails(msgspec.Struct, frozen=True, kw_only=True):
-    balance: int
-    reserved: int
-    daily_spend_cap: int | None
-    max_job_credits: int | None
+class CreditRefused(StoreError):
+    """A credit function refused a change that reserving for a new job or settling an ended one never makes
+    (a second settlement, a job that has not ended, a negative estimate): a bug, or a misbehaving caller."""
 
 
-async def _apply(
-    conn: asyncpg.Connection, account_id: str, kind: LedgerKind, *, balance: int, reserved: int,
-    job_id: str | None = None, note: str = "",
-) -> Entry:
-    row = await conn.fetchrow(
-        """
-        WITH moved AS (
-            UPDATE accounts SET credits_balance = credits_balance + $3, credits_reserved = credits_reserved + $4
-            WHERE id = $1
-            RETURNING id, credits_balance, credits_reserved
-        )
-        INSERT INTO credit_ledger (account_id, job_id, kind, balance_change, reserved_change,
-                                   balance_after, reserved_after, note)
-        SELECT moved.id, $5, $2::ledger_kind, $3, $4, moved.credits_balance, moved.credits_reserved, $6 FROM moved
-        RETURNING *
-        """,
-        account_id, kind.value, balance, reserved, job_id, note,
-    )
-    if row is None:
+# The constraint a guardrail refusal names (reserve_job_credit): the account cannot take this job now.
+GUARDRAILS = "credit_guardrails"
+
+
+def _entry(row: asyncpg.Record | None, account_id: str) -> Entry:
+    # A function answering for an account that does not exist answers an empty row.
+    if row is None or row["id"] is None:
         raise StoreError(f"no account {account_id!r}")
     return msgspec.convert(dict(row), Entry)
 
 
-async def _lock(conn: asyncpg.Connection, account_id: str) -> Guardrails:
-    row = await conn.fetchrow(
-        """
-        SELECT credits_balance AS balance, credits_reserved AS reserved, daily_spend_cap, max_job_credits
-        FROM accounts WHERE id = $1 FOR NO KEY UPDATE
-        """,
-        account_id,
-    )
-    if row is None:
-        raise StoreError(f"no account {account_id!r}")
-    return Guardrails(**dict(row))
-
-
-# A day is a UTC date; None is the database's today, the day of a job created in this transaction (its
-# `created_at` is the transaction's `now()` too).
+# A day is a UTC date; None is the database's today.
 _DAY = "COALESCE($2::date, (now() AT TIME ZONE 'UTC')::date)"
 
 
@@ -100,62 +75,44 @@ async def committed_on(conn: asyncpg.Connection | asyncpg.Pool, account_id: str,
     return value or 0
 
 
-async def _commit_day(conn: asyncpg.Connection, account_id: str, day: date | None, amount: int) -> None:
-    await conn.execute(
-        f"""
-        INSERT INTO account_daily_spend AS d (account_id, day, committed) VALUES ($1, {_DAY}, $3)
-        ON CONFLICT (account_id, day) DO UPDATE SET committed = d.committed + $3
-        """,
-        account_id, day, amount,
-    )
-
-
 async def reserve(conn: asyncpg.Connection, *, account_id: str, job_id: str, amount: int) -> Entry:
     """Hold `amount` credits for a new job, if the account's guardrails allow it (the daily cap counts
-    today's jobs). Call inside the transaction that creates the job; the account row stays locked until it
-    commits, so requests racing for the last credits are decided one at a time. Raises QuotaExhausted,
-    creating nothing."""
-    account = await _lock(conn, account_id)
-    if account.max_job_credits is not None and amount > account.max_job_credits:
-        raise QuotaExhausted(f"this job is estimated at {amount} credits, above the account's per-job maximum "
-                             f"of {account.max_job_credits}; choose a shorter or lower-resolution render")
-    if account.daily_spend_cap is not None:
-        spent = await committed_on(conn, account_id)
-        if spent + amount > account.daily_spend_cap:
-            raise QuotaExhausted(f"this job needs {amount} credits and {spent} of today's cap of "
-                                 f"{account.daily_spend_cap} are committed; the cap resets at 00:00 UTC")
-    free = account.balance - account.reserved
-    if free < amount:
-        raise QuotaExhausted(f"this job needs {amount} credits and the account has {max(free, 0)} free; "
-                             "add credit or wait for running jobs to finish")
-    await _commit_day(conn, account_id, None, amount)
-    return await _apply(conn, account_id, LedgerKind.RESERVE, balance=0, reserved=amount, job_id=job_id,
-                        note=f"estimate for {job_id}")
+    today's jobs). Call inside the transaction that creates the job, before the job's row; the account row
+    stays locked until it commits, so requests racing for the last credits are decided one at a time.
+    Raises QuotaExhausted, and the transaction is then spent: it must roll back, creating nothing."""
+    try:
+        row = await conn.fetchrow("SELECT * FROM reserve_job_credit($1, $2, $3)", account_id, job_id, amount)
+    except asyncpg.CheckViolationError as exc:
+        if exc.constraint_name != GUARDRAILS:
+            raise
+        raise QuotaExhausted(exc.message) from exc
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise CreditRefused(exc.message) from exc
+    return _entry(row, account_id)
 
 
-async def settle(
-    conn: asyncpg.Connection, *, account_id: str, job_id: str, estimated: int, charged: int, day: date,
-    note: str,
-) -> Entry:
-    """A job ended: release its reservation and pay `charged` (at most the estimate) from the balance."""
-    if not 0 <= charged <= estimated:
-        raise ValueError(f"charge {charged} is outside 0..{estimated}")
-    kind = LedgerKind.CHARGE if charged else LedgerKind.RELEASE
-    entry = await _apply(conn, account_id, kind, balance=-charged, reserved=-estimated, job_id=job_id, note=note)
-    await _commit_day(conn, account_id, day, charged - estimated)  # after the account row, as `reserve` does
-    return entry
+async def settle(conn: asyncpg.Connection, *, job_id: str, note: str) -> Entry:
+    """A job ended (its terminal status or its deletion is written in this transaction): release its
+    reservation and charge its `actual_credits`, never more than was reserved. Raises CreditRefused if the
+    job holds no reservation, is settled already, or has not ended."""
+    try:
+        row = await conn.fetchrow("SELECT * FROM settle_job_credit($1, $2)", job_id, note)
+    except asyncpg.InsufficientPrivilegeError as exc:
+        raise CreditRefused(exc.message) from exc
+    return msgspec.convert(dict(row), Entry)
 
 
 async def grant(conn: asyncpg.Connection, account_id: str, amount: int, note: str = "") -> Entry:
-    """Add credit (a negative amount takes unreserved credit back). Raises StoreError if that would leave
-    less than the account has reserved for running jobs."""
+    """Add credit (a negative amount takes unreserved credit back); the operator's, as the schema's owner.
+    Raises StoreError if that would leave less than the account has reserved for running jobs."""
     try:
         async with conn.transaction():
-            return await _apply(conn, account_id, LedgerKind.GRANT, balance=amount, reserved=0,
-                                note=note or ("credit granted" if amount >= 0 else "credit withdrawn"))
+            row = await conn.fetchrow("SELECT * FROM grant_credit($1, $2, $3)", account_id, amount,
+                                      note or ("credit granted" if amount >= 0 else "credit withdrawn"))
     except asyncpg.CheckViolationError as exc:
         raise StoreError(f"cannot take back {-amount} credits: that would leave less than the account has "
                          "reserved for running jobs") from exc
+    return _entry(row, account_id)
 
 
 async def entries(

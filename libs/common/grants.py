@@ -1,20 +1,29 @@
 """Who owns each table, and what each service may do to it: one PostgreSQL role per service.
 
-The migrator (whoever runs `vidjobs migrate`) owns the schema and every table. Each service connects as a
-login user that is a member of its own NOLOGIN group role, `vidjobs_<service>`, which holds only the
-privileges below: a gateway bug cannot delete assets, a compromised media pod cannot read API key hashes or
-mint credits, and no service can change the schema. The operator commands (`vidjobs accounts`, `keys`,
-`credits`, `rates`, `submissions`) run as the migrator: they do what no service may (OPERATOR_ONLY).
+The migrator (whoever runs `vidjobs migrate`) owns the schema, every table and every function. Each service
+connects as a login user that is a member of its own NOLOGIN group role, `vidjobs_<service>`, which holds
+only the privileges below: a gateway bug cannot delete assets, a compromised media pod cannot read API key
+hashes or webhook secrets, and no service can change the schema or add credit to an account. The operator
+commands (`vidjobs accounts`, `keys`, `credits`, `rates`, `submissions`) run as the migrator: they do what
+no service may (OPERATOR_ONLY).
+
+A privilege is on a whole table, on named columns only (`columns`), or EXECUTE on a function. A service
+that reads a table holding secrets it does not own (accounts, webhook_endpoints) is granted the columns it
+reads, an allow-list: a column added later (a new secret, say) stays out of its reach until it is named
+here. Credit moves only through the functions of migration 0014, which run as their owner and do only what
+reserving for a new job and settling an ended one do (credits.py).
 
 `apply` makes the database hold exactly this declaration; `db.migrate` calls it after the migrations, so a
 new table is granted in the same step that creates it. tests/test_roles.py checks the declaration against
-the SQL each service's code contains, and runs the whole lifecycle with every service on its own role.
+the SQL each service's code contains, and runs the whole lifecycle with every service on its own role;
+tests/test_privileges.py shows what PostgreSQL refuses the roles.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from typing import NamedTuple
 
 import asyncpg
 
@@ -28,9 +37,29 @@ class Privilege(enum.StrEnum):
     INSERT = "INSERT"
     UPDATE = "UPDATE"  # also what `SELECT ... FOR UPDATE` needs
     DELETE = "DELETE"
+    EXECUTE = "EXECUTE"  # on a function; the others are on a table or its columns
 
 
-SEL, INS, UPD, DEL = (frozenset({p}) for p in Privilege)
+class Column(NamedTuple):
+    """A privilege on one column only (GRANT SELECT (name) ON table)."""
+
+    privilege: Privilege
+    name: str
+
+
+Grant = Privilege | Column
+
+
+def columns(privilege: Privilege, *names: str) -> frozenset[Grant]:
+    """`privilege` on the named columns of a table, and on no other, present or added later."""
+    return frozenset(Column(privilege, name) for name in names)
+
+
+def privilege_of(grant: Grant) -> Privilege:
+    return grant.privilege if isinstance(grant, Column) else grant
+
+
+SEL, INS, UPD, DEL, EXE = (frozenset({p}) for p in Privilege)
 
 SERVICES = ("gateway", "submitter", "poller", "media", "reaper")
 
@@ -67,37 +96,45 @@ OWNERS: dict[str, str] = {
 
 # What every service does through libs/common: a transition rereads and updates the job, appends its audit
 # row, writes its events to the outbox (and the relay publishes and deletes them), and settles the job's
-# credit (account balance under its row lock, ledger entry, the day's spend); `schema_migrations` is read
-# at start to see that the schema is current.
-_COMMON: dict[str, frozenset[Privilege]] = {
+# credit through settle_job_credit; `schema_migrations` is read at start to see that the schema is current.
+_COMMON: dict[str, frozenset[Grant]] = {
     "jobs": SEL | UPD,
     "job_transitions": INS,
     "outbox": SEL | INS | UPD | DEL,
-    "accounts": SEL | UPD,
-    "credit_ledger": SEL | INS,  # the entry is written with RETURNING, which reads it
-    "account_daily_spend": SEL | INS | UPD,
-    "webhook_endpoints": SEL,  # a transition emits an app event only if the account has an endpoint
+    "settle_job_credit": EXE,  # releases an ended job's reservation and charges what it owes
+    # A transition emits an app event only if the account has a live endpoint: the columns that say so.
+    "webhook_endpoints": columns(Privilege.SELECT, "account_id", "deleted_at", "disabled_at"),
     "schema_migrations": SEL,
 }
 
 
-def _with_common(own: dict[str, frozenset[Privilege]]) -> dict[str, frozenset[Privilege]]:
+def _with_common(own: dict[str, frozenset[Grant]]) -> dict[str, frozenset[Grant]]:
     merged = dict(_COMMON)
-    for table, privileges in own.items():
-        merged[table] = merged.get(table, frozenset()) | privileges
-    return merged
+    for name, granted in own.items():
+        merged[name] = merged.get(name, frozenset()) | granted
+    # A column's privilege adds nothing where the whole table's is granted: only the table's is declared.
+    return {name: frozenset(g for g in granted if not (isinstance(g, Column) and g.privilege in granted))
+            for name, granted in merged.items()}
 
 
-GRANTS: dict[str, dict[str, frozenset[Privilege]]] = {
+GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
     "gateway": _with_common({
         "jobs": INS,  # creates jobs; no other service does
+        # Reads every account column; writes only the account's webhook secret (sealed, with its rotation and
+        # the plaintext the sweep clears), never the credit.
+        "accounts": SEL | columns(Privilege.UPDATE, "webhook_secret", "webhook_secret_sealed",
+                                  "webhook_secret_created_at", "webhook_previous_secret_sealed",
+                                  "webhook_previous_secret_expires_at"),
+        "reserve_job_credit": EXE,  # holds a new job's estimate
+        "credit_ledger": SEL,  # the account's ledger (GET /v1/account/ledger)
+        "account_daily_spend": SEL,  # what the account committed today
         "job_transitions": SEL,  # a job's trail (GET /v1/jobs/{id}/events)
         "api_keys": SEL | UPD,  # authenticates, and writes back what a key spent (ratelimit.py)
         "idempotency_keys": SEL | INS | UPD | DEL,
         "webhook_inbox": SEL | INS | DEL,  # stores verified provider callbacks, prunes old ones
         "provider_submissions": SEL,  # a callback must name a render of ours
         "uploads": SEL | INS | UPD,
-        "webhook_endpoints": INS | UPD,
+        "webhook_endpoints": SEL | INS | UPD,  # the endpoints' secrets sign their deliveries
         "webhook_deliveries": SEL | INS | UPD | DEL,  # prunes finished history
         "webhook_attempts": SEL | INS,  # pruned with their deliveries (ON DELETE CASCADE runs as the owner)
         "rate_cards": SEL,  # prices a job at create
@@ -105,6 +142,7 @@ GRANTS: dict[str, dict[str, frozenset[Privilege]]] = {
         "assets": SEL,  # a finished job's outputs are read from the media service's record of its files
     }),
     "submitter": _with_common({
+        "accounts": columns(Privilege.SELECT, "id", "concurrent_jobs"),  # an account's cap on renders in flight
         "provider_submissions": SEL | INS | UPD,
         "provider_rate_buckets": SEL | INS | UPD,
         "provider_breakers": SEL | INS | UPD,
@@ -130,8 +168,9 @@ GRANTS: dict[str, dict[str, frozenset[Privilege]]] = {
 }
 
 # Statements reachable from a service's code that only the operator commands run, as the migrator: creating
-# accounts and keys, publishing a rate card, pausing submissions, recording a migration.
+# accounts and keys, granting credit, publishing a rate card, pausing submissions, recording a migration.
 OPERATOR_ONLY: frozenset[tuple[str, Privilege]] = frozenset({
+    ("grant_credit", Privilege.EXECUTE),
     ("accounts", Privilege.INSERT),
     ("api_keys", Privilege.INSERT),
     ("rate_cards", Privilege.INSERT),
@@ -166,38 +205,107 @@ async def sequences(conn: asyncpg.Connection) -> dict[str, list[str]]:
     return found
 
 
-def statements(schema: str, sequences: dict[str, list[str]]) -> list[str]:
-    """The SQL that makes the service roles hold exactly GRANTS (the roles themselves must exist). A privilege
-    taken away from the declaration is revoked here too, so the database never keeps a stale grant."""
-    sql = []
-    for service in SERVICES:
-        name = _quote(role(service))
-        sql += [f"GRANT USAGE ON SCHEMA {_quote(schema)} TO {name}",
-                f"REVOKE ALL ON ALL TABLES IN SCHEMA {_quote(schema)} FROM {name}",
-                f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA {_quote(schema)} FROM {name}"]
-        for table, privileges in sorted(GRANTS[service].items()):
-            listed = ", ".join(p.value for p in Privilege if p in privileges)
-            sql.append(f"GRANT {listed} ON {_quote(table)} TO {name}")
-            if Privilege.INSERT in privileges:
-                sql += [f"GRANT USAGE ON SEQUENCE {_quote(seq)} TO {name}" for seq in sequences.get(table, ())]
+def functions() -> frozenset[str]:
+    """The functions the declaration names: those granted to a service, and the operator's own."""
+    granted = {name for objects in GRANTS.values() for name, g in objects.items() if Privilege.EXECUTE in g}
+    return frozenset(granted | {name for name, privilege in OPERATOR_ONLY if privilege is Privilege.EXECUTE})
+
+
+def _column_grants(granted: frozenset[Grant]) -> list[tuple[Privilege, list[str]]]:
+    by_privilege = [(p, sorted(g.name for g in granted if isinstance(g, Column) and g.privilege is p))
+                    for p in Privilege]
+    return [(p, names) for p, names in by_privilege if names]
+
+
+def listed(granted: frozenset[Grant]) -> str:
+    """The privileges as GRANT spells them: `SELECT, UPDATE (webhook_secret)`."""
+    return ", ".join([p.value for p in Privilege if p in granted]
+                     + [f"{p.value} ({', '.join(names)})" for p, names in _column_grants(granted)])
+
+
+def _grants_on(name: str, granted: frozenset[Grant], grantee: str, sequences: dict[str, list[str]]) -> list[str]:
+    if Privilege.EXECUTE in granted:
+        return [f"GRANT EXECUTE ON FUNCTION {_quote(name)} TO {grantee}"]
+    whole = [p.value for p in Privilege if p in granted]
+    sql = [f"GRANT {', '.join(whole)} ON {_quote(name)} TO {grantee}"] if whole else []
+    sql += [f"GRANT {p.value} ({', '.join(map(_quote, names))}) ON {_quote(name)} TO {grantee}"
+            for p, names in _column_grants(granted)]
+    if any(privilege_of(g) is Privilege.INSERT for g in granted):
+        sql += [f"GRANT USAGE ON SEQUENCE {_quote(seq)} TO {grantee}" for seq in sequences.get(name, ())]
     return sql
 
 
+def statements(schema: str, sequences: dict[str, list[str]]) -> list[str]:
+    """The SQL that makes the service roles hold exactly GRANTS (the roles themselves must exist). A privilege
+    taken away from the declaration is revoked here too, so the database never keeps a stale grant: REVOKE
+    ALL on a table also revokes every privilege on its columns, and the declared functions are taken from
+    PUBLIC, which may run any function unless told otherwise."""
+    # No service creates anything in the schema: PostgreSQL 15 and later give PUBLIC no CREATE on it, older
+    # servers do, and a role that may create there could slip its own function or operator in front of
+    # what a function running as the schema's owner calls.
+    sql = [f"REVOKE CREATE ON SCHEMA {_quote(schema)} FROM PUBLIC"]
+    for service in SERVICES:
+        name = _quote(role(service))
+        sql += [f"GRANT USAGE ON SCHEMA {_quote(schema)} TO {name}",
+                f"REVOKE CREATE ON SCHEMA {_quote(schema)} FROM {name}",
+                f"REVOKE ALL ON ALL TABLES IN SCHEMA {_quote(schema)} FROM {name}",
+                f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA {_quote(schema)} FROM {name}",
+                f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {_quote(schema)} FROM {name}"]
+        for granted_on, granted in sorted(GRANTS[service].items()):
+            sql += _grants_on(granted_on, granted, name, sequences)
+    sql += [f"REVOKE EXECUTE ON FUNCTION {_quote(function)} FROM PUBLIC" for function in sorted(functions())]
+    return sql
+
+
+# What the roles hold on tables, on their columns, and on functions, in this schema.
 _HELD = """
-SELECT r.rolname AS grantee, c.relname AS table_name, a.privilege_type
-FROM pg_class c, aclexplode(c.relacl) a JOIN pg_roles r ON r.oid = a.grantee
+SELECT r.rolname AS grantee, c.relname AS name, NULL::name AS column_name, a.privilege_type
+FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a JOIN pg_roles r ON r.oid = a.grantee
 WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND r.rolname = ANY($1::text[])
+UNION ALL
+SELECT r.rolname, c.relname, t.attname, a.privilege_type
+FROM pg_class c JOIN pg_attribute t ON t.attrelid = c.oid AND t.attnum > 0 AND NOT t.attisdropped
+    CROSS JOIN LATERAL aclexplode(t.attacl) a JOIN pg_roles r ON r.oid = a.grantee
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND r.rolname = ANY($1::text[])
+UNION ALL
+SELECT r.rolname, p.proname, NULL, a.privilege_type
+FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) a JOIN pg_roles r ON r.oid = a.grantee
+WHERE p.pronamespace = current_schema()::regnamespace AND r.rolname = ANY($1::text[])
 """
 
 
-async def held(conn: asyncpg.Connection) -> dict[str, dict[str, frozenset[Privilege]]]:
-    """The table privileges each service role holds in this database now (any session may read them)."""
-    found: dict[str, dict[str, set[Privilege]]] = {service: {} for service in SERVICES}
+async def held(conn: asyncpg.Connection) -> dict[str, dict[str, frozenset[Grant]]]:
+    """The privileges each service role holds in this database now, in GRANTS' shape (any session may read
+    them): on tables, on single columns, and EXECUTE on functions."""
+    found: dict[str, dict[str, set[Grant]]] = {service: {} for service in SERVICES}
     by_role = {role(s): s for s in SERVICES}
     for row in await conn.fetch(_HELD, list(by_role)):
-        if row["privilege_type"] in Privilege.__members__:
-            found[by_role[row["grantee"]]].setdefault(row["table_name"], set()).add(Privilege(row["privilege_type"]))
-    return {s: {t: frozenset(p) for t, p in tables.items()} for s, tables in found.items()}
+        if row["privilege_type"] not in Privilege.__members__:
+            continue
+        privilege = Privilege(row["privilege_type"])
+        grant = privilege if row["column_name"] is None else Column(privilege, row["column_name"])
+        found[by_role[row["grantee"]]].setdefault(row["name"], set()).add(grant)
+    return {s: {name: frozenset(g) for name, g in objects.items()} for s, objects in found.items()}
+
+
+# A function's ACL is NULL until its first GRANT or REVOKE: the default, under which PUBLIC may run it.
+_PUBLIC_EXECUTES = """
+SELECT p.proname FROM pg_proc p CROSS JOIN LATERAL aclexplode(COALESCE(p.proacl, acldefault('f', p.proowner))) a
+WHERE p.pronamespace = current_schema()::regnamespace AND p.proname = ANY($1::text[]) AND a.grantee = 0
+"""
+
+
+async def public_executes(conn: asyncpg.Connection) -> set[str]:
+    """The declared functions every role may run, through PUBLIC: none, when the database is in step."""
+    return {r["proname"] for r in await conn.fetch(_PUBLIC_EXECUTES, sorted(functions()))}
+
+
+async def may_create(conn: asyncpg.Connection) -> list[str]:
+    """The service roles that may create objects in the schema: none, when the database is in step."""
+    return [r["rolname"] for r in await conn.fetch(
+        "SELECT rolname FROM pg_roles WHERE rolname = ANY($1::text[]) "
+        "AND has_schema_privilege(oid, current_schema(), 'CREATE') ORDER BY rolname",
+        [role(s) for s in SERVICES])]
 
 
 async def _missing_roles(conn: asyncpg.Connection) -> list[str]:
@@ -220,8 +328,10 @@ async def _create_roles(conn: asyncpg.Connection, names: list[str]) -> None:
 
 
 async def in_step(conn: asyncpg.Connection) -> bool:
-    """True when every service role exists and holds exactly what GRANTS declares."""
-    return not await _missing_roles(conn) and await held(conn) == GRANTS
+    """True when every service role exists and holds exactly what GRANTS declares, no other role may run a
+    declared function, and no service role may create objects in the schema."""
+    return (not await _missing_roles(conn) and await held(conn) == GRANTS
+            and not await public_executes(conn) and not await may_create(conn))
 
 
 async def apply(conn: asyncpg.Connection, *, strict: bool = True) -> bool:
@@ -246,6 +356,10 @@ async def apply(conn: asyncpg.Connection, *, strict: bool = True) -> bool:
         for statement in sql:
             await conn.execute(statement)
     log.info("service roles granted", extra={"roles": [role(s) for s in SERVICES]})
+    if creators := await may_create(conn):
+        # Only the schema's owner may take CREATE back from PUBLIC; PostgreSQL warns and goes on otherwise.
+        log.warning("service roles may create objects in the schema", extra={
+            "roles": creators, "reason": f"run `REVOKE CREATE ON SCHEMA {schema} FROM PUBLIC` as the schema's owner"})
     return True
 
 

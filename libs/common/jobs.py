@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, NamedTuple
 
 import asyncpg
@@ -190,12 +190,11 @@ def owed_sql(delivered: str, rendered: str = "false") -> str:
 
 async def settle_credit(conn: asyncpg.Connection, job: JobRow, ending: str, *, rendered: bool = False) -> None:
     """A job just ended (`ending`: its terminal status, or "deleted"): release its reservation and charge its
-    `actual_credits`, with a ledger entry saying why. `rendered`: the provider had finished the render."""
+    `actual_credits`, with a ledger entry saying why. `rendered`: the provider had finished the render.
+    `job` is the row as this transaction just wrote it: the settlement reads the same figures."""
     charged = max(0, min(job.actual_credits or 0, job.estimated_credits))
-    await credits.settle(conn, account_id=job.account_id, job_id=job.id, estimated=job.estimated_credits,
-                         charged=charged, day=job.created_at.astimezone(UTC).date(),
-                         note=credits.settle_note(ending, job.id, job.estimated_credits, charged,
-                                                  job.provider_cost_credits, rendered=rendered))
+    await credits.settle(conn, job_id=job.id, note=credits.settle_note(
+        ending, job.id, job.estimated_credits, charged, job.provider_cost_credits, rendered=rendered))
 
 
 def stop_at_provider(job: JobRow, was: JobStatus | None = None) -> list[CancelRequested]:
