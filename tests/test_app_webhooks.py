@@ -254,7 +254,7 @@ async def test_an_upgrade_seals_the_plaintext_secrets_and_deliveries_still_verif
         await db.init_connection(conn)
         try:
             # The schema as the previous release left it, its secrets in plain text.
-            await db._apply_pending(conn, [m for m in db._migration_files() if m[0] <= 13])
+            await db._apply_pending(conn, [m for m in db._migration_files() if m[0] <= 14])  # before 0015
             account_id, key = await create_account(conn, "old", credits=1_000_000, concurrency=8,
                                                    requests_per_s=1000.0, request_burst=1000)
             await conn.execute("INSERT INTO webhook_endpoints (id, account_id, url, secret, events) "
