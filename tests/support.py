@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
+
 
 def with_database(url: str, name: str) -> str:
     """The same server URL pointing at another database (keeps host, socket query and credentials)."""
@@ -50,3 +52,18 @@ def operator_command(database_url: str, nats_url: str = "") -> Callable[..., Awa
         return Run(proc.returncode, out.decode(), err.decode())
 
     return run
+
+
+async def wait_process_ready(url: str, proc: asyncio.subprocess.Process) -> None:
+    """Until the service process started as `proc` answers /readyz at `url`; fails at once if it exits."""
+    async with aiohttp.ClientSession() as session:
+
+        async def ready() -> bool:
+            assert proc.returncode is None, "the process exited before it was ready"
+            try:
+                async with session.get(f"{url}/readyz") as resp:
+                    return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await wait_until(ready, within=60, what="the process to be ready")

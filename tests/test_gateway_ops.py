@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import wait_until
+from tests.support import wait_process_ready, wait_until
 from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
 from tests.test_gateway_jobs import API_JOB_KEYS
 from vidjobs.cli.embedded import free_port
@@ -150,20 +150,6 @@ async def test_the_page_and_its_assets_are_served(h):
         assert (await h.client.get(f"/static/{name}")).status == 404
 
 
-async def _wait_ready(url: str, proc: asyncio.subprocess.Process) -> None:
-    async with aiohttp.ClientSession() as session:
-
-        async def ready() -> bool:
-            assert proc.returncode is None, "the gateway exited before it was ready"
-            try:
-                async with session.get(f"{url}/readyz") as resp:
-                    return resp.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        await wait_until(ready, within=60, what="the gateway process to be ready")
-
-
 async def test_the_process_serves_and_stops_cleanly_on_sigterm(tmp_path, database_url, nats_url):
     settings = gateway_settings(tmp_path, database_url, nats_url)
     proc = await asyncio.create_subprocess_exec(
@@ -171,7 +157,7 @@ async def test_the_process_serves_and_stops_cleanly_on_sigterm(tmp_path, databas
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        await _wait_ready(settings.gateway_url, proc)
+        await wait_process_ready(settings.gateway_url, proc)
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 20) == 0
     finally:

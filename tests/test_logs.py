@@ -14,7 +14,7 @@ import sys
 import aiohttp
 import pytest
 
-from tests.support import wait_until
+from tests.support import wait_process_ready
 from tests.test_gateway_harness import gateway_settings
 from vidjobs.common import logs, requestids
 
@@ -41,7 +41,7 @@ async def test_a_request_path_cannot_forge_a_gateway_log_line(tmp_path, database
             sys.executable, "-m", "vidjobs.gateway", env={**os.environ, **settings.to_env()}, stderr=out)
     try:
         async with aiohttp.ClientSession() as session:
-            await _wait_ready(session, settings.gateway_url, proc)
+            await wait_process_ready(settings.gateway_url, proc)
             for name, char in FORGING.items():
                 path = f"/v1/x{_percent(char)}{_percent(FORGED)}-{name.replace(' ', '-')}"
                 async with session.get(settings.gateway_url + path, headers={"X-Request-Id": "forger"}) as resp:
@@ -56,18 +56,6 @@ async def test_a_request_path_cannot_forge_a_gateway_log_line(tmp_path, database
         assert len(mine) == 1, (name, mine)
         assert mine[0].startswith("gateway   info    request ") and "request_id=forger" in mine[0], (name, mine)
     assert not [line for line in lines if line.startswith("gateway   info    FORGED")]
-
-
-async def _wait_ready(session: aiohttp.ClientSession, url: str, proc: asyncio.subprocess.Process) -> None:
-    async def ready() -> bool:
-        assert proc.returncode is None, "the gateway exited before it was ready"
-        try:
-            async with session.get(f"{url}/readyz") as resp:
-                return resp.status == 200
-        except aiohttp.ClientError:
-            return False
-
-    await wait_until(ready, within=60, what="the gateway process to be ready")
 
 
 # --- every field of the text format, through the formatter the services install -----------------------------
