@@ -36,7 +36,9 @@ async def test_the_account_shows_credit_limits_spend_and_jobs(h):
         "limits": {"concurrent_jobs": 3, "daily_spend_cap": 500, "max_job_credits": 200, "requests_per_s": 5.0,
                    "request_burst": 10, "max_queued_jobs": 1000, "max_open_streams": 100,
                    "max_open_streams_per_key": 50, "max_uploads_per_day": 1000, "max_body_bytes": 65536,
-                   "max_upload_bytes": 10 * 1024 * 1024},
+                   "max_upload_bytes": 10 * 1024 * 1024, "max_webhook_endpoints": 20,
+                   "webhook_deliveries_in_flight": 16, "webhook_deliveries_per_minute": 600,
+                   "max_webhook_manual_retries": 5},
         "spent_today": 100, "active_jobs": 2, "queued_jobs": 1, "uploads_today": 0,
     }
 

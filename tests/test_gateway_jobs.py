@@ -48,7 +48,11 @@ async def test_create_answers_201_with_the_job_and_reserves_its_credit(h):
                    "max_open_streams": h.settings.max_streams_per_account,
                    "max_open_streams_per_key": h.settings.max_streams_per_key,
                    "max_uploads_per_day": h.settings.max_uploads_per_day,
-                   "max_body_bytes": h.settings.max_body_bytes, "max_upload_bytes": h.settings.upload_max_bytes},
+                   "max_body_bytes": h.settings.max_body_bytes, "max_upload_bytes": h.settings.upload_max_bytes,
+                   "max_webhook_endpoints": h.settings.max_webhook_endpoints,
+                   "webhook_deliveries_in_flight": h.settings.webhook_deliveries_in_flight,
+                   "webhook_deliveries_per_minute": h.settings.webhook_deliveries_per_minute,
+                   "max_webhook_manual_retries": h.settings.max_webhook_manual_retries},
         "spent_today": 50, "active_jobs": 1, "queued_jobs": 1, "uploads_today": 0}
     status, same = await h.get(key, f"/v1/jobs/{job['id']}")
     assert status == 200 and same == job
