@@ -30,6 +30,12 @@ SMALL_RUNS = {
     "reads": (["--seconds", "1", "--rounds", "1", "-c", "4"], [
         r"^round 1 ours:\s+\d+ req/s", r"^round 1 bare:\s+\d+ req/s", r"median req/s: [\d.]+$",
     ]),
+    "backlog": (["--sizes", "40", "--accounts", "4", "--quota", "2", "--idle-s", "1", "--settle-s", "1",
+                 "--measure-s", "2", "--drain-s", "3", "--requests", "3"], [
+        r"^\s+40(\s+-?[\d.]+)+$",  # CPU above idle by process, and its total
+        r"^\s+40\s+\d+\s+\d+\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+ ->\s+[\d.]+\s+[\d.]+ ->\s+[\d.]+$",
+        r"^rows per waiting job at 40: jobs 1\.00, job_transitions",
+    ]),
     "lifecycle": (["-n", "20"], [r"^per job: xact_commit [\d.]+", r"^\s+total\s+[\d.]+ ms$"]),
     # The ffmpeg comparison needs the [bench] extra's ffmpeg; the test run may not have it.
     "media": (["--rounds", "2", "--big-rounds", "1"], [r"^derive, 10 s 1080p\s+median\s+[\d.]+ ms"]),

@@ -20,7 +20,7 @@ import msgspec
 from aiohttp.test_utils import TestClient, TestServer
 
 from vidjobs.cli.embedded import free_port
-from vidjobs.common import jobs
+from vidjobs.common import changes, jobs
 from vidjobs.common.jobs import JobRequest, JobRow
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.settings import Settings
@@ -149,7 +149,8 @@ async def drive(pool: asyncpg.Pool, job_id: str, *path: JobStatus, update: JobUp
     async with pool.acquire() as conn:
         for to in path:
             last = to is path[-1]
-            async with conn.transaction():
+            # As a worker's Runtime.tx does it: the change hints go out once the move commits, not before.
+            async with changes.after_commit(), conn.transaction():
                 moved = await transition(conn, job_id, to, reason=f"test: {to}", update=update if last else None)
                 assert moved is not None, f"{job_id} could not move to {to}"
                 if last and outputs is not None:

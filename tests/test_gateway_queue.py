@@ -15,7 +15,7 @@ from vidjobs.common.states import JobStatus
 
 @pytest.fixture
 async def h(tmp_path, database_url, nats_url):
-    settings = gateway_settings(tmp_path, database_url, nats_url, stream_queue_refresh_s=0.2)
+    settings = gateway_settings(tmp_path, database_url, nats_url)
     async with running_gateway(settings) as harness:
         yield harness
 
@@ -80,7 +80,7 @@ async def test_a_stream_sends_the_new_position_when_a_job_ahead_leaves(h):
     _, first = await read_event(resp)
     assert first["queue_position"] == 3
 
-    # Job 1 leaving sends a change notification about job 1 only; the stream of job 3 rereads on its timer.
+    # Job 1 leaving sends a hint about its account's queue, on which the stream of job 3 rereads it.
     await h.client.post(f"/v1/jobs/{ids[0]}/cancel", headers=auth(key))
     _, moved = await asyncio.wait_for(read_event(resp), 10)
     await h.client.delete(f"/v1/jobs/{ids[1]}", headers=auth(key))
@@ -97,7 +97,7 @@ async def test_a_stream_of_a_waiting_job_sends_nothing_while_nothing_changes(h):
     resp = await h.client.get(f"/v1/jobs/{job['id']}/stream", headers=auth(key))
     await read_event(resp)
 
-    # Several refresh periods pass (0.2 s each): no event, since the job's JSON is unchanged.
+    # No hint comes and no timer of its own fires: no event, since the job's JSON is unchanged.
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(read_event(resp), 1.0)
     resp.close()

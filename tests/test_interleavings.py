@@ -441,6 +441,9 @@ async def check_row(run: Run) -> None:
         assert watched == (None, None, None), f"a finished job is still watched: {job}"
     elif job.deleted_at is not None:
         assert job.recover_at is None, f"a deleted job is still scheduled for recovery: {job}"
+    elif job.status is JobStatus.PENDING and job.recover_at is None:
+        # Parked: it waits for a slot, and the event that frees one (or the queue sweep) hands it one.
+        assert job.wait_reason and job.waited_at is not None, f"a pending job neither parked nor watched: {job}"
     else:
         assert job.recover_at is not None, f"a live {job.status} job has no recovery due time"
     if job.status is JobStatus.RETRYING:

@@ -81,6 +81,12 @@ class JobChanged(msgspec.Struct, tag="job.changed"):
     at: datetime
 
 
+class QueueMoved(msgspec.Struct, tag="queue.moved"):
+    """A job of the account left its queue of waiting jobs: the places of those behind it moved up."""
+
+    account_id: str
+
+
 # Subjects. Work subjects are captured by the work stream and consumed by exactly one durable consumer
 # each; change hints are core NATS messages to whoever listens (`changes`).
 SUBMIT = "vidjobs.work.submit"
@@ -92,6 +98,7 @@ RECOVERY = "vidjobs.work.recovery"
 CANCEL = "vidjobs.work.cancel"
 APP_EVENTS = "vidjobs.work.app_events"
 CHANGED_PREFIX = "vidjobs.changed"
+QUEUE_PREFIX = "vidjobs.queue"  # + account id: QueueMoved
 
 # What each work subject carries: its consumer decodes these and nothing else, so an event on the wrong
 # subject is a poison message at the door rather than an `assert` in a handler.
@@ -111,7 +118,8 @@ WorkEvent = (
     JobQueued | SlotFreed | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
     | CancelRequested | AppEventDue
 )
-Event = WorkEvent | JobChanged
+Hint = JobChanged | QueueMoved  # core NATS, after commit (libs/common/changes.py)
+Event = WorkEvent | Hint
 
 SUBJECT_OF: dict[type, str] = {
     kind: subject for subject, union in SUBJECT_EVENTS.items() for kind in getattr(union, "__args__", (union,))
@@ -121,6 +129,8 @@ SUBJECT_OF: dict[type, str] = {
 def subject_for(event: Event) -> str:
     if isinstance(event, JobChanged):
         return f"{CHANGED_PREFIX}.{event.job_id}"
+    if isinstance(event, QueueMoved):
+        return f"{QUEUE_PREFIX}.{event.account_id}"
     return SUBJECT_OF[type(event)]
 
 

@@ -19,7 +19,8 @@ from vidjobs.common.events import (
 )
 from vidjobs.common.states import RENDERING, SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus, sql
 
-# A waiting job's message looks at it again within this long, whatever it waits for.
+# A job waiting on a provider's pacing (a wait of a second or so) keeps its message, which looks again within
+# this long; any other wait parks the job (`park`) until an event hands it a slot.
 WAIT_LOOK_S = 30.0
 
 
@@ -147,14 +148,38 @@ async def enqueue(
     return Created(job, ahead)
 
 
-async def slot_wakeup(conn: asyncpg.Connection, provider: str) -> list[SlotFreed]:
-    """The message that hands a render slot just freed at `provider` to the next waiting job, if a job waits
-    for one (the partial index jobs_provider_waiting). A job queued after this look sends its own message,
-    and one that lost the race to this commit looks again within `WAIT_LOOK_S`."""
-    waits = await conn.fetchval(
-        f"SELECT EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL)",
-        provider)
-    return [SlotFreed(provider=provider)] if waits else []
+# Providers with a waiting job: a skip scan of jobs_provider_waiting, one index probe per provider however
+# long its queue.
+_WAITING_PROVIDERS = f"""
+WITH RECURSIVE providers AS (
+    (SELECT provider FROM jobs WHERE status = {SQL_PENDING} AND deleted_at IS NULL ORDER BY provider LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.provider FROM jobs j
+            WHERE j.status = {SQL_PENDING} AND j.deleted_at IS NULL AND j.provider > p.provider
+            ORDER BY j.provider LIMIT 1)
+    FROM providers p WHERE p.provider IS NOT NULL
+)
+SELECT provider FROM providers WHERE provider IS NOT NULL
+"""
+
+
+async def waiting_providers(conn: asyncpg.Connection | asyncpg.Pool) -> list[str]:
+    return [r["provider"] for r in await conn.fetch(_WAITING_PROVIDERS)]
+
+
+async def slot_wakeup(conn: asyncpg.Connection, provider: str, account_id: str | None = None) -> list[SlotFreed]:
+    """The messages that hand a render slot just freed at `provider` to the next waiting job: one for
+    `provider` if a job waits for it, and, when the slot was `account_id`'s, one for each other provider where
+    that account has a job waiting (its cap may have held it back there). Parked jobs wait for exactly these;
+    the submitter's queue sweep catches one that was lost."""
+    found = await conn.fetch(
+        f"""
+        SELECT w.provider FROM ({_WAITING_PROVIDERS}) w
+        WHERE w.provider = $1 OR EXISTS (
+            SELECT 1 FROM jobs j WHERE j.provider = w.provider AND j.account_id = $2 AND j.status = {SQL_PENDING}
+                                   AND j.deleted_at IS NULL)
+        """, provider, account_id)
+    return [SlotFreed(provider=r["provider"]) for r in found]
 
 
 async def waiting(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
@@ -226,26 +251,31 @@ async def mark_deleted(conn: asyncpg.Connection, job_id: str, account_id: str) -
         await settle_credit(conn, job, "deleted", rendered=job.status is JobStatus.DOWNLOADING)
     await outbox.add(conn, [
         *stop_at_provider(job),
-        *(await slot_wakeup(conn, job.provider) if job.status in RENDERING else []),
+        *(await slot_wakeup(conn, job.provider, job.account_id) if job.status in RENDERING else []),
         AssetsDeleteRequested(job_id=job_id),
     ])
     changes.note(job_id, "deleted", row["updated_at"])
+    if job.status is JobStatus.PENDING:
+        changes.note_queue(account_id)
     return True
 
 
-async def set_wait_reason(conn: asyncpg.Connection, job_id: str, reason: str) -> None:
-    """Say why a queued job is not submitted yet (not a status change; the next transition clears it), and
-    that its message is alive: `waited_at` tells the recovery check not to publish another."""
+async def set_wait_reason(conn: asyncpg.Connection, job_id: str, reason: str, *, park: bool = False) -> None:
+    """Say why a queued job is not submitted yet (not a status change; the next transition clears it).
+    Parked (`park`), it waits for a slot to be handed to it and nothing of its own is scheduled: no message,
+    no recovery check (its next one is scheduled when it is submitted). Otherwise its message is alive:
+    `waited_at` tells the recovery check not to publish another."""
     row = await conn.fetchrow(
         f"""
         UPDATE jobs j SET wait_reason = $2, waited_at = clock_timestamp(),
+                          recover_at = CASE WHEN $3 THEN NULL ELSE j.recover_at END,
                           updated_at = CASE WHEN o.reason IS DISTINCT FROM $2 THEN clock_timestamp()
                                             ELSE j.updated_at END
         FROM (SELECT id, wait_reason AS reason FROM jobs WHERE id = $1) AS o
         WHERE j.id = o.id AND j.status = {SQL_PENDING} AND j.deleted_at IS NULL
         RETURNING j.updated_at, o.reason IS DISTINCT FROM $2 AS changed
         """,
-        job_id, reason,
+        job_id, reason, park,
     )
     if row is not None and row["changed"]:
         changes.note(job_id, JobStatus.PENDING.value, row["updated_at"])
@@ -302,6 +332,14 @@ async def reschedule_recovery(conn: asyncpg.Connection, job_id: str, delay_s: fl
     if due is not None:
         await outbox.add(conn, [RecoveryDue(job_id=job_id, due_at=due)])
     return due
+
+
+async def watch_again(conn: asyncpg.Connection, job: JobRow, interval_s: float) -> None:
+    """A job just moved out of the queue: if it was parked, with no recovery check scheduled, its checks begin
+    again now that something of its own can go wrong (whoever moved it: the submitter, or a callback that
+    arrived before the submitter's answer)."""
+    if job.recover_at is None and job.status not in TERMINAL:
+        await reschedule_recovery(conn, job.id, interval_s)
 
 
 async def record_provider_cost(

@@ -59,6 +59,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     public_url: str = ""
     recovery_delay_s: float = 60.0
     recovery_interval_s: float = 60.0  # how often a non-terminal job is looked at again after that
+    # How often the submitter looks once at each provider with a waiting job, handing out a slot that no event
+    # announced (a lost wake-up, a breaker's pause running out). Waiting jobs cost nothing in between.
+    queue_sweep_interval_s: float = 5.0
     render_deadline_s: float = 900.0
     download_deadline_s: float = 300.0
     download_attempts: int = 4  # deliveries of one download before the job fails with download_failed
@@ -147,8 +150,6 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     webhook_rate_per_s: float = 200.0
     webhook_rate_burst: int = 400
     webhook_retention_days: float = 7.0
-    # How often an event stream rereads a queued job, whose place moves when other jobs leave the queue.
-    stream_queue_refresh_s: float = 2.0
     max_download_bytes: int = 512 * 1024 * 1024
     # Hosts whose render URLs may be fetched although they resolve to a private or loopback address, or are
     # plain http: `host` or `host:port`, comma-separated (a provider on our own network, the fake provider).

@@ -160,7 +160,7 @@ async def _in_transaction(conn: asyncpg.Connection, job: JobRow, from_status: Jo
         await settle_credit(conn, job, to.value,
                             rendered=from_status is JobStatus.DOWNLOADING and to is JobStatus.CANCELED)
     if FollowUp.FREE_SLOT in follow_ups:
-        sent += await slot_wakeup(conn, job.provider)
+        sent += await slot_wakeup(conn, job.provider, job.account_id)
     if FollowUp.TELL_APPS in follow_ups and apps_listen:
         sent.append(AppEventDue(job_id=job.id, types=app_events(from_status, to),
                                 key=f"{job.id}:{to.value}:{job.updated_at.timestamp():.6f}"))
@@ -198,6 +198,8 @@ async def transition(
         sent = await _in_transaction(conn, job, from_status, to, follow_ups, row["apps_listen"])
         await outbox.add(conn, [*sent, *emit])
         changes.note(job_id, to.value, job.updated_at)
+        if from_status is JobStatus.PENDING:
+            changes.note_queue(job.account_id)  # the places behind it moved up
         # Counted once the move commits, and only then: see metrics.
         changes.on_commit(partial(_count_move, job, from_status, row["left_stage_at"], follow_ups))
     log.info("job transitioned", extra={"job_id": job_id, "account_id": job.account_id, "from": from_status.value,

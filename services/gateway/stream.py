@@ -2,9 +2,11 @@
 
 A change notification only says "look again": the stream rereads the job (through the caller's Tenant),
 exactly like every other consumer, so a lost or repeated notification cannot show a wrong state. A slow
-reread on a timer covers notifications that never arrive (core NATS delivers at most once). A waiting job's
-queue position moves when other jobs leave the queue, which sends no notification about this job: while it
-waits it is reread every `VIDJOBS_STREAM_QUEUE_REFRESH_S`, and sent only when what it shows has changed.
+reread at every keepalive covers notifications that never arrive (core NATS delivers at most once). A
+waiting job's place moves when another job of its account leaves the queue: that move sends one hint for
+the account's queue (changes.note_queue), which the streams of its waiting jobs listen for, so a waiting
+job is reread when its place may have moved and not on a timer of its own; it is sent only when what it
+shows has changed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import msgspec
 import nats.errors
 from aiohttp import web
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from vidjobs.common import events
 from vidjobs.common.states import TERMINAL, JobStatus
@@ -78,15 +81,15 @@ def _client_gone(request: web.Request) -> bool:
     return request.transport is None or request.transport.is_closing()
 
 
-async def _follow(request: web.Request, resp: web.StreamResponse, job: OwnedJob, changed: asyncio.Event) -> None:
-    """Send the job whenever it changes, until it is terminal, deleted, the client leaves or we shut down."""
+async def _follow(request: web.Request, resp: web.StreamResponse, job: OwnedJob, changed: asyncio.Event,
+                  queue: Subscription) -> None:
+    """Send the job whenever it changes, until it is terminal, deleted, the client leaves or we shut down.
+    `queue` (its account's queue hints) is dropped once the job no longer waits."""
     gw, owner = gateway(request), tenant(request)
     loop = asyncio.get_running_loop()
     keepalive_at = loop.time() + KEEPALIVE_S  # unless something else is written first
     while job.job.status not in TERMINAL and not _client_gone(request):
         quiet_s = max(0.0, keepalive_at - loop.time())
-        if job.job.status is JobStatus.PENDING:
-            quiet_s = min(quiet_s, gw.settings.stream_queue_refresh_s)
         tick = await _next_tick(changed, gw.closing, quiet_s)
         if tick is Tick.CLOSING:
             return
@@ -96,6 +99,9 @@ async def _follow(request: web.Request, resp: web.StreamResponse, job: OwnedJob,
         latest = await owner.job(job.job.id)
         if latest is None:
             return  # deleted: nothing more will ever change
+        if latest.job.status is not JobStatus.PENDING and job.job.status is JobStatus.PENDING:
+            with contextlib.suppress(nats.errors.Error):
+                await queue.unsubscribe()
         if _shown(latest) != _shown(job):
             await _send(resp, gw, latest)
             keepalive_at = loop.time() + KEEPALIVE_S
@@ -131,14 +137,16 @@ async def _stream(request: web.Request) -> web.StreamResponse:
         changed.set()
 
     # Subscribe before the first read, so a change between the two cannot be missed.
-    sub = await gw.rt.nc.subscribe(f"{events.CHANGED_PREFIX}.{job_id_of(request)}", cb=on_change)
+    nc = gw.rt.nc
+    subs = [await nc.subscribe(f"{events.CHANGED_PREFIX}.{job_id_of(request)}", cb=on_change),
+            await nc.subscribe(f"{events.QUEUE_PREFIX}.{tenant(request).account_id}", cb=on_change)]
     try:
         job = await owned_or_404(request)
         resp = web.StreamResponse(headers=_HEADERS)
         await resp.prepare(request)
         try:
             await _send(resp, gw, job)
-            await _follow(request, resp, job, changed)
+            await _follow(request, resp, job, changed, subs[1])
         except ConnectionResetError:
             pass  # the client left; nothing to answer
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
@@ -146,8 +154,9 @@ async def _stream(request: web.Request) -> web.StreamResponse:
             log.warning("event stream ended early", extra={"job_id": job.job.id, "error": repr(exc)})
         return resp
     finally:
-        with contextlib.suppress(nats.errors.Error):  # a closed connection has dropped it already
-            await sub.unsubscribe()
+        for sub in subs:
+            with contextlib.suppress(nats.errors.Error):  # dropped already, or by a closed connection
+                await sub.unsubscribe()
 
 
 ROUTES = [

@@ -89,6 +89,7 @@ async def _adopt(
                          deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s)),
     )
     if moved is not None:
+        await jobs.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
         return moved.job
     current = await jobs.fetch(conn, job.id)
     assert current is not None

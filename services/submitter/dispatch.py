@@ -6,8 +6,10 @@ renders in flight (on this provider, then overall), then the one whose last turn
 robin), and its oldest waiting job. So an account with a thousand queued jobs holds back another account's
 first job by at most the one slot being handed out.
 
-A message about any waiting job of a provider is the occasion to hand out its next slot: the handler
-submits the fair head, which may be another account's job, and its own job waits for a later slot.
+A job's own message (its create, its retry) and every event that frees a slot (a render ending, a breaker
+closing, the switch resumed, the queue sweep) are the occasions to hand out the provider's free slots: the
+handler submits the fair head, which may be another account's job. A job that must wait is parked, and
+costs nothing until one of those events reaches it through the fair head.
 
 Every decision runs under the provider's advisory lock (see `limits`), and the chosen account's lock, so
 replicas serving different providers still never exceed one account's cap. Lock order: provider, account,
@@ -19,20 +21,21 @@ from __future__ import annotations
 import asyncpg
 import msgspec
 
-from vidjobs.common import jobs, switch
+from vidjobs.common import switch
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.states import SQL_PENDING, SQL_RENDERING
 from vidjobs.submitter import limits
 
-MAX_PATIENCE_S = jobs.WAIT_LOOK_S
-
 
 class Wait(msgspec.Struct, frozen=True):
-    """The handled job stays queued this long, for this reason."""
+    """The handled job stays queued, for this reason. A pacing wait is over in about `delay_s` (a rate token,
+    a race just lost), so the message looks again then; any other lasts until an event frees a slot (a render
+    ends, a breaker closes, the switch resumes) and the job is parked meanwhile."""
 
     delay_s: float
     reason: str
     kind: str  # paused | breaker | concurrency | account | rate: a bounded metric label
+    pacing: bool = False
 
 
 class Pick(msgspec.Struct, frozen=True):
@@ -119,33 +122,23 @@ async def fair_head(conn: asyncpg.Connection | asyncpg.Pool, provider: str, clai
     return None if row is None else Pick(job_id=row["job_id"], account_id=row["account_id"])
 
 
-async def queue_place(conn: asyncpg.Connection, job: JobRow, *, up_to: int) -> int:
-    """The job's place among its account's waiting jobs (1 is next), counted no further than `up_to`."""
-    return await conn.fetchval(f"SELECT {jobs.queue_place_sql('$1', '$2', '$3', '$4')}",
-                               job.account_id, job.created_at, job.id, up_to)
-
-
-# Places past this one all wait the longest.
-_PATIENT_PLACE = int((MAX_PATIENCE_S - 1.0) / 0.5) + 1
-
-
-async def patience(conn: asyncpg.Connection, job: JobRow) -> float:
-    """How long a job waiting for a slot sleeps before it looks again. Only an account's first waiting job
-    can be handed a slot, and any waiting job's message hands out the fair head's, so the first look often
-    and the ones further back rarely: a thousand queued jobs cost a few dozen checks a second, not a
-    thousand. Its place is counted only as far as it changes the answer."""
-    place = await queue_place(conn, job, up_to=_PATIENT_PLACE)
-    return min(1.0 + 0.5 * max(place - 1, 0), MAX_PATIENCE_S)
-
-
 async def account_wait(conn: asyncpg.Connection, job: JobRow, claim_ttl_s: float) -> Wait:
     """Why `job` waits when no waiting job may go: its account is using all its slots."""
     busy, cap = await account_load(conn, job.account_id, claim_ttl_s)
-    delay = await patience(conn, job)
     if busy >= cap:
-        return Wait(delay, f"your account has {busy} job{'s' if busy != 1 else ''} rendering, its limit of {cap}; "
+        return Wait(0.0, f"your account has {busy} job{'s' if busy != 1 else ''} rendering, its limit of {cap}; "
                            "this one starts when one of them finishes", "account")
-    return Wait(delay, "waiting for a free slot", "account")
+    return Wait(0.0, "waiting for a free slot", "account")
+
+
+async def has_room(conn: asyncpg.Connection | asyncpg.Pool, provider: str, provider_limits: limits.ProviderLimits,
+                   claim_ttl_s: float) -> bool:
+    """Whether a slot of the provider could be handed out now, judged without its lock (the sweep's cheap
+    look; `choose` decides under the lock): submissions not paused, the breaker not pausing it, and fewer
+    renders in flight than its cap."""
+    if (await switch.submissions(conn)).paused or await limits.breaker_pausing(conn, provider):
+        return False
+    return await limits.in_flight(conn, provider, claim_ttl_s) < provider_limits.concurrency
 
 
 async def choose(
@@ -162,8 +155,7 @@ async def choose(
         return Wait(breaker.wait_s, breaker.reason or "provider paused", breaker.kind)
     busy = await limits.in_flight(conn, job.provider, claim_ttl_s)
     if busy >= provider_limits.concurrency:
-        return Wait(await patience(conn, job), f"{job.provider} already has {busy} renders in flight, its limit",
-                    "concurrency")
+        return Wait(0.0, f"{job.provider} already has {busy} renders in flight, its limit", "concurrency")
     if breaker.probe or not fair:
         # One job tests a provider that was down: the one the breaker chose, not the queue's head.
         pick: Pick | None = Pick(job_id=job.id, account_id=job.account_id)
@@ -177,11 +169,11 @@ async def choose(
         # Another provider's replica gave this account its last slot a moment ago.
         if pick.job_id == job.id:
             return await account_wait(conn, job, claim_ttl_s)
-        return Wait(0.2, "waiting for a free slot", "account")
+        return Wait(0.2, "waiting for a free slot", "account", pacing=True)
     wait = await limits.take_token(conn, job.provider, provider_limits)
     if wait is not None:
         return Wait(wait, f"pacing submissions to {job.provider} at {provider_limits.rate_per_s:g} per second",
-                    "rate")
+                    "rate", pacing=True)
     await conn.execute(
         """
         INSERT INTO account_turns (account_id, last_turn_at) VALUES ($1, clock_timestamp())

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import asyncpg
 import msgspec
 
+from vidjobs.common import jobs, outbox
 from vidjobs.common.breakers import BreakerState
 from vidjobs.common.errors import ErrorCode
 from vidjobs.common.settings import ProviderLimits, Settings
@@ -74,6 +75,14 @@ async def take_token(conn: asyncpg.Connection, provider: str, limits: ProviderLi
     return None
 
 
+async def breaker_pausing(conn: asyncpg.Connection | asyncpg.Pool, provider: str) -> bool:
+    """Whether the provider's breaker holds every job back now: open with its pause still running, or half
+    open with a probe out."""
+    return bool(await conn.fetchval(
+        "SELECT state <> 'closed' AND reopen_at > clock_timestamp() FROM provider_breakers WHERE provider = $1",
+        provider))
+
+
 async def breaker_gate(conn: asyncpg.Connection, provider: str, job_id: str) -> Admission:
     row = await conn.fetchrow(
         "SELECT state, reopen_at, probe_job_id FROM provider_breakers WHERE provider = $1", provider)
@@ -107,13 +116,18 @@ async def record_answer(
     """Feed the breaker with how the provider answered a submission (None: it accepted)."""
     if code not in (ErrorCode.PROVIDER_UNAVAILABLE, ErrorCode.TIMEOUT):
         # Any real answer, even a refusal of this one request, shows the provider is up.
-        await conn.execute(
+        reopened = await conn.fetchval(
             """
-            UPDATE provider_breakers SET state = 'closed', failures = 0, probe_job_id = NULL, cooldown_s = 0
-            WHERE provider = $1 AND (state <> 'closed' OR failures <> 0)
+            UPDATE provider_breakers b SET state = 'closed', failures = 0, probe_job_id = NULL, cooldown_s = 0
+            FROM (SELECT state FROM provider_breakers WHERE provider = $1) AS was
+            WHERE b.provider = $1 AND (b.state <> 'closed' OR b.failures <> 0)
+            RETURNING was.state <> 'closed'
             """,
             provider,
         )
+        if reopened:
+            # The jobs it held back are parked: hand them the provider's free slots now.
+            await outbox.add(conn, await jobs.slot_wakeup(conn, provider))
         return BreakerState.CLOSED
     row = await conn.fetchrow(
         """

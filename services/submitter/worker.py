@@ -27,7 +27,7 @@ from vidjobs.common.events import CancelRequested, JobQueued, PollRequested, Slo
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.outcomes import fail_or_retry
 from vidjobs.common.retry import Policies
-from vidjobs.common.runtime import Runtime, consumer
+from vidjobs.common.runtime import Runtime, consumer, every
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import Guard, JobUpdate, transition
 from vidjobs.providers.base import ProviderAdapter, Submission, SubmitRequest
@@ -72,6 +72,19 @@ async def main(rt: Runtime) -> None:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(bus.consume(rt.js, spec, rt.stop), name="submit-consumer")
             tg.create_task(gauges.run(rt, ctx.adapters), name="provider-gauges")
+            tg.create_task(every(rt, rt.settings.queue_sweep_interval_s, partial(sweep_queues, ctx), "queue sweep"),
+                           name="queue-sweep")
+
+
+async def sweep_queues(ctx: Context) -> None:
+    """One look per provider with a waiting job, however many wait: a provider with a slot free hands it out.
+    Catches what no event announced: a wake-up lost with its message, a breaker's pause running out, a cap
+    raised by a restart with new settings, the switch resumed from another process."""
+    ttl = _claim_ttl(ctx)
+    for provider in await jobs.waiting_providers(ctx.rt.pool):
+        if await dispatch.has_room(ctx.rt.pool, provider, limits.limits_for(ctx.rt.settings, provider), ttl):
+            if (pacing := await fill(ctx, provider)) is not None:
+                log.info("queue sweep met the provider's pacing", extra={"provider": provider, "why": pacing.reason})
 
 
 async def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
@@ -97,25 +110,36 @@ async def input_image_url(ctx: Context, job: JobRow) -> str | None:
 async def handle(ctx: Context, event: events.SubmitEvent, delivery: Delivery) -> None:
     match event:
         case SlotFreed(provider=provider):
-            await _fill_freed_slot(ctx, provider)
+            if (pacing := await fill(ctx, provider)) is not None:
+                raise Redeliver(pacing.reason, delay=_look_again_in(pacing))
         case JobQueued(job_id=job_id):
-            await _serve(ctx, await jobs.fetch(ctx.rt.pool, job_id))
+            if (wait := await _serve(ctx, await jobs.fetch(ctx.rt.pool, job_id))) is not None and wait.pacing:
+                raise Redeliver(wait.reason, delay=_look_again_in(wait))
 
 
-async def _fill_freed_slot(ctx: Context, provider: str) -> None:
-    """Serve the queue's head at once. This message is only a wake-up: if the head must wait after all (the
-    slot went to someone else, or its account is full), or its submission fails, its own message looks
-    again later and carries any failure, so this one is done either way."""
-    head = await dispatch.fair_head(ctx.rt.pool, provider, _claim_ttl(ctx))
-    if head is None:
-        return
-    try:
-        await _serve(ctx, await jobs.fetch(ctx.rt.pool, head.job_id))
-    except Redeliver:
-        pass
-    except Exception:
-        log.exception("could not serve the head of the queue on a freed slot",
-                      extra={"job_id": head.job_id, "provider": provider})
+def _look_again_in(wait: Wait) -> float:
+    return min(max(wait.delay_s, 0.05), jobs.WAIT_LOOK_S)
+
+
+async def fill(ctx: Context, provider: str) -> Wait | None:
+    """Hand the provider's free slots to the fair heads of its queue, one after another, until none is free
+    or one must wait; returns that wait when it is only the provider's pacing (a second or so), which the
+    caller looks at again. Every other wait parks the head until the next event that frees a slot."""
+    for _ in range(limits.limits_for(ctx.rt.settings, provider).concurrency + 1):
+        head = await dispatch.fair_head(ctx.rt.pool, provider, _claim_ttl(ctx))
+        if head is None:
+            return None
+        try:
+            wait = await _serve(ctx, await jobs.fetch(ctx.rt.pool, head.job_id))
+        except Redeliver:
+            return None  # another submitter is calling the provider for the head: its answer frees what follows
+        except Exception:
+            # The head's failure is its own: its claim goes stale, and the sweep hands the slot on.
+            log.exception("could not serve the head of the queue", extra={"job_id": head.job_id, "provider": provider})
+            return None
+        if wait is not None:
+            return wait if wait.pacing else None
+    return None
 
 
 def _call_budget(ctx: Context) -> float:
@@ -129,8 +153,9 @@ def _claim_ttl(ctx: Context) -> float:
     return _call_budget(ctx) + 15
 
 
-async def _serve(ctx: Context, job: JobRow | None) -> None:
-    """Hand out the next slot of the job's provider, then, while this job still waits, the one after."""
+async def _serve(ctx: Context, job: JobRow | None) -> Wait | None:
+    """Hand out the next slot of the job's provider, then, while this job still waits, the one after; returns
+    why this job waits when it must (parked, unless the wait is the provider's pacing)."""
     fair = True
     while job is not None and not job.finished and job.status is JobStatus.PENDING:
         logs.about_job(job.id, job.account_id)
@@ -139,23 +164,22 @@ async def _serve(ctx: Context, job: JobRow | None) -> None:
         except ProviderError as err:
             async with ctx.rt.tx() as conn:
                 await _refused(ctx, conn, job, err)
-            return
+            return None
         turn = await _take_turn(ctx, job, fair=fair)
         # No turn: this job moved on, or the head moved on or could not be claimed. Then the next slot is
         # offered to this job itself, rather than to a head that may fail again.
         fair = turn is not None
         if isinstance(turn, Wait):
             WAITS.labels(job.provider, turn.kind).inc()
-            # However long the wait, the message looks again within the limit, so the job's one message
-            # stays visibly alive (jobs.waited_at) and the recovery check adds no second one.
-            raise Redeliver(turn.reason, delay=min(max(turn.delay_s, 0.05), jobs.WAIT_LOOK_S))
+            return turn
         if turn is not None:
             picked, claimed = turn
             if picked.id == job.id:
                 await _submit(ctx, picked, adapter, claimed, handled=job)
-                return
+                return None
             await _submit_for_another(ctx, picked, adapter, claimed, handled=job)
         job = await jobs.fetch(ctx.rt.pool, job.id)
+    return None
 
 
 async def _submit_for_another(
@@ -190,7 +214,8 @@ async def _take_turn(
         choice = await dispatch.choose(conn, job, limits.limits_for(ctx.rt.settings, job.provider), ttl,
                                        fair=fair)
         if isinstance(choice, Wait):
-            await jobs.set_wait_reason(conn, job.id, choice.reason)
+            # Parked, the job costs nothing while it waits: the event that frees a slot hands it one.
+            await jobs.set_wait_reason(conn, job.id, choice.reason, park=not choice.pacing)
             return choice
         if choice.job_id != job.id:
             return await _claim_head(conn, choice.job_id, ttl)
@@ -230,7 +255,7 @@ async def _submit(
             await limits.lock_provider(conn, job.provider)
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, _claim_request(job), err.to_job_error())
-            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider))
+            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider, job.account_id))
         return
     try:
         accepted = await _call_provider(ctx, adapter, req, claimed)
@@ -243,7 +268,7 @@ async def _submit(
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, req, err.to_job_error())
             await limits.record_answer(conn, job.provider, err.code, ctx.rt.settings)
-            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider))  # the claim held one
+            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider, job.account_id))  # the claim held one
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
     await _record_patiently(ctx, job, adapter, req, accepted)
@@ -325,6 +350,8 @@ async def _accepted(
                 deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s),
             ),
         )
+        if moved is not None:
+            await jobs.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
         if moved is not None and accepted.queue_position is not None:
             await jobs.record_queue_position(conn, job.id, accepted.queue_position)
         if moved is None and await _orphaned(conn, job.id, accepted.provider_job_id):

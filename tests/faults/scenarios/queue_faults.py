@@ -1,6 +1,7 @@
 """Jobs that wait: one account with a concurrency cap of 1 and many slow renders, so nearly every job waits
-its turn for minutes. A waiting job must hold at most one message, and the work spent on it must stay flat
-however long it waits (DESIGN.md "Faults")."""
+its turn for minutes. Waiting is free (DESIGN.md "Faults"): a waiting job is parked and holds no message, so
+the submitter holds only the wake-ups of slots being handed out, and its deliveries follow the renders that
+end, not the jobs that wait."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from tests.faults.report import Row
 from tests.faults.workload import Workload, create_jobs
 
 GROWTH_ALLOWED = 1.5  # the last sample's delivery rate may be at most this multiple of the first full one
-# A waiting job is looked at again within 30 s, so a watch shorter than a few such rounds cannot tell growth
-# from the phase of those rounds: a short watch checks that no window goes past this rate instead.
-GROWTH_WATCH_S = 120.0
-MAX_RATE = 30.0  # deliveries per waiting job per minute (a job that re-queued itself went past 60)
-# Messages beside the waiting jobs' own: the message of a job being handed to its provider as the sample is
-# taken (it no longer counts as waiting), and a `SlotFreed` wake-up on the same subject.
+GROWTH_WATCH_S = 120.0  # a watch this long also checks that the rate does not grow with the wait
+# Deliveries per waiting job per minute. With one render ending every few seconds, the wake-ups come to a
+# fraction of one per job a minute (a job whose message came back to look went to 3-6 before parking).
+MAX_RATE = 1.0
+# Messages the submitter may hold at a sample, whatever the number waiting: the message of a job being
+# handed to its provider as the sample is taken, and a `SlotFreed` wake-up.
 IN_FLIGHT_ALLOWED = 2
 
 
@@ -78,9 +79,10 @@ def judge(row: Row, samples: list[Sample], watch_s: float) -> None:
         shown = "-" if rate is None else f"{rate:.2f}"
         row.notes.append(f"t={s.at_s:5.1f}s waiting={s.waiting} messages={s.messages} "
                          f"per_waiting_job={s.per_job():.2f} delivered={s.delivered} deliveries/job/min={shown}")
-    extra = max((s.messages - s.waiting for s in samples if s.waiting), default=0)
-    row.expect(extra <= IN_FLIGHT_ALLOWED,
-               f"{extra} messages beyond one per waiting job (at most {IN_FLIGHT_ALLOWED} in flight allowed)")
+    # The first sample may still see the last creates' own messages on their one pass.
+    held = max((s.messages for s in samples[1:]), default=0)
+    row.expect(held <= IN_FLIGHT_ALLOWED,
+               f"the submitter held {held} messages while jobs waited (at most {IN_FLIGHT_ALLOWED} in flight allowed)")
     if len(rates) >= 4 and watch_s >= GROWTH_WATCH_S:
         # Past the first minute (every job's first look), the later half against the earlier half.
         settled = [r for s, r in zip(samples[1:], rates, strict=True) if s.at_s > 60] or rates
