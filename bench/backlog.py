@@ -75,7 +75,7 @@ async def stack(data_dir: Path, quota: int):
             await drop_database(given.database_url, scratch[0])
 
 
-async def new_accounts(database_url: str, count: int, prefix: str) -> list[tuple[str, str]]:
+async def new_accounts(database_url: str, count: int, prefix: str, concurrency: int = 2) -> list[tuple[str, str]]:
     from vidjobs.gateway.accounts import create_account
 
     conn = await asyncpg.connect(database_url)
@@ -83,7 +83,7 @@ async def new_accounts(database_url: str, count: int, prefix: str) -> list[tuple
         made = []
         for n in range(count):
             async with conn.transaction():
-                made.append(await create_account(conn, f"{prefix}-{n}", credits=10**9, concurrency=2,
+                made.append(await create_account(conn, f"{prefix}-{n}", credits=10**9, concurrency=concurrency,
                                                   requests_per_s=100_000.0, request_burst=100_000))
         return made
     finally:
@@ -196,7 +196,9 @@ async def one_size(size: int, args: argparse.Namespace) -> dict:
         data_dir = Path(tmp)
         async with stack(data_dir, args.quota) as settings, aiohttp.ClientSession() as session:
             base, db_url = settings.gateway_url, settings.database_url
-            (_, holder), (_, timer), (_, newcomer) = await new_accounts(db_url, 3, "bench")
+            # The holder may take every slot; the others have the default cap of 2.
+            (_, holder), = await new_accounts(db_url, 1, "holder", concurrency=args.quota)
+            (_, timer), (_, newcomer) = await new_accounts(db_url, 2, "bench")
             holds = [(await api(session, "POST", f"{base}/v1/jobs", holder, HOLD))["id"] for _ in range(args.quota)]
             await wait_for(lambda: _rendering(db_url, holds), "every slot to be taken")
             empty_create, empty_get = await timed_requests(session, base, timer, args.requests)
