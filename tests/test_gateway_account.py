@@ -39,7 +39,7 @@ async def test_the_account_shows_credit_limits_spend_and_jobs(h):
                    "max_upload_bytes": 10 * 1024 * 1024, "max_webhook_endpoints": 20,
                    "webhook_deliveries_in_flight": 16, "webhook_deliveries_per_minute": 600,
                    "max_webhook_manual_retries": 5},
-        "spent_today": 100, "active_jobs": 2, "queued_jobs": 1, "uploads_today": 0,
+        "spent_today": 100, "active_jobs": 2, "queued_jobs": 1, "uploads_today": 0, "fallback_models": [],
     }
 
 

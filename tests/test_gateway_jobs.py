@@ -16,7 +16,8 @@ API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updat
                 "queue_reason", "progress", "error", "outputs", "cost",
                 # beside what API.md names: the request echoed, the job's times, links and metadata
                 "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image", "params",
-                "metadata", "started_at", "completed_at", "deadline_at", "retry_at", "urls"}
+                "metadata", "fallback_models", "max_wait_s", "started_at", "completed_at", "deadline_at", "retry_at",
+                "urls"}
 
 
 @pytest.fixture
@@ -53,7 +54,8 @@ async def test_create_answers_201_with_the_job_and_reserves_its_credit(h):
                    "webhook_deliveries_in_flight": h.settings.webhook_deliveries_in_flight,
                    "webhook_deliveries_per_minute": h.settings.webhook_deliveries_per_minute,
                    "max_webhook_manual_retries": h.settings.max_webhook_manual_retries},
-        "spent_today": 50, "active_jobs": 1, "queued_jobs": 1, "uploads_today": 0}
+        "spent_today": 50, "active_jobs": 1, "queued_jobs": 1, "uploads_today": 0,
+        "fallback_models": []}
     status, same = await h.get(key, f"/v1/jobs/{job['id']}")
     assert status == 200 and same == job
 

@@ -83,7 +83,7 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
     assert set(schemas["JobOut"]["properties"]) == API_JOB_KEYS
     assert set(schemas["CreateJob"]["properties"]) == {
         "model", "prompt", "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image",
-        "params", "metadata", "webhook_url", "webhook_events"}
+        "params", "metadata", "webhook_url", "webhook_events", "fallback_models", "max_wait_s"}
     assert set(schemas["ErrorBody"]["properties"]) == {"code", "message", "retryable", "request_id"}
     undescribed = [f"{name}.{field}" for name, schema in schemas.items()
                    for field, prop in schema.get("properties", {}).items()
@@ -112,7 +112,8 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
             rated = bool(op["security"]) or path == "/v1/webhooks/{provider}"
             assert ("429" in op["responses"]) == rated, (method, path)
     assert set(schemas["AccountOut"]["properties"]) == {
-        "id", "name", "credits", "limits", "spent_today", "active_jobs", "queued_jobs", "uploads_today"}
+        "id", "name", "credits", "limits", "spent_today", "active_jobs", "queued_jobs", "uploads_today",
+        "fallback_models"}
 
 
 async def test_a_production_deployment_refuses_fake_models_and_keeps_metrics_off_the_api_port(

@@ -272,7 +272,44 @@ async def test_the_credit_functions_run_as_their_owner_on_a_pinned_search_path(p
                 if grants.Privilege.EXECUTE in privileges}
     schema = await pool.fetchval("SELECT current_schema()")
 
-    assert {r["proname"] for r in rows} == declared == {"reserve_job_credit", "settle_job_credit"}
+    assert {r["proname"] for r in rows} == declared == {"reserve_job_credit", "settle_job_credit", "reprice_job_credit"}
     for row in rows:
         assert row["schema_owners"] and not row["public_executes"], dict(row)
         assert row["proconfig"] == [f"search_path={schema}, pg_temp"], dict(row)
+
+
+async def test_the_submitter_can_only_lower_a_waiting_jobs_reservation(pool, database_url):
+    """A move to a cheaper fallback lowers the reservation (reprice_job_credit); nothing can raise it, lower a
+    job that is not waiting, or lower it below zero, and the settlement charges within what is left."""
+    account_id = await _account(pool)
+    waiting, ended = await _job(pool, account_id), await _job(pool, account_id)
+    refusals: dict[str, type | None] = {}
+    reprice = "SELECT * FROM reprice_job_credit($1, $2, 'moved')"
+    async with as_role(database_url, "submitter") as conn:
+        await _end_by_hand(conn, ended, actual_credits=0)
+        for what, job_id, amount in (("raise it", waiting, ESTIMATE + 1), ("below zero", waiting, -1),
+                                     ("a job that ended", ended, 1), ("no such job", "job_nope", 1),
+                                     ("lower it", waiting, ESTIMATE - 10), ("lower it again", waiting, ESTIMATE - 20),
+                                     ("raise it back", waiting, ESTIMATE - 10)):
+            try:
+                async with conn.transaction():
+                    await conn.fetch(reprice, job_id, amount)
+                refusals[what] = None
+            except asyncpg.PostgresError as exc:
+                refusals[what] = type(exc)
+        await _end_by_hand(conn, waiting, actual_credits=1_000_000)
+        await conn.fetch("SELECT * FROM settle_job_credit($1, 'done')", waiting)
+    async with as_role(database_url, "poller") as conn:
+        try:
+            await conn.fetch(reprice, waiting, 0)
+            refusals["as another worker"] = None
+        except asyncpg.PostgresError as exc:
+            refusals["as another worker"] = type(exc)
+
+    denied = asyncpg.InsufficientPrivilegeError
+    assert refusals == {"raise it": denied, "below zero": denied, "a job that ended": denied, "no such job": denied,
+                        "lower it": None, "lower it again": None, "raise it back": denied,
+                        "as another worker": denied}
+    # Charged at most the lowered reservation; the ended job's reservation is still held (never settled here).
+    assert await _credit(pool, account_id) == (BALANCE - (ESTIMATE - 20), ESTIMATE)
+    assert await _ledger_explains(pool, account_id)

@@ -33,6 +33,7 @@ class LedgerKind(enum.StrEnum):
     RESERVE = "reserve"  # a new job's estimate is held
     RELEASE = "release"  # a job ended without a charge; its estimate is free again
     CHARGE = "charge"  # a job ended and was billed; its estimate is released and the charge paid
+    REPRICE = "reprice"  # a waiting job moved to a cheaper model; the difference is free again
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):

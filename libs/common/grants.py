@@ -120,9 +120,9 @@ def _with_common(own: dict[str, frozenset[Grant]]) -> dict[str, frozenset[Grant]
 GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
     "gateway": _with_common({
         "jobs": INS,  # creates jobs; no other service does
-        # Reads every account column; writes only the account's webhook secret (sealed, with its rotation and
-        # the plaintext the sweep clears), never the credit.
-        "accounts": SEL | columns(Privilege.UPDATE, "webhook_secret", "webhook_secret_sealed",
+        # Reads every account column; writes only the account's default fallback models and its webhook secret
+        # (sealed, with its rotation and the plaintext the sweep clears), never the credit.
+        "accounts": SEL | columns(Privilege.UPDATE, "fallback_models", "webhook_secret", "webhook_secret_sealed",
                                   "webhook_secret_created_at", "webhook_previous_secret_sealed",
                                   "webhook_previous_secret_expires_at"),
         "reserve_job_credit": EXE,  # holds a new job's estimate
@@ -149,6 +149,9 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "account_turns": SEL | INS | UPD,
         "platform_controls": SEL,  # the operator's submission switch
         "uploads": SEL,  # hands the provider a job's input image
+        "reprice_job_credit": EXE,  # lowers a job's reservation when it moves to a cheaper fallback model
+        "rate_cards": SEL,  # prices a fallback model for a move
+        "rate_card_prices": SEL,
     }),
     "poller": _with_common({
         "poll_schedule": SEL | INS | UPD | DEL,

@@ -79,6 +79,9 @@ class JobRow(msgspec.Struct, kw_only=True):
     webhook_url: str | None = None  # where its app hears of it, beside the account's endpoints
     webhook_events: list[str] | None = None  # which events go to webhook_url
     stage_at: datetime | None = None  # when it entered its current stage (NULL on jobs finished before it existed)
+    fallback_models: list[str] = []  # where it may move while it waits, in order (services/submitter/failover.py)
+    max_wait_s: int | None = None  # the owner's limit on waiting for a slot
+    max_wait_until: datetime | None = None  # created_at + max_wait_s
 
     @property
     def finished(self) -> bool:
@@ -111,7 +114,7 @@ async def enqueue(
     conn: asyncpg.Connection, *, account_id: str, request: JobRequest, estimated_credits: int,
     recovery_delay_s: float, route: str | None = None, rate_card_version: int | None = None,
     max_waiting: int | None = None, metadata: dict[str, str] | None = None, webhook_url: str | None = None,
-    webhook_events: list[str] | None = None,
+    webhook_events: list[str] | None = None, fallback_models: list[str] | None = None, max_wait_s: int | None = None,
 ) -> Created:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
     first recovery check. Raises QuotaExhausted (and creates nothing) when the account's credit or
@@ -130,13 +133,15 @@ async def enqueue(
     row = await conn.fetchrow(
         """
         INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
-                          rate_card_version, request_id, metadata, webhook_url, webhook_events)
-        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11, $12, $13)
+                          rate_card_version, request_id, metadata, webhook_url, webhook_events, fallback_models,
+                          max_wait_s, max_wait_until)
+        VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11, $12, $13, $14,
+                $15::integer, now() + make_interval(secs => $15::integer))
         RETURNING *
         """,
         job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
         estimated_credits, recovery_delay_s, route, rate_card_version, requestids.current(), metadata or {},
-        webhook_url, webhook_events,
+        webhook_url, webhook_events, fallback_models or [], max_wait_s,
     )
     job = row_to_job(row)
     await conn.execute(

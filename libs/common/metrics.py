@@ -53,6 +53,10 @@ ROUTE_SECONDS = Histogram(
     "vidjobs_route_job_seconds", "Creation to finish of jobs sent down a rollout route", ["route", "model"],
     buckets=(5, 15, 30, 60, 120, 300, 600, 1200, 3600),
 )
+JOB_MOVES = Counter("vidjobs_job_moves_total",
+                    "Waiting jobs moved to a fallback model, by the model they left and the one they moved to, "
+                    "the alias they were routed through ('' for none) and why (breaker, max_wait)",
+                    ["from_model", "to_model", "route", "reason"])
 JOB_ERRORS = Counter("vidjobs_job_errors_total",
                      "Committed moves to retrying or failed, by the error the job took", ["code"])
 UNMATCHED_CALLBACKS = Counter("vidjobs_callbacks_unmatched_total",

@@ -37,7 +37,8 @@ RENDERING: frozenset[JobStatus] = frozenset({S.SUBMITTED, S.PROCESSING})
 
 # from -> the statuses it may move to. `canceled` is reachable from every non-terminal status.
 LEGAL: dict[JobStatus, frozenset[JobStatus]] = {
-    S.PENDING: frozenset({S.SUBMITTED, S.RETRYING, S.FAILED, S.CANCELED}),
+    # pending -> pending: a waiting job moved to one of its fallback models (services/submitter/failover.py)
+    S.PENDING: frozenset({S.PENDING, S.SUBMITTED, S.RETRYING, S.FAILED, S.CANCELED}),
     S.SUBMITTED: frozenset({S.PROCESSING, S.DOWNLOADING, S.RETRYING, S.FAILED, S.CANCELED}),
     S.PROCESSING: frozenset({S.DOWNLOADING, S.RETRYING, S.FAILED, S.CANCELED}),
     S.RETRYING: frozenset({S.PENDING, S.CANCELED}),
@@ -94,12 +95,15 @@ def _follow_ups(src: JobStatus, to: JobStatus) -> frozenset[FollowUp]:
 
 
 # What an account's app may subscribe to (webhook endpoints, a job's own webhook_url).
-APP_EVENT_TYPES = ("job.completed", "job.failed", "job.canceled", "job.stage")
+APP_EVENT_TYPES = ("job.completed", "job.failed", "job.canceled", "job.stage", "job.moved")
 _ENDING_EVENTS = {S.COMPLETED: "job.completed", S.FAILED: "job.failed", S.CANCELED: "job.canceled"}
 
 
 def app_events(src: JobStatus, to: JobStatus) -> list[str]:
-    """The app events a move makes: `job.stage` when the stage people see changes, and its ending's own."""
+    """The app events a move makes: `job.stage` when the stage people see changes, its ending's own, and
+    `job.moved` when a waiting job moves to a fallback model (the one move from a status to itself)."""
+    if src is to is S.PENDING:
+        return ["job.moved"]
     out = ["job.stage"] if STAGE_OF[src] is not STAGE_OF[to] else []
     if (ending := _ENDING_EVENTS.get(to)) is not None and src not in TERMINAL:
         out.append(ending)

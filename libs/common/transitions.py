@@ -20,7 +20,7 @@ import msgspec
 from vidjobs.common import changes, metrics, outbox
 from vidjobs.common.errors import JobError
 from vidjobs.common.events import AppEventDue, Event
-from vidjobs.common.jobs import JobRow, owed_sql, row_to_job, settle_credit, slot_wakeup
+from vidjobs.common.jobs import JobRequest, JobRow, owed_sql, row_to_job, settle_credit, slot_wakeup
 from vidjobs.common.states import (
     BILLED_ENDINGS,
     FOLLOW_UPS,
@@ -51,6 +51,12 @@ class JobUpdate(msgspec.Struct, kw_only=True):
     retry_at: datetime | None = UNSET
     deadline_at: datetime | None = UNSET
     recover_at: datetime | None = UNSET
+    # A waiting job moving to a fallback model (pending -> pending): what it renders with, and its new quote.
+    model: str = UNSET
+    provider: str = UNSET
+    request: JobRequest = UNSET
+    estimated_credits: int = UNSET
+    fallback_models: list[str] = UNSET
 
     def columns(self) -> dict[str, Any]:
         out = {}

@@ -31,6 +31,7 @@ class Account(msgspec.Struct, frozen=True, kw_only=True):
     max_job_credits: int | None = None  # the most one job may be estimated at; None: no maximum
     requests_per_s: float | None = None  # API requests per second per key; None: the platform default
     request_burst: int | None = None
+    fallback_models: list[str] = []  # tried in order when a job that names none must move (failover)
 
 
 def columns(alias: str = "") -> str:

@@ -26,7 +26,7 @@ Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9
 Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S",
                              examples=["a red fox in snow"])]
 UploadId = Annotated[str, Meta(pattern=r"^upl_[0-9a-z]{1,64}$", description="an id from POST /v1/uploads")]
-AppEvent = Literal["job.completed", "job.failed", "job.canceled", "job.stage"]
+AppEvent = Literal["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved"]
 DEFAULT_JOB_EVENTS = ["job.completed", "job.failed", "job.canceled"]
 WebhookUrl = Annotated[str, Meta(min_length=1, max_length=2048, description="an https URL of your app",
                                   examples=["https://app.example/hooks/vidjobs"])]
@@ -38,6 +38,12 @@ Metadata = Annotated[dict[MetadataKey, Annotated[str, Meta(max_length=256)]], Me
                 "most 256 characters; returned with the job and filterable in GET /v1/jobs")]
 AspectRatio = Literal["16:9", "9:16", "1:1"]
 Resolution = Literal["480p", "720p", "1080p"]
+MAX_FALLBACKS = 3
+MAX_WAIT_LIMIT_S = 7 * 86400
+Fallbacks = Annotated[list[Model], Meta(
+    max_length=MAX_FALLBACKS,
+    description="models to move to, in order, while the job waits: when its provider is unavailable, or its "
+                "estimated start is later than max_wait_s; each must render this request at no more than its quote")]
 
 
 class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -60,11 +66,15 @@ class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     webhook_url: WebhookUrl | None = None
     # which events go to webhook_url; default job.completed, job.failed, job.canceled
     webhook_events: Annotated[list[AppEvent], Meta(min_length=1)] | None = None
+    # where it may move while it waits, up to 3; unset: the account's default list (GET /v1/account); []: none
+    fallback_models: Fallbacks | None = None
+    # the longest it should wait for a slot: past it (by the estimate), it moves to a fallback that starts sooner
+    max_wait_s: Annotated[int, Meta(ge=1, le=MAX_WAIT_LIMIT_S)] | None = None
 
     def to_request(self) -> JobRequest:
-        """What the provider is asked for; metadata and webhooks are ours alone."""
+        """What the provider is asked for; metadata, webhooks and where it may move are ours alone."""
         fields = msgspec.to_builtins(self)
-        for own in ("metadata", "webhook_url", "webhook_events"):
+        for own in ("metadata", "webhook_url", "webhook_events", "fallback_models", "max_wait_s"):
             del fields[own]
         return msgspec.convert(fields, JobRequest)
 
@@ -126,6 +136,8 @@ class JobOut(msgspec.Struct, kw_only=True):
     input_image: str | None  # as asked
     params: dict[str, Any]  # as asked
     metadata: dict[str, str]  # your labels, as given
+    fallback_models: list[str]  # where it may still move while it waits, in order (its trail says where it moved)
+    max_wait_s: int | None  # its limit on waiting for a slot, as asked
     started_at: datetime | None  # when the provider accepted its current attempt
     completed_at: datetime | None  # when it reached its ending: completed, failed or canceled
     deadline_at: datetime | None  # when its current stage gives up
@@ -199,6 +211,13 @@ class AccountOut(msgspec.Struct, kw_only=True):
     active_jobs: int  # jobs not finished yet, waiting ones included
     queued_jobs: int  # of those, waiting for a slot
     uploads_today: int  # image uploads made today (UTC), as the daily cap counts them
+    fallback_models: list[str]  # the default for a job that names none (PATCH /v1/account)
+
+
+class AccountPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `PATCH /v1/account`: the settings an account keeps for itself; unset fields stay as they are."""
+
+    fallback_models: Fallbacks | None = None  # the default for a job that names none; [] for none
 
 
 class LedgerQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -284,9 +303,9 @@ class EndpointIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/webhook-endpoints`."""
 
     url: WebhookUrl  # an https URL of your app
-    # which events it hears; default all four
+    # which events it hears; default all five
     events: Annotated[list[AppEvent], Meta(min_length=1)] = msgspec.field(
-        default_factory=lambda: ["job.completed", "job.failed", "job.canceled", "job.stage"])
+        default_factory=lambda: ["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved"])
     description: Annotated[str, Meta(max_length=200)] = ""  # your own note
 
 
@@ -321,7 +340,7 @@ class AttemptOut(msgspec.Struct, kw_only=True):
 class DeliveryOut(msgspec.Struct, kw_only=True):
     id: str  # its webhook-id header: the same on every attempt
     job_id: str  # the job it tells of
-    event_type: str  # job.completed, job.failed, job.canceled or job.stage
+    event_type: str  # job.completed, job.failed, job.canceled, job.stage or job.moved
     # pending (more attempts to come), delivered, failed (schedule used up) or disabled (410)
     status: Literal["pending", "delivered", "failed", "disabled"]
     next_attempt_at: datetime | None  # when it is tried next, while pending

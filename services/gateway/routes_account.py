@@ -6,9 +6,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from vidjobs.common.credits import Entry
-from vidjobs.gateway import cursor, ratelimit
-from vidjobs.gateway.bodies import AccountOut, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
-from vidjobs.gateway.decoding import read_query
+from vidjobs.gateway import cursor, fallbacks, ratelimit
+from vidjobs.gateway.bodies import AccountOut, AccountPatch, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
+from vidjobs.gateway.decoding import read_json, read_query
 from vidjobs.gateway.errors import ErrorOut, not_found
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
@@ -42,7 +42,18 @@ async def get_account(request: web.Request) -> web.Response:
         active_jobs=state.active_jobs,
         queued_jobs=state.queued_jobs,
         uploads_today=state.uploads_today,
+        fallback_models=found.fallback_models,
     ))
+
+
+async def patch_account(request: web.Request) -> web.Response:
+    """The settings an account keeps for itself; answers the account as GET does."""
+    gw = gateway(request)
+    patch = await read_json(request, AccountPatch, gw.settings.max_body_bytes)
+    if patch.fallback_models is not None:
+        await tenant(request).set_fallback_models(fallbacks.account_default(gw.adapters, gw.settings,
+                                                                            patch.fallback_models))
+    return await get_account(request)
 
 
 def _entry_out(entry: Entry) -> LedgerEntryOut:
@@ -63,6 +74,9 @@ async def get_ledger(request: web.Request) -> web.Response:
 ROUTES = [
     Route("GET", "/v1/account", get_account, "get_account", "The caller's account",
           responses={200: AccountOut, 401: ErrorOut}),
+    Route("PATCH", "/v1/account", patch_account, "update_account",
+          "Change the account's own settings: its default fallback models", body=AccountPatch,
+          responses={200: AccountOut, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
     Route("GET", "/v1/account/ledger", get_ledger, "get_ledger",
           "The account's credit ledger, newest first, keyset pagination", query=LedgerQuery,
           responses={200: LedgerPage, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),

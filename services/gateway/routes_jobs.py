@@ -16,7 +16,7 @@ from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExha
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
-from vidjobs.gateway import cursor, idempotency
+from vidjobs.gateway import cursor, fallbacks, idempotency
 from vidjobs.gateway.appwebhooks import urls
 from vidjobs.gateway.bodies import (
     DEFAULT_JOB_EVENTS,
@@ -77,10 +77,9 @@ def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | N
     return (request if route is None else msgspec.structs.replace(request, model=model)), route
 
 
-async def _create_once(
-    gw: Gateway, owner: Tenant, body: CreateJob, request: JobRequest, key: str | None, route: str | None,
-) -> tuple[OwnedJob, bool]:
+async def _create_once(gw: Gateway, owner: Tenant, checked: Checked, key: str | None) -> tuple[OwnedJob, bool]:
     """(job, created). Credit reservation, the job, and the idempotency key commit together or not at all."""
+    body, request = checked.body, checked.request
     body_hash = idempotency.digest(body)
     ttl_s = gw.settings.idempotency_ttl_s
     async with owner.tx() as conn:
@@ -92,12 +91,15 @@ async def _create_once(
             estimate = ratecard.estimate(card, request)
         except ratecard.Unpriced as err:
             raise invalid(f"model: {err}; choose another model or resolution") from err
+        movable = fallbacks.within_quote(card, request, await _fallbacks(gw, owner, conn, checked), estimate,
+                                         named=checked.fallbacks is not None)
         try:
             created = await jobs.enqueue(conn, account_id=owner.account_id, request=request,
                                          estimated_credits=estimate, recovery_delay_s=gw.settings.recovery_delay_s,
-                                         route=route, rate_card_version=card.version,
+                                         route=checked.route, rate_card_version=card.version,
                                          max_waiting=gw.settings.max_queued_jobs, metadata=body.metadata,
-                                         webhook_url=body.webhook_url, webhook_events=_job_events(body))
+                                         webhook_url=body.webhook_url, webhook_events=_job_events(body),
+                                         fallback_models=movable, max_wait_s=body.max_wait_s)
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         except QueueFull as err:
@@ -108,6 +110,14 @@ async def _create_once(
             await idempotency.remember(conn, owner.account_id, key, body_hash, created.job.id, ttl_s)
         # Its place was counted as it was queued, under the account's lock: no second count.
         return OwnedJob(created.job, created.waiting_ahead + 1), True
+
+
+async def _fallbacks(gw: Gateway, owner: Tenant, conn: asyncpg.Connection, checked: Checked) -> list[str]:
+    """What the job names, else its account's default as it is now (read in the create's transaction)."""
+    if checked.fallbacks is not None:
+        return checked.fallbacks
+    default = await owner.fallback_models(conn)
+    return fallbacks.checked(gw.adapters, gw.settings, checked.request, None, default)
 
 
 async def _replayed(conn: asyncpg.Connection, owner: Tenant, job_id: str) -> OwnedJob:
@@ -122,6 +132,9 @@ class Checked(msgspec.Struct, frozen=True):
     body: CreateJob
     request: JobRequest  # what the provider is asked for, an alias resolved
     route: str | None  # the alias it was chosen through
+    # the real models it names to move to, each able to take `request` (the quote is checked later); None: it
+    # names none, so it takes its account's default
+    fallbacks: list[str] | None
 
 
 async def checked_create(request: web.Request) -> Checked:
@@ -138,19 +151,20 @@ async def checked_create(request: web.Request) -> Checked:
             raise invalid("webhook_url: deliveries to it are signed with your account's webhook secret, and the "
                           "account has none yet: make it first with POST /v1/account/webhook-secret (its answer "
                           "shows it, once)")
-    return Checked(body, job_request, route)
+    named = None if body.fallback_models is None else fallbacks.checked(
+        gw.adapters, gw.settings, job_request, body.fallback_models, [])
+    return Checked(body, job_request, route, named)
 
 
 async def create_job(request: web.Request) -> web.Response:
     gw, owner = gateway(request), tenant(request)
     checked = await checked_create(request)
-    body, job_request, route = checked.body, checked.request, checked.route
     key = idempotency.key_from(request)
     try:
-        job, created = await _create_once(gw, owner, body, job_request, key, route)
+        job, created = await _create_once(gw, owner, checked, key)
     except idempotency.LostRace:
         # The winner has committed by now: answer as a replay of its request.
-        job, created = await _create_once(gw, owner, body, job_request, key, route)
+        job, created = await _create_once(gw, owner, checked, key)
     headers = {"Location": f"/v1/jobs/{job.job.id}"}
     if not created:
         headers["Idempotent-Replayed"] = "true"  # the answer of the request that made the job, again
@@ -160,13 +174,16 @@ async def create_job(request: web.Request) -> web.Response:
 async def estimate_job(request: web.Request) -> web.Response:
     """The create's checks and price, without its writes: nothing is reserved, queued or remembered."""
     owner = tenant(request)
-    job_request = (await checked_create(request)).request
+    checked = await checked_create(request)
+    job_request = checked.request
     card = await owner.rate_card()
     try:
         price = ratecard.price_of(card, job_request.model, job_request.resolution)
     except ratecard.Unpriced as err:
         raise invalid(f"model: {err}; choose another model or resolution") from err
     estimate = ratecard.estimate(card, job_request)
+    if checked.fallbacks is not None:
+        fallbacks.within_quote(card, job_request, checked.fallbacks, estimate, named=True)
     state = await owner.account()
     available = 0 if state is None else state.account.credits_balance - state.account.credits_reserved
     return json_response(EstimateOut(

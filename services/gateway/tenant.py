@@ -155,6 +155,14 @@ class Tenant:
         async with self._rt.tx() as conn:
             yield conn
 
+    async def fallback_models(self, conn: asyncpg.Connection) -> list[str]:
+        """The account's default fallback models, read in the caller's transaction."""
+        return list(await conn.fetchval("SELECT fallback_models FROM accounts WHERE id = $1", self.account_id) or [])
+
+    async def set_fallback_models(self, models: list[str]) -> None:
+        """The account's default fallback models, for its jobs that name none."""
+        await self._rt.pool.execute("UPDATE accounts SET fallback_models = $2 WHERE id = $1", self.account_id, models)
+
     async def rate_card(self) -> ratecard.RateCard:
         """The rate card in force: every account's prices, read here so handlers touch no pool directly."""
         return await ratecard.current(self._rt.pool)

@@ -68,6 +68,7 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
         duration_s=asked.duration_s, aspect_ratio=asked.aspect_ratio, resolution=asked.resolution, seed=asked.seed,
         negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,
-        metadata=job.metadata, started_at=_utc(job.submitted_at), completed_at=_utc(job.completed_at),
+        metadata=job.metadata, fallback_models=job.fallback_models, max_wait_s=job.max_wait_s,
+        started_at=_utc(job.submitted_at), completed_at=_utc(job.completed_at),
         deadline_at=_utc(job.deadline_at), retry_at=_utc(job.retry_at), urls=job_urls(job.id, base_url),
     )

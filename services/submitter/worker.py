@@ -34,7 +34,7 @@ from vidjobs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from vidjobs.providers.registry import adapter_for, build_adapters
 from vidjobs.storage.base import Storage
 from vidjobs.storage.factory import open_storage
-from vidjobs.submitter import dispatch, gauges, limits, submissions
+from vidjobs.submitter import dispatch, failover, gauges, limits, submissions
 from vidjobs.submitter.dispatch import Wait
 from vidjobs.submitter.submissions import Claim
 
@@ -85,6 +85,52 @@ async def sweep_queues(ctx: Context) -> None:
         if await dispatch.has_room(ctx.rt.pool, provider, limits.limits_for(ctx.rt.settings, provider), ttl):
             if (pacing := await fill(ctx, provider)) is not None:
                 log.info("queue sweep met the provider's pacing", extra={"provider": provider, "why": pacing.reason})
+        await sweep_moves(ctx, provider)
+
+
+async def sweep_moves(ctx: Context, provider: str) -> None:
+    """Move a batch of the provider's waiting jobs that have fallbacks: any of them while its breaker holds
+    them back, else those whose estimated start passes their max_wait_s."""
+    why = failover.Why.BREAKER if await limits.breaker_pausing(ctx.rt.pool, provider) else failover.Why.MAX_WAIT
+    for job_id in await failover.movable(ctx.rt.pool, provider, why):
+        job = await jobs.fetch(ctx.rt.pool, job_id)
+        if job is not None:
+            await _maybe_move(ctx, job, why)
+
+
+def _move_reason(wait: Wait) -> failover.Why:
+    return failover.Why.BREAKER if wait.kind == "breaker" else failover.Why.MAX_WAIT
+
+
+async def _estimated_start(ctx: Context, job: JobRow) -> datetime | None:
+    """When the waiting job is estimated to start where it is (p50); None without an estimate."""
+    return None
+
+
+async def _sooner(ctx: Context, conn: asyncpg.Connection, job: JobRow, model: str, start: datetime | None) -> bool:
+    """Whether `model` would start the job before `start`: at once, with a slot free and nobody waiting."""
+    provider = model.split("/", 1)[0]
+    slots = limits.limits_for(ctx.rt.settings, provider).concurrency
+    room = await limits.in_flight(conn, provider, _claim_ttl(ctx)) < slots
+    return room and provider not in await jobs.waiting_providers(conn)
+
+
+async def _maybe_move(ctx: Context, job: JobRow, why: failover.Why) -> bool:
+    """Whether the waiting job moved to one of its fallbacks (failover)."""
+    if not job.fallback_models:
+        return False
+    if why is failover.Why.BREAKER:
+        start, detail = None, f"{job.provider} is unavailable and its submissions are paused"
+    else:
+        start = await _estimated_start(ctx, job)
+        if job.max_wait_until is None or start is None or start <= job.max_wait_until:
+            return False
+        detail = (f"its estimated start, {start:%H:%M:%S} UTC, is past its max_wait_s of {job.max_wait_s} s "
+                  f"({job.max_wait_until:%H:%M:%S} UTC)")
+    async with ctx.rt.tx() as conn:
+        moved = await failover.consider(conn, job.id, frozenset(ctx.adapters), why, detail,
+                                        partial(_sooner, ctx), start)
+    return moved is not None
 
 
 async def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
@@ -171,6 +217,8 @@ async def _serve(ctx: Context, job: JobRow | None) -> Wait | None:
         fair = turn is not None
         if isinstance(turn, Wait):
             WAITS.labels(job.provider, turn.kind).inc()
+            if not turn.pacing and await _maybe_move(ctx, job, _move_reason(turn)):
+                return None  # its message for the fallback went out with the move
             return turn
         if turn is not None:
             picked, claimed = turn
