@@ -125,6 +125,12 @@ def add_commands(sub: argparse._SubParsersAction, epilog: str) -> argparse._SubP
                         help="a provider extra (repeatable); VALUE is JSON where it parses as JSON")
     render.add_argument("--meta", type=_pair, action="append", default=[], metavar="KEY=VALUE",
                         help="a label of your own (repeatable)")
+    render.add_argument("--fallback", action="append", metavar="MODEL", dest="fallbacks",
+                        help="a model to move to while it waits, if its provider is down or the wait passes "
+                             "--max-wait (repeat for more, in order; default: your account's list)")
+    render.add_argument("--no-fallback", action="store_true", help="never move it, whatever your account's default")
+    render.add_argument("--max-wait", type=int, metavar="S",
+                        help="move to a fallback that starts sooner once its estimated start is S seconds away")
     render.add_argument("--idempotency-key", metavar="KEY", help="repeat the command safely: same key, same job")
     render.add_argument("-w", "--wait", action="store_true", help="follow the job until it ends")
     render.add_argument("-o", "--output", metavar="PATH", help="save the video here when ready (implies --wait)")
@@ -175,6 +181,10 @@ def _options(vj: Client, args: argparse.Namespace) -> JobOptions:
         options["params"] = dict(args.param)
     if args.meta:
         options["metadata"] = dict(args.meta)
+    if args.no_fallback or args.fallbacks:
+        options["fallback_models"] = [] if args.no_fallback else list(args.fallbacks)
+    if args.max_wait is not None:
+        options["max_wait_s"] = args.max_wait
     if args.image:
         options["input_image"] = args.image if args.image.startswith("upl_") else _upload(vj, Path(args.image))
     return options

@@ -100,6 +100,9 @@ def job_details(job: Job) -> None:
     rows = [("id", job.id), ("status", f"{job.status} ({job.stage})"), ("model", job.model),
             ("prompt", job.prompt), ("cost", _credits(job)), ("created", _when(job.created_at)),
             ("completed", _when(job.completed_at))]
+    if job.status == "pending" and job.fallback_models:
+        wait = f", after {job.max_wait_s} s of estimated wait" if job.max_wait_s else ""
+        rows.append(("may move to", ", ".join(job.fallback_models) + f" (if its provider is down{wait})"))
     if job.error:
         rows.append(("error", f"{job.error.code}: {job.error.message}"))
     if job.outputs:

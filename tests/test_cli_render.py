@@ -71,9 +71,10 @@ async def test_render_wait_save_and_the_job_commands(settings, tmp_path):
         assert shown[0]["id"] == job["id"] and shown[0]["cost"]["actual_credits"] > 0
 
         from_image = await vidjobs(env, "render", "the frame moves", "--image", str(image), "--param",
-                                   "scenario=hang", "--json")
+                                   "scenario=hang", "--json", "--fallback", "fake-poll/default", "--max-wait", "300")
         started = _json(from_image)[0]
         assert started["input_image"].startswith("upl_") and started["params"] == {"scenario": "hang"}
+        assert (started["fallback_models"], started["max_wait_s"]) == (["fake-poll/default"], 300)
         listed = (await vidjobs(env, "jobs", "list", "--status", "pending,submitted,processing")).stdout
         assert [line.split("\t")[0] for line in listed.splitlines()] == [started["id"]]
         canceled = await vidjobs(env, "jobs", "cancel", started["id"])

@@ -196,6 +196,23 @@ async def test_webhook_secrets_are_made_rotated_and_described_without_showing_th
     assert listed.previous_secret_expires_at is None
 
 
+async def test_fallbacks_are_named_per_job_or_by_the_account(tmp_path, database_url, nats_url):
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as h:
+        _, key = await h.account()
+        async with AsyncClient(h.settings.gateway_url, key) as vj:
+            named = await vj.create_job("fake/default", "a fox", duration_s=1, fallback_models=["fake-poll/default"],
+                                        max_wait_s=120)
+            account = await vj.set_fallback_models(["fake-poll/default"])
+            by_default = await vj.create_job("fake/default", "a fox", duration_s=1)
+            none = await vj.create_job("fake/default", "a fox", duration_s=1, fallback_models=[])
+            with pytest.raises(InvalidRequest, match="fallback_models"):
+                await vj.set_fallback_models(["nowhere/model"])
+
+    assert (named.fallback_models, named.max_wait_s) == (["fake-poll/default"], 120)
+    assert account.fallback_models == ["fake-poll/default"] and by_default.fallback_models == ["fake-poll/default"]
+    assert none.fallback_models == [] and none.max_wait_s is None
+
+
 def test_a_connection_that_cannot_be_made_fails_after_the_policy_s_tries():
     tries: list[str] = []
     hooks = {"request": [lambda req: tries.append(req.url.path)]}

@@ -206,6 +206,10 @@ class AsyncClient:
         """The account: credit, limits in force and jobs under way."""
         return await self._send(calls.account())
 
+    async def set_fallback_models(self, fallback_models: list[str]) -> models.Account:
+        """The account's default fallback models, for its jobs that name none ([] for none)."""
+        return await self._send(calls.set_fallback_models(fallback_models))
+
     async def ledger(self, *, limit: int | None = None, cursor: str | None = None) -> models.LedgerPage:
         """One page of the account's credit ledger, newest first."""
         return await self._send(calls.ledger(limit, cursor))

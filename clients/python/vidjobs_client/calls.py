@@ -144,6 +144,12 @@ def account() -> Call[models.Account]:
     return Call("GET", "/v1/account", models.Account)
 
 
+def set_fallback_models(fallback_models: list[str]) -> Call[models.Account]:
+    # Setting the same list twice leaves the same account: safe to repeat.
+    return Call("PATCH", "/v1/account", models.Account, body=_json({"fallback_models": fallback_models}),
+                headers={"Content-Type": "application/json"})
+
+
 def ledger(limit: int | None = None, cursor: str | None = None) -> Call[models.LedgerPage]:
     query: Query = [("limit", str(limit))] if limit else []
     return Call("GET", "/v1/account/ledger", models.LedgerPage, query=query + ([("cursor", cursor)] if cursor else []))

@@ -199,6 +199,10 @@ class Client:
         """The account: credit, limits in force and jobs under way."""
         return self._send(calls.account())
 
+    def set_fallback_models(self, fallback_models: list[str]) -> models.Account:
+        """The account's default fallback models, for its jobs that name none ([] for none)."""
+        return self._send(calls.set_fallback_models(fallback_models))
+
     def ledger(self, *, limit: int | None = None, cursor: str | None = None) -> models.LedgerPage:
         """One page of the account's credit ledger, newest first."""
         return self._send(calls.ledger(limit, cursor))

@@ -77,6 +77,8 @@ class Job(_Model, kw_only=True):
     input_image: str | None = None
     params: dict[str, Any] = {}
     metadata: dict[str, str] = {}
+    fallback_models: list[str] = []  # where it may still move while it waits
+    max_wait_s: int | None = None
     started_at: datetime | None = None
     completed_at: datetime | None = None
     deadline_at: datetime | None = None
@@ -151,6 +153,7 @@ class Account(_Model, kw_only=True):
     active_jobs: int
     queued_jobs: int
     uploads_today: int
+    fallback_models: list[str] = []  # the default for a job that names none
 
 
 class LedgerEntry(_Model, kw_only=True):
@@ -272,6 +275,8 @@ class JobOptions(TypedDict, total=False):
     metadata: dict[str, str]
     webhook_url: str | None
     webhook_events: list[str] | None
+    fallback_models: list[str] | None  # where it may move while it waits; unset: the account's default
+    max_wait_s: int | None  # past this wait (estimated), it moves to a fallback that starts sooner
 
 
 class ListFilter(TypedDict, total=False):
