@@ -76,7 +76,7 @@ ROUTES = [
           responses={200: AccountOut, 401: ErrorOut}),
     Route("PATCH", "/v1/account", patch_account, "update_account",
           "Change the account's own settings: its default fallback models", body=AccountPatch,
-          responses={200: AccountOut, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
+          responses={200: AccountOut, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut}),
     Route("GET", "/v1/account/ledger", get_ledger, "get_ledger",
           "The account's credit ledger, newest first, keyset pagination", query=LedgerQuery,
           responses={200: LedgerPage, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
