@@ -125,6 +125,8 @@ def add_commands(sub: argparse._SubParsersAction, epilog: str) -> argparse._SubP
                         help="a provider extra (repeatable); VALUE is JSON where it parses as JSON")
     render.add_argument("--meta", type=_pair, action="append", default=[], metavar="KEY=VALUE",
                         help="a label of your own (repeatable)")
+    render.add_argument("--batch", action="store_true",
+                        help="queue it behind your waiting interactive jobs (for work nobody is waiting on)")
     render.add_argument("--idempotency-key", metavar="KEY", help="repeat the command safely: same key, same job")
     render.add_argument("-w", "--wait", action="store_true", help="follow the job until it ends")
     render.add_argument("-o", "--output", metavar="PATH", help="save the video here when ready (implies --wait)")
@@ -175,6 +177,8 @@ def _options(vj: Client, args: argparse.Namespace) -> JobOptions:
         options["params"] = dict(args.param)
     if args.meta:
         options["metadata"] = dict(args.meta)
+    if args.batch:
+        options["priority"] = "batch"
     if args.image:
         options["input_image"] = args.image if args.image.startswith("upl_") else _upload(vj, Path(args.image))
     return options

@@ -100,6 +100,8 @@ def job_details(job: Job) -> None:
     rows = [("id", job.id), ("status", f"{job.status} ({job.stage})"), ("model", job.model),
             ("prompt", job.prompt), ("cost", _credits(job)), ("created", _when(job.created_at)),
             ("completed", _when(job.completed_at))]
+    if job.priority != "interactive":  # the default lane goes without saying
+        rows.insert(2, ("priority", job.priority))
     if job.error:
         rows.append(("error", f"{job.error.code}: {job.error.message}"))
     if job.outputs:

@@ -38,6 +38,8 @@ Metadata = Annotated[dict[MetadataKey, Annotated[str, Meta(max_length=256)]], Me
                 "most 256 characters; returned with the job and filterable in GET /v1/jobs")]
 AspectRatio = Literal["16:9", "9:16", "1:1"]
 Resolution = Literal["480p", "720p", "1080p"]
+# The job's lane in its account's queue (libs/common/jobs.py Lane): the names of Lane's members.
+Priority = Literal["interactive", "batch"]
 
 
 class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -60,11 +62,13 @@ class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     webhook_url: WebhookUrl | None = None
     # which events go to webhook_url; default job.completed, job.failed, job.canceled
     webhook_events: Annotated[list[AppEvent], Meta(min_length=1)] | None = None
+    # default interactive; batch starts after your waiting interactive jobs (other accounts' turns are unchanged)
+    priority: Priority = "interactive"
 
     def to_request(self) -> JobRequest:
-        """What the provider is asked for; metadata and webhooks are ours alone."""
+        """What the provider is asked for; metadata, webhooks and the lane are ours alone."""
         fields = msgspec.to_builtins(self)
-        for own in ("metadata", "webhook_url", "webhook_events"):
+        for own in ("metadata", "webhook_url", "webhook_events", "priority"):
             del fields[own]
         return msgspec.convert(fields, JobRequest)
 
@@ -111,8 +115,10 @@ class JobOut(msgspec.Struct, kw_only=True):
     created_at: datetime  # when it was created
     updated_at: datetime  # when anything about it last changed
     attempt: int  # which render attempt (a transient failure is retried as a new one)
-    queue_position: int | None  # its place among the account's waiting jobs while it waits, or in the provider's queue
+    # its place among the account's waiting jobs while it waits (interactive before batch), or in the provider's queue
+    queue_position: int | None
     queue_reason: str | None  # why a queued job is not submitted yet (a paused or busy provider)
+    priority: Priority  # its lane: the account's waiting interactive jobs are numbered and started before batch ones
     progress: float | None  # the provider's own progress figure, 0-1, where it gives one
     error: JobError | None  # why it failed; null unless it did
     outputs: JobOutputs | None  # the stored render; null until it is ready

@@ -7,7 +7,7 @@ server. Statuses are plain strings for the same reason; `TERMINAL` names the one
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import msgspec
 
@@ -65,6 +65,7 @@ class Job(_Model, kw_only=True):
     attempt: int = 1
     queue_position: int | None = None
     queue_reason: str | None = None
+    priority: str = "interactive"  # or "batch": the account's waiting interactive jobs start first
     progress: float | None = None
     error: JobError | None = None
     outputs: Outputs | None = None
@@ -272,6 +273,7 @@ class JobOptions(TypedDict, total=False):
     metadata: dict[str, str]
     webhook_url: str | None
     webhook_events: list[str] | None
+    priority: Literal["interactive", "batch"]  # batch: after the account's waiting interactive jobs
 
 
 class ListFilter(TypedDict, total=False):
