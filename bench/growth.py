@@ -164,7 +164,7 @@ async def operations(conn: asyncpg.Connection) -> dict[str, Operation]:
         "job GET (waiting, with its place)": lambda c: c.fetchrow(tenant._ONE_JOB, waiting.id, HEAVY),
         "list page (newest 20)": lambda c: page(c, None),
         "list page (halfway down)": lambda c: page(c, (middle["created_at"], middle["id"])),
-        "queue count at create": lambda c: jobs.waiting(c, HEAVY),
+        "queue count at create": lambda c: jobs.queue_count(c, HEAVY, jobs.Lane.INTERACTIVE),
         "due-poll scan": rolled_back(lambda c: schedule.take_due(c, 100)),
         "recovery sweep": lambda c: c.fetch(sweep.OVERDUE_SQL, sweep.OVERDUE_S, 500),
         "retention sweep": rolled_back(lambda c: c.fetch(retention._DUE, 30 * 86400.0, retention.BATCH)),

@@ -131,6 +131,8 @@ def add_commands(sub: argparse._SubParsersAction, epilog: str) -> argparse._SubP
     render.add_argument("--no-fallback", action="store_true", help="never move it, whatever your account's default")
     render.add_argument("--max-wait", type=int, metavar="S",
                         help="move to a fallback that starts sooner once its estimated start is S seconds away")
+    render.add_argument("--batch", action="store_true",
+                        help="queue it behind your waiting interactive jobs (for work nobody is waiting on)")
     render.add_argument("--idempotency-key", metavar="KEY", help="repeat the command safely: same key, same job")
     render.add_argument("-w", "--wait", action="store_true", help="follow the job until it ends")
     render.add_argument("-o", "--output", metavar="PATH", help="save the video here when ready (implies --wait)")
@@ -185,6 +187,8 @@ def _options(vj: Client, args: argparse.Namespace) -> JobOptions:
         options["fallback_models"] = [] if args.no_fallback else list(args.fallbacks)
     if args.max_wait is not None:
         options["max_wait_s"] = args.max_wait
+    if args.batch:
+        options["priority"] = "batch"
     if args.image:
         options["input_image"] = args.image if args.image.startswith("upl_") else _upload(vj, Path(args.image))
     return options

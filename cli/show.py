@@ -103,6 +103,8 @@ def job_details(job: Job) -> None:
     if job.status == "pending" and job.fallback_models:
         wait = f", after {job.max_wait_s} s of estimated wait" if job.max_wait_s else ""
         rows.append(("may move to", ", ".join(job.fallback_models) + f" (if its provider is down{wait})"))
+    if job.priority != "interactive":  # the default lane goes without saying
+        rows.insert(2, ("priority", job.priority))
     if job.error:
         rows.append(("error", f"{job.error.code}: {job.error.message}"))
     if job.outputs:

@@ -71,10 +71,15 @@ async def test_render_wait_save_and_the_job_commands(settings, tmp_path):
         assert shown[0]["id"] == job["id"] and shown[0]["cost"]["actual_credits"] > 0
 
         from_image = await vidjobs(env, "render", "the frame moves", "--image", str(image), "--param",
-                                   "scenario=hang", "--json", "--fallback", "fake-poll/default", "--max-wait", "300")
+                                   "scenario=hang", "--batch", "--json", "--fallback", "fake-poll/default",
+                                   "--max-wait", "300")
         started = _json(from_image)[0]
         assert started["input_image"].startswith("upl_") and started["params"] == {"scenario": "hang"}
         assert (started["fallback_models"], started["max_wait_s"]) == (["fake-poll/default"], 300)
+        assert started["priority"] == "batch" and job["priority"] == "interactive"
+        # `jobs show` names the lane when it is not the default one.
+        lanes = [(await vidjobs(env, "jobs", "show", j["id"])).stdout for j in (started, job)]
+        assert re.search(r"priority\s+batch", lanes[0]) and "priority" not in lanes[1], lanes
         listed = (await vidjobs(env, "jobs", "list", "--status", "pending,submitted,processing")).stdout
         assert [line.split("\t")[0] for line in listed.splitlines()] == [started["id"]]
         canceled = await vidjobs(env, "jobs", "cancel", started["id"])

@@ -160,8 +160,10 @@ async def test_pages_filters_and_uploads(settings, tmp_path):
         upload = await vj.upload(image)
         assert upload.id.startswith("upl_") and upload.content_type == "image/png" and upload.width == 64
         made = [await vj.create_job("fake/default", f"fox {i}", duration_s=1, input_image=upload.id if i == 0 else None,
-                                    params={"scenario": "hang"}, metadata={"batch": "b1"}) for i in range(5)]
+                                    params={"scenario": "hang"}, metadata={"batch": "b1"},
+                                    priority="batch" if i == 4 else "interactive") for i in range(5)]
         assert made[0].input_image == upload.id
+        assert [job.priority for job in made] == ["interactive"] * 4 + ["batch"]
         listed = [job.id async for job in vj.iter_jobs(limit=2, metadata={"batch": "b1"})]
         assert listed == [job.id for job in reversed(made)]
         page = await vj.list_jobs(limit=2, status=["pending", "submitted", "processing"])

@@ -11,9 +11,10 @@ import pytest
 from tests.test_gateway_harness import JOB_BODY, assert_error, auth, drive, gateway_settings, running_gateway
 from vidjobs.common.states import JobStatus
 
-# Every field API.md names, plus `queue_reason` (why a queued job waits), added in the same style.
+# Every field API.md names, plus `queue_reason` (why a queued job waits) and `priority` (its lane), added in the
+# same style.
 API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
-                "queue_reason", "progress", "error", "outputs", "cost",
+                "queue_reason", "priority", "progress", "error", "outputs", "cost",
                 # beside what API.md names: the request echoed, the job's times, links and metadata
                 "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image", "params",
                 "metadata", "fallback_models", "max_wait_s", "started_at", "completed_at", "deadline_at", "retry_at",
@@ -37,6 +38,7 @@ async def test_create_answers_201_with_the_job_and_reserves_its_credit(h):
     assert job["model"] == "fake/default" and job["prompt"] == JOB_BODY["prompt"] and job["attempt"] == 1
     assert job["outputs"] is None and job["error"] is None
     assert job["queue_position"] == 1  # the account's only waiting job
+    assert job["priority"] == "interactive"  # the default lane
     assert job["cost"] == {"estimated_credits": 50, "actual_credits": None}
     assert job["created_at"].endswith("Z")
     status, account = await h.get(key, "/v1/account")
@@ -77,6 +79,7 @@ async def test_1080p_costs_more(h):
     ({"duration_s": "5"}, 422, "duration_s"),
     ({"aspect_ratio": "2:1"}, 422, "aspect_ratio"),
     ({"resolution": "4k"}, 422, "resolution"),
+    ({"priority": "urgent"}, 422, "priority"),
     ({"seed": -1}, 422, "seed"),
     ({"negative_prompt": 3}, 422, "negative_prompt"),
     ({"input_image": "http://example.com/cat.png"}, 422, "input_image"),

@@ -83,7 +83,7 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
     assert set(schemas["JobOut"]["properties"]) == API_JOB_KEYS
     assert set(schemas["CreateJob"]["properties"]) == {
         "model", "prompt", "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image",
-        "params", "metadata", "webhook_url", "webhook_events", "fallback_models", "max_wait_s"}
+        "params", "metadata", "webhook_url", "webhook_events", "fallback_models", "max_wait_s", "priority"}
     assert set(schemas["ErrorBody"]["properties"]) == {"code", "message", "retryable", "request_id"}
     undescribed = [f"{name}.{field}" for name, schema in schemas.items()
                    for field, prop in schema.get("properties", {}).items()

@@ -67,8 +67,9 @@ def note(job_id: str, status: str, at: datetime) -> None:
 
 
 def note_queue(account_id: str) -> None:
-    """Record that a job of `account_id` left its queue, so the places of the jobs behind it moved: their
-    event streams reread them on this one hint rather than each on a timer. Sent like `note`'s hints."""
+    """Record that a job of `account_id` left its queue, or joined it ahead of jobs of a later lane, so the
+    places of the jobs behind it moved: their event streams reread them on this one hint rather than each on
+    a timer. Sent like `note`'s hints."""
     pending = _pending.get()
     if pending is None:
         log.warning("queue change noted outside after_commit(); no hint sent", extra={"account_id": account_id})

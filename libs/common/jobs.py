@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -46,6 +47,24 @@ class JobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.model.split("/", 1)[1]
 
 
+class Lane(enum.IntEnum):
+    """A job's lane in its account's queue (`priority` in the API): the account's waiting interactive jobs go
+    ahead of its waiting batch ones. Stored as this number, so that index order is lane order; the order
+    across accounts (the submitter's fair pick) never looks at it."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+    @property
+    def priority(self) -> str:
+        """The lane's name in the API."""
+        return self.name.lower()
+
+    @classmethod
+    def of(cls, priority: str) -> Lane:
+        return cls[priority.upper()]
+
+
 class JobRow(msgspec.Struct, kw_only=True):
     id: str
     account_id: str
@@ -82,6 +101,7 @@ class JobRow(msgspec.Struct, kw_only=True):
     fallback_models: list[str] = []  # where it may move while it waits, in order (services/submitter/failover.py)
     max_wait_s: int | None = None  # the owner's limit on waiting for a slot
     max_wait_until: datetime | None = None  # created_at + max_wait_s
+    lane: Lane = Lane.INTERACTIVE  # its lane in its account's queue
 
     @property
     def finished(self) -> bool:
@@ -102,7 +122,7 @@ async def fetch(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRow 
 
 class Created(NamedTuple):
     job: JobRow
-    waiting_ahead: int  # the account's jobs already waiting when it was queued: its place is this + 1
+    waiting_ahead: int  # the account's jobs it was queued behind (its lane and those before): its place is this + 1
 
 
 async def create(conn: asyncpg.Connection, **options: Any) -> JobRow:
@@ -115,6 +135,7 @@ async def enqueue(
     recovery_delay_s: float, route: str | None = None, rate_card_version: int | None = None,
     max_waiting: int | None = None, metadata: dict[str, str] | None = None, webhook_url: str | None = None,
     webhook_events: list[str] | None = None, fallback_models: list[str] | None = None, max_wait_s: int | None = None,
+    lane: Lane = Lane.INTERACTIVE,
 ) -> Created:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
     first recovery check. Raises QuotaExhausted (and creates nothing) when the account's credit or
@@ -126,31 +147,34 @@ async def enqueue(
     job_id = ids.new("job")
     await credits.reserve(conn, account_id=account_id, job_id=job_id, amount=estimated_credits)
     # Counted under the account row's lock, which `reserve` took: racing creates are decided one at a time,
-    # and the count is also the new job's place in the queue.
-    ahead = await waiting(conn, account_id)
-    if max_waiting is not None and ahead >= max_waiting:
+    # and the jobs counted ahead of the new one give its place in the queue.
+    queue = await queue_count(conn, account_id, lane)
+    if max_waiting is not None and queue.waiting >= max_waiting:
         raise QueueFull(max_waiting)
     row = await conn.fetchrow(
         """
         INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
                           rate_card_version, request_id, metadata, webhook_url, webhook_events, fallback_models,
-                          max_wait_s, max_wait_until)
+                          max_wait_s, max_wait_until, lane)
         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11, $12, $13, $14,
-                $15::integer, now() + make_interval(secs => $15::integer))
+                $15::integer, now() + make_interval(secs => $15::integer), $16)
         RETURNING *
         """,
         job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
         estimated_credits, recovery_delay_s, route, rate_card_version, requestids.current(), metadata or {},
-        webhook_url, webhook_events, fallback_models or [], max_wait_s,
+        webhook_url, webhook_events, fallback_models or [], max_wait_s, lane,
     )
     job = row_to_job(row)
     await conn.execute(
         "INSERT INTO job_transitions (job_id, from_status, to_status, reason) VALUES ($1, NULL, $2, $3)",
         job_id, JobStatus.PENDING.value, "created",
     )
-    # No change hint: nothing can be listening for a job whose id has not been answered yet.
+    # No change hint for the job: nothing can be listening for a job whose id has not been answered yet. The
+    # jobs of later lanes it went ahead of moved back a place: their streams hear it as a queue move.
+    if queue.waiting > queue.ahead:
+        changes.note_queue(account_id)
     await outbox.add(conn, [JobQueued(job_id=job_id), RecoveryDue(job_id=job_id, due_at=job.recover_at)])
-    return Created(job, ahead)
+    return Created(job, queue.ahead)
 
 
 # Providers with a waiting job: a skip scan of jobs_provider_waiting, one index probe per provider however
@@ -187,23 +211,35 @@ async def slot_wakeup(conn: asyncpg.Connection, provider: str, account_id: str |
     return [SlotFreed(provider=r["provider"]) for r in found]
 
 
-async def waiting(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
-    """How many of the account's jobs wait for a slot (the partial index jobs_account_waiting)."""
-    return await conn.fetchval(
-        f"SELECT count(*) FROM jobs WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL",
-        account_id)
+class QueueCount(NamedTuple):
+    waiting: int  # all the account's jobs waiting for a slot
+    ahead: int  # of those, the ones in `lane` or a lane before it: a job queued now in `lane` comes after them
 
 
-def queue_place_sql(account: str, created_at: str, job_id: str, up_to: str = "ALL") -> str:
-    """SQL for a waiting job's place in its account's queue (1 is next): the account's waiting jobs created no
-    later than it, in (created_at, id) order, counted no further than `up_to`. The one definition the gateway
-    shows and the submitter acts on; the index jobs_account_waiting is read from the front, so the cost is the
-    smaller of the place and `up_to`."""
+_QUEUE_COUNT = f"""
+SELECT count(*) AS waiting, count(*) FILTER (WHERE lane <= $2) AS ahead FROM jobs
+WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL
+"""
+
+
+async def queue_count(conn: asyncpg.Connection | asyncpg.Pool, account_id: str, lane: Lane) -> QueueCount:
+    """How many of the account's jobs wait for a slot, and how many a new job in `lane` would queue behind
+    (the partial index jobs_account_waiting alone)."""
+    row = await conn.fetchrow(_QUEUE_COUNT, account_id, lane)
+    return QueueCount(row["waiting"], row["ahead"])
+
+
+def queue_place_sql(account: str, lane: str, created_at: str, job_id: str, up_to: str = "ALL") -> str:
+    """SQL for a waiting job's place in its account's queue (1 is next): the account's waiting jobs before it
+    or it, in (lane, created_at, id) order (interactive ahead of batch, then oldest first), counted no further
+    than `up_to`. The one definition the gateway shows and the submitter acts on (dispatch's choice of an
+    account's head follows the same order); the index jobs_account_waiting is read from the front, so the
+    cost is the smaller of the place and `up_to`."""
     return f"""(SELECT count(*) FROM (
         SELECT 1 FROM jobs w
         WHERE w.account_id = {account} AND w.status = {SQL_PENDING} AND w.deleted_at IS NULL
-          AND (w.created_at, w.id) <= ({created_at}, {job_id})
-        ORDER BY w.created_at, w.id LIMIT {up_to}) AS ahead)"""
+          AND (w.lane, w.created_at, w.id) <= ({lane}, {created_at}, {job_id})
+        ORDER BY w.lane, w.created_at, w.id LIMIT {up_to}) AS ahead)"""
 
 
 def owed_sql(delivered: str, rendered: str = "false") -> str:

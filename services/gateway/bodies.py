@@ -44,6 +44,8 @@ Fallbacks = Annotated[list[Model], Meta(
     max_length=MAX_FALLBACKS,
     description="models to move to, in order, while the job waits: when its provider is unavailable, or its "
                 "estimated start is later than max_wait_s; each must render this request at no more than its quote")]
+# The job's lane in its account's queue (libs/common/jobs.py Lane): the names of Lane's members.
+Priority = Literal["interactive", "batch"]
 
 
 class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -70,11 +72,13 @@ class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     fallback_models: Fallbacks | None = None
     # the longest it should wait for a slot: past it (by the estimate), it moves to a fallback that starts sooner
     max_wait_s: Annotated[int, Meta(ge=1, le=MAX_WAIT_LIMIT_S)] | None = None
+    # default interactive; batch starts after your waiting interactive jobs (other accounts' turns are unchanged)
+    priority: Priority = "interactive"
 
     def to_request(self) -> JobRequest:
-        """What the provider is asked for; metadata, webhooks and where it may move are ours alone."""
+        """What the provider is asked for; metadata, webhooks, where it may move and the lane are ours alone."""
         fields = msgspec.to_builtins(self)
-        for own in ("metadata", "webhook_url", "webhook_events", "fallback_models", "max_wait_s"):
+        for own in ("metadata", "webhook_url", "webhook_events", "fallback_models", "max_wait_s", "priority"):
             del fields[own]
         return msgspec.convert(fields, JobRequest)
 
@@ -121,8 +125,10 @@ class JobOut(msgspec.Struct, kw_only=True):
     created_at: datetime  # when it was created
     updated_at: datetime  # when anything about it last changed
     attempt: int  # which render attempt (a transient failure is retried as a new one)
-    queue_position: int | None  # its place among the account's waiting jobs while it waits, or in the provider's queue
+    # its place among the account's waiting jobs while it waits (interactive before batch), or in the provider's queue
+    queue_position: int | None
     queue_reason: str | None  # why a queued job is not submitted yet (a paused or busy provider)
+    priority: Priority  # its lane: the account's waiting interactive jobs are numbered and started before batch ones
     progress: float | None  # the provider's own progress figure, 0-1, where it gives one
     error: JobError | None  # why it failed; null unless it did
     outputs: JobOutputs | None  # the stored render; null until it is ready

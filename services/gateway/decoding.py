@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 import msgspec
+import msgspec.inspect
 from aiohttp import web
 
 from vidjobs.gateway.errors import ApiError, GatewayCode, invalid
@@ -24,8 +25,22 @@ _PATTERN_HINTS = {
 }
 
 
-def field_message(exc: msgspec.ValidationError) -> str:
-    """`Expected int <= 60 - at $.duration_s` becomes `duration_s: Expected int <= 60`."""
+def choices(kind: type, name: str) -> tuple[str, ...] | None:
+    """The values a field of `kind` that takes one of a fixed few may hold (a Literal, or one or none)."""
+    info = msgspec.inspect.type_info(kind)
+    for field in info.fields if isinstance(info, msgspec.inspect.StructType) else ():
+        if field.encode_name != name:
+            continue
+        options = field.type.types if isinstance(field.type, msgspec.inspect.UnionType) else (field.type,)
+        for option in options:
+            if isinstance(option, msgspec.inspect.LiteralType):
+                return tuple(str(value) for value in option.values)
+    return None
+
+
+def field_message(exc: msgspec.ValidationError, kind: type | None = None) -> str:
+    """`Expected int <= 60 - at $.duration_s` becomes `duration_s: Expected int <= 60`; a field of `kind` that
+    takes one of a fixed few values is answered with them."""
     text = str(exc)
     head, sep, tail = text.rpartition(" - at `$")
     if not sep:
@@ -33,6 +48,8 @@ def field_message(exc: msgspec.ValidationError) -> str:
     path = tail.rstrip("`").lstrip(".")
     if "matching regex" in head and path in _PATTERN_HINTS:
         head = _PATTERN_HINTS[path]
+    elif kind is not None and (allowed := choices(kind, path)):
+        head = f"{head}; use one of {', '.join(allowed)}"
     return f"{path}: {head}"
 
 
@@ -67,7 +84,7 @@ async def read_json(request: web.Request, kind: type[T], max_bytes: int) -> T:
     try:
         decoded = msgspec.json.decode(raw, type=kind)
     except msgspec.ValidationError as exc:
-        raise invalid(field_message(exc)) from exc
+        raise invalid(field_message(exc, kind)) from exc
     except msgspec.DecodeError as exc:
         raise invalid(f"body is not valid JSON: {exc}", status=400) from exc
     if b"\\u0000" in raw and (where := nul_in(msgspec.to_builtins(decoded))) is not None:
@@ -103,4 +120,4 @@ def read_query(query: Mapping[str, str], kind: type[T]) -> T:
     try:
         return msgspec.convert(dict(query), kind, strict=False)
     except msgspec.ValidationError as exc:
-        raise invalid(field_message(exc)) from exc
+        raise invalid(field_message(exc, kind)) from exc

@@ -38,10 +38,20 @@ def key_from(request: web.Request) -> str | None:
     return key
 
 
+# Fields CreateJob gained after keys were first stored, with their defaults. At its default such a field is
+# left out of the hash, so a key stored before the field existed replays the same request after an upgrade
+# rather than answering 409; any other value is part of the request like every field.
+_ADDED_LATER: dict[str, object] = {"priority": "interactive", "fallback_models": None, "max_wait_s": None}
+
+
 def digest(body: CreateJob) -> bytes:
     """A hash of the body as decoded, with defaults filled in and keys sorted: the same request written in
     another key order, or with a default spelled out, is the same request."""
-    return hashlib.sha256(msgspec.json.encode(body, order="sorted")).digest()
+    fields = msgspec.to_builtins(body)
+    for name, default in _ADDED_LATER.items():
+        if fields.get(name) == default:
+            del fields[name]
+    return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).digest()
 
 
 async def previous(

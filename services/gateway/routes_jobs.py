@@ -13,7 +13,7 @@ from aiohttp import web
 
 from vidjobs.common import jobs, ratecard
 from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
-from vidjobs.common.jobs import JobRequest
+from vidjobs.common.jobs import JobRequest, Lane
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.gateway import cursor, fallbacks, idempotency
@@ -99,7 +99,8 @@ async def _create_once(gw: Gateway, owner: Tenant, checked: Checked, key: str | 
                                          route=checked.route, rate_card_version=card.version,
                                          max_waiting=gw.settings.max_queued_jobs, metadata=body.metadata,
                                          webhook_url=body.webhook_url, webhook_events=_job_events(body),
-                                         fallback_models=movable, max_wait_s=body.max_wait_s)
+                                         fallback_models=movable, max_wait_s=body.max_wait_s,
+                                         lane=Lane.of(body.priority))
         except QuotaExhausted as err:
             raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
         except QueueFull as err:

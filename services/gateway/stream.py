@@ -3,10 +3,10 @@
 A change notification only says "look again": the stream rereads the job (through the caller's Tenant),
 exactly like every other consumer, so a lost or repeated notification cannot show a wrong state. A slow
 reread at every keepalive covers notifications that never arrive (core NATS delivers at most once). A
-waiting job's place moves when another job of its account leaves the queue: that move sends one hint for
-the account's queue (changes.note_queue), which the streams of its waiting jobs listen for, so a waiting
-job is reread when its place may have moved and not on a timer of its own; it is sent only when what it
-shows has changed.
+waiting job's place moves when another job of its account leaves the queue, or an interactive one joins
+ahead of a batch one (lanes): that move sends one hint for the account's queue (changes.note_queue), which
+the streams of its waiting jobs listen for, so a waiting job is reread when its place may have moved and
+not on a timer of its own; it is sent only when what it shows has changed.
 """
 
 from __future__ import annotations

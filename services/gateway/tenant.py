@@ -53,7 +53,7 @@ class AccountState(msgspec.Struct, frozen=True, kw_only=True):
 # A waiting job's place: libs/common/jobs.py queue_place_sql, the one definition of it.
 _ONE_JOB = f"""
 SELECT j.*,
-       CASE WHEN j.status = {SQL_PENDING} THEN {jobs.queue_place_sql("$2", "j.created_at", "j.id")}
+       CASE WHEN j.status = {SQL_PENDING} THEN {jobs.queue_place_sql("$2", "j.lane", "j.created_at", "j.id")}
        END AS waiting_position,
        {renders.outputs_sql("j.id")} AS outputs
 FROM jobs j
@@ -68,7 +68,7 @@ WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 # jobs_metadata (GIN, containment) with a metadata filter.
 _JOB_PAGE = f"""
 WITH waiting AS MATERIALIZED (
-    SELECT id, row_number() OVER (ORDER BY created_at, id) AS position
+    SELECT id, row_number() OVER (ORDER BY lane, created_at, id) AS position
     FROM jobs WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL
 )
 SELECT j.*, w.position AS waiting_position, {renders.outputs_sql("j.id")} AS outputs

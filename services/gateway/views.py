@@ -33,8 +33,8 @@ def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retent
 
 
 def queue_position(job: JobRow, waiting_position: int | None) -> int | None:
-    """A waiting job's place among its account's waiting jobs; once submitted, its place in the provider's
-    own queue where the provider reports one (fal does); otherwise none."""
+    """A waiting job's place among its account's waiting jobs (interactive ones first); once submitted, its
+    place in the provider's own queue where the provider reports one (fal does); otherwise none."""
     if job.status is JobStatus.PENDING:
         return waiting_position
     if job.status is JobStatus.SUBMITTED:
@@ -63,6 +63,7 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=asked.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
         attempt=job.attempt, queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
+        priority=job.lane.priority,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs is not None else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),

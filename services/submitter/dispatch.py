@@ -3,8 +3,10 @@
 A free provider slot is not given to whichever message happens to arrive; it goes to the fair head of that
 provider's queue: among accounts with a waiting job and room under their own cap, the one with the fewest
 renders in flight (on this provider, then overall), then the one whose last turn is longest ago (round
-robin), and its oldest waiting job. So an account with a thousand queued jobs holds back another account's
-first job by at most the one slot being handed out.
+robin), and its head: its oldest waiting interactive job, else its oldest waiting batch job (lanes,
+jobs.Lane). So an account with a thousand queued jobs holds back another account's first job by at most the
+one slot being handed out. Lanes order an account's own jobs only: which account goes next never looks at
+them, so an account's batch job takes its turn in the round robin however many interactive jobs others have.
 
 A job's own message (its create, its retry) and every event that frees a slot (a render ending, a breaker
 closing, the switch resumed, the queue sweep) are the occasions to hand out the provider's free slots: the
@@ -99,19 +101,21 @@ waiting AS (        -- accounts with a job waiting for this provider: a skip sca
             ORDER BY j.account_id LIMIT 1)
     FROM waiting w WHERE w.account_id IS NOT NULL
 ),
-heads AS (          -- each account's oldest job waiting for this provider that nobody is submitting
+heads AS (          -- each account's first job waiting for this provider that nobody is submitting: its
+                    -- queue's order (jobs.queue_place_sql), interactive lane first, read from the index's front
     SELECT h.id, w.account_id, h.created_at
     FROM waiting w CROSS JOIN LATERAL (
         SELECT j.id, j.created_at FROM jobs j
         WHERE j.provider = $1 AND j.account_id = w.account_id AND j.status = {SQL_PENDING} AND j.deleted_at IS NULL
           AND NOT EXISTS (SELECT 1 FROM calling c WHERE c.job_id = j.id AND c.attempt = j.attempt)
-        ORDER BY j.created_at, j.id LIMIT 1) AS h
+        ORDER BY j.lane, j.created_at, j.id LIMIT 1) AS h
     WHERE w.account_id IS NOT NULL
 )
 SELECT h.id AS job_id, h.account_id
 FROM heads h JOIN accounts a ON a.id = h.account_id LEFT JOIN busy b ON b.account_id = h.account_id
     LEFT JOIN account_turns t ON t.account_id = h.account_id
 WHERE COALESCE(b.total, 0) < a.concurrent_jobs
+-- Which account: by what it has in flight and its last turn, never by the lane of its head.
 ORDER BY COALESCE(b.here, 0), COALESCE(b.total, 0), t.last_turn_at NULLS FIRST, h.created_at, h.id
 LIMIT 1
 """

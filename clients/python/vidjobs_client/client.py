@@ -66,7 +66,7 @@ class Client:
     def create_job(self, model: str, prompt: str, *, idempotency_key: str | None = None,
                    **options: Unpack[models.JobOptions]) -> models.Job:
         """Create a render job. An idempotency key is generated unless given, so a retried create never
-        makes a second job."""
+        makes a second job. `priority="batch"` queues it behind the account's waiting interactive jobs."""
         return self._send(calls.create_job(model, prompt, options, idempotency_key))
 
     def estimate(self, model: str, prompt: str, **options: Unpack[models.JobOptions]) -> models.Estimate:

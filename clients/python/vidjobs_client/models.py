@@ -7,7 +7,7 @@ server. Statuses are plain strings for the same reason; `TERMINAL` names the one
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import msgspec
 
@@ -65,6 +65,7 @@ class Job(_Model, kw_only=True):
     attempt: int = 1
     queue_position: int | None = None
     queue_reason: str | None = None
+    priority: str = "interactive"  # or "batch": the account's waiting interactive jobs start first
     progress: float | None = None
     error: JobError | None = None
     outputs: Outputs | None = None
@@ -277,6 +278,7 @@ class JobOptions(TypedDict, total=False):
     webhook_events: list[str] | None
     fallback_models: list[str] | None  # where it may move while it waits; unset: the account's default
     max_wait_s: int | None  # past this wait (estimated), it moves to a fallback that starts sooner
+    priority: Literal["interactive", "batch"]  # batch: after the account's waiting interactive jobs
 
 
 class ListFilter(TypedDict, total=False):

@@ -211,6 +211,7 @@ function renderStages(job) {
 function statusLine(job) {
   const parts = [`${job.stage}`];
   if (job.status === "pending" && job.queue_position) parts.push(`number ${job.queue_position} in your queue`);
+  if (job.status === "pending" && job.priority === "batch") parts.push("batch: after your interactive jobs");
   if (job.status === "pending" && job.queue_reason) parts.push(job.queue_reason);
   if (job.progress !== null && job.progress !== undefined) parts.push(`${Math.round(job.progress * 100)}% (as reported by the provider)`);
   if (job.attempt > 1) parts.push(`attempt ${job.attempt}`);
