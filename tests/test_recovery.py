@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
+import nats
 import pytest
 
-from vidjobs.common import events, jobs
+from vidjobs.common import bus, events, jobs
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import Redeliver
 from vidjobs.common.events import RECOVERY, JobQueued, RecoveryDue
@@ -21,6 +22,7 @@ from vidjobs.common.runtime import Runtime
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.reaper.backlog import SubmitQueue
 from vidjobs.reaper.recovery import Context, on_recovery_due
 
 DELIVERY = Delivery(attempt=1, subject=RECOVERY)
@@ -195,3 +197,50 @@ async def test_the_next_check_is_not_held_up_by_the_previous_lease(ctx, pool):
     await on_recovery_due(other, _check(await jobs.fetch(pool, job.id)), DELIVERY)
 
     assert len(await _handed_off(pool)) == 2
+
+
+async def _never_looked_at(pool: asyncpg.Pool) -> jobs.JobRow:
+    """A job queued a while ago whose first message the submitter has not reached: its check is due."""
+    async with pool.acquire() as conn, conn.transaction():
+        job = await jobs.create(conn, account_id="acct_r", request=JobRequest(model="fake/default", prompt="p"),
+                                estimated_credits=10, recovery_delay_s=-1)
+        await conn.execute("DELETE FROM outbox")
+        return await jobs.fetch(conn, job.id)
+
+
+async def _submits(pool: asyncpg.Pool) -> int:
+    return await pool.fetchval("SELECT count(*) FROM outbox WHERE subject = 'vidjobs.work.submit'")
+
+
+async def test_a_waiting_jobs_check_sends_no_second_message_while_the_submitter_is_behind(ctx, pool, nats_url):
+    """A burst of creates queues more messages than the submitter handles before their first recovery checks
+    come due. A check that finds its job not yet looked at while the submitter still has messages it has not
+    been handed defers: the job's own message is in that queue. Sending another would only double the queue
+    (a backlog of 100,000 jobs then never settles). With nothing queued, the message was lost: hand it off."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    try:
+        await bus.ensure_streams(js)
+        spec = bus.ConsumerSpec(durable=events.SUBMIT_DURABLE, subject=events.SUBMIT, handler=None,  # type: ignore[arg-type]
+                                ack_wait_s=30, max_deliver=5)
+        await js.add_consumer(bus.WORK_STREAM, config=bus.consumer_config(spec))
+        queue = SubmitQueue(js, ttl_s=0)
+        behind = Context(rt=ctx.rt, policies=ctx.policies, owner="reaper-a", submit_queue=queue)
+        queued = await js.publish(events.SUBMIT, events.encode(JobQueued(job_id="job_ahead")))
+
+        job = await _never_looked_at(pool)
+        await on_recovery_due(behind, _check(job), DELIVERY)
+        deferred = await jobs.fetch(pool, job.id)
+        sent_while_behind = await _submits(pool)
+
+        await js.delete_msg(bus.WORK_STREAM, queued.seq)  # the submitter caught up
+        await pool.execute("UPDATE jobs SET recover_at = now() - interval '1 second' WHERE id = $1", job.id)
+        await pool.execute("DELETE FROM recovery_leases")
+        await on_recovery_due(behind, _check(await jobs.fetch(pool, job.id)), DELIVERY)
+        sent_after = await _submits(pool)
+    finally:
+        await nc.close()
+
+    assert sent_while_behind == 0
+    assert deferred.recover_at > datetime.now(UTC) + timedelta(seconds=50)
+    assert sent_after == 1

@@ -90,6 +90,7 @@ class QueueMoved(msgspec.Struct, tag="queue.moved"):
 # Subjects. Work subjects are captured by the work stream and consumed by exactly one durable consumer
 # each; change hints are core NATS messages to whoever listens (`changes`).
 SUBMIT = "vidjobs.work.submit"
+SUBMIT_DURABLE = "submitter"  # the submitter's consumer of SUBMIT (the reaper reads how far behind it is)
 INBOX = "vidjobs.work.inbox"
 POLL = "vidjobs.work.poll"
 DOWNLOAD = "vidjobs.work.download"

@@ -27,6 +27,7 @@ from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.reaper import leases
+from vidjobs.reaper.backlog import SubmitQueue
 
 log = logging.getLogger("vidjobs.reaper")
 
@@ -39,6 +40,8 @@ class Context:
     rt: Runtime
     policies: Policies
     owner: str = OWNER  # who holds the leases this reaper takes
+    # How far behind the submitter is; None: not asked (a waiting job never looked at is handed off again).
+    submit_queue: SubmitQueue | None = None
 
 
 async def on_recovery_due(ctx: Context, event: RecoveryDue, delivery: Delivery) -> None:
@@ -68,8 +71,8 @@ async def recover(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: date
     log.info("recovering job", extra={"job_id": job.id, "status": job.status.value})
     match job.status:
         case JobStatus.PENDING:
-            if jobs.message_alive(job, now):
-                # It waits for a slot and its own message is going round: one is enough.
+            if jobs.message_alive(job, now) or await _queued_behind_others(ctx, job):
+                # It waits for a slot and its own message is going round, or is still queued: one is enough.
                 await jobs.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now))
             else:
                 await _hand_off(ctx, conn, job, JobQueued(job_id=job.id), now)
@@ -87,6 +90,13 @@ async def recover(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: date
                                  expect=[JobStatus.DOWNLOADING], update=JobUpdate(error=error))
             else:
                 await _hand_off(ctx, conn, job, DownloadRequested(job_id=job.id), now)
+
+
+async def _queued_behind_others(ctx: Context, job: JobRow) -> bool:
+    """A waiting job the submitter never looked at, while the submitter still has messages it has not been
+    handed: its own message is among them (a burst of creates outruns the first recovery checks). Another
+    would only lengthen that queue; with nothing queued, its message was lost and is sent again."""
+    return job.waited_at is None and ctx.submit_queue is not None and await ctx.submit_queue.waiting() > 0
 
 
 def _past(moment: datetime | None, now: datetime) -> bool:

@@ -10,11 +10,12 @@ from vidjobs.common import bus, events
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, consumer
 from vidjobs.reaper import gauges, retention, sweep
+from vidjobs.reaper.backlog import SubmitQueue
 from vidjobs.reaper.recovery import Context, on_recovery_due
 
 
 async def main(rt: Runtime) -> None:
-    ctx = Context(rt=rt, policies=Policies(rt.settings))
+    ctx = Context(rt=rt, policies=Policies(rt.settings), submit_queue=SubmitQueue(rt.js))
     # Checks wait here until due (a delayed nak each), so this consumer defers often and holds many.
     spec = consumer(rt, "reaper-recovery", events.RECOVERY, partial(on_recovery_due, ctx), concurrency=16,
                     max_ack_pending=1_000_000)

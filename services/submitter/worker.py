@@ -67,7 +67,7 @@ async def main(rt: Runtime) -> None:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
                       policies=Policies(rt.settings), storage=storage)
         # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
-        spec = consumer(rt, "submitter", events.SUBMIT, partial(handle, ctx),
+        spec = consumer(rt, events.SUBMIT_DURABLE, events.SUBMIT, partial(handle, ctx),
                         concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(bus.consume(rt.js, spec, rt.stop), name="submit-consumer")
