@@ -11,9 +11,10 @@ import pytest
 from tests.test_gateway_harness import JOB_BODY, assert_error, auth, drive, gateway_settings, running_gateway
 from vidjobs.common.states import JobStatus
 
-# Every field API.md names, plus `queue_reason` (why a queued job waits), added in the same style.
+# Every field API.md names, plus `queue_reason` (why a queued job waits) and `estimate` (when a waiting job is
+# likely to start and be ready), added in the same style.
 API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
-                "queue_reason", "progress", "error", "outputs", "cost",
+                "queue_reason", "estimate", "progress", "error", "outputs", "cost",
                 # beside what API.md names: the request echoed, the job's times, links and metadata
                 "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image", "params",
                 "metadata", "started_at", "completed_at", "deadline_at", "retry_at", "urls"}
