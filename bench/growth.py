@@ -32,8 +32,8 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.dispatch import drop_database, scratch_database  # noqa: E402
-from vidjobs.common import db, jobs  # noqa: E402
-from vidjobs.common.settings import ProviderLimits  # noqa: E402
+from vidjobs.common import db, estimates, jobs  # noqa: E402
+from vidjobs.common.settings import ProviderLimits, Settings  # noqa: E402
 from vidjobs.gateway import tenant  # noqa: E402
 from vidjobs.poller import schedule  # noqa: E402
 from vidjobs.reaper import retention, sweep  # noqa: E402
@@ -58,13 +58,14 @@ async def grow(conn: asyncpg.Connection, have: int, want: int) -> None:
         await conn.execute(
             """
             INSERT INTO jobs (id, account_id, model, provider, request, status, provider_job_id, estimated_credits,
-                              actual_credits, created_at, updated_at, submitted_at)
+                              actual_credits, created_at, updated_at, submitted_at, rendered_at, completed_at)
             SELECT 'job_g' || lpad(i::text, 9, '0'),
                    CASE WHEN i % 10 = 0 THEN $3 ELSE 'acct_' || (i % $4) END,
                    'fake/default', 'fake', $5::jsonb,
                    (ARRAY['completed', 'completed', 'completed', 'failed', 'canceled', 'expired']
                    )[1 + i % 6]::job_status,
-                   'render_g' || i, 10, 10, t, t + interval '40 seconds', t + interval '1 second'
+                   'render_g' || i, 10, 10, t, t + interval '40 seconds', t + interval '1 second',
+                   t + interval '30 seconds', t + interval '40 seconds'
             FROM generate_series($1 + 1, $2) i,
                  LATERAL (SELECT now() - make_interval(secs => (i::bigint * 7919) % 7776000) AS t) a
             """,
@@ -169,6 +170,9 @@ async def operations(conn: asyncpg.Connection) -> dict[str, Operation]:
         "recovery sweep": lambda c: c.fetch(sweep.OVERDUE_SQL, sweep.OVERDUE_S, 500),
         "retention sweep": rolled_back(lambda c: c.fetch(retention._DUE, 30 * 86400.0, retention.BATCH)),
         "slot decision": rolled_back(decide),
+        # What a waiting job's estimate reads, once per refresh interval per process (libs/common/estimates.py).
+        "estimate: a model's renders": lambda c: estimates.read_measured(c, "fake/default", Settings()),
+        "estimate: a provider's queue": lambda c: estimates.read_queue(c, "fake"),
     }
 
 

@@ -89,6 +89,14 @@ def stages(job: Job) -> str:
     return " › ".join(parts)
 
 
+def waiting(job: Job) -> str | None:
+    """A waiting job's estimate in words: jobs ahead, when it starts and when it is ready, or why no one can
+    say yet."""
+    if job.status != "pending" or job.estimate is None:
+        return None
+    return job.estimate.describe()
+
+
 def failure(job: Job) -> str:
     if job.error is None:
         return f"job {job.id} {job.status}"
@@ -105,6 +113,11 @@ def job_details(job: Job) -> None:
         rows.append(("may move to", ", ".join(job.fallback_models) + f" (if its provider is down{wait})"))
     if job.priority != "interactive":  # the default lane goes without saying
         rows.insert(2, ("priority", job.priority))
+    if job.queue_position and job.status == "pending":
+        rows.append(("queue", f"number {job.queue_position} in your queue"
+                              + (f"; {job.queue_reason}" if job.queue_reason else "")))
+    if (estimate := waiting(job)) is not None:
+        rows.append(("estimate", estimate))
     if job.error:
         rows.append(("error", f"{job.error.code}: {job.error.message}"))
     if job.outputs:
@@ -149,7 +162,9 @@ class StageLine:
         # A render without the provider's own figure pulses rather than claiming 0 %.
         total = None if job.stage == "rendering" and job.progress is None else 1.0
         done = 1.0 if job.stage == "ready" else job.progress or 0.0
-        self._progress.update(self._task, description=stages(job), completed=done, total=total)
+        estimate = waiting(job)
+        description = stages(job) + (f"  [dim]{escape(estimate)}[/]" if estimate else "")
+        self._progress.update(self._task, description=description, completed=done, total=total)
 
 
 class Transfer:

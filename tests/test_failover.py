@@ -18,6 +18,7 @@ from tests.test_gateway_harness import auth, gateway_settings, running_gateway
 from tests.test_money import assert_ledger_explains
 from vidjobs.common import jobs, ratecard
 from vidjobs.common.ratecard import Price, RateCardIn
+from vidjobs.common.settings import ProviderLimits
 from vidjobs.submitter import failover
 
 # The breaker opens at the first refused submit and stays open for the whole test.
@@ -170,3 +171,30 @@ async def test_bad_fallbacks_are_refused_with_422(h):
                  {"fallback_models": None, "x": 1}):
         status, answer = await _patch(h, key, body)
         assert status == 422, (body, answer)
+
+
+async def test_a_job_whose_estimated_start_passes_its_max_wait_moves_to_a_sooner_fallback(tmp_path, database_url,
+                                                                                          nats_url):
+    """fake renders one job at a time; once two of its renders are measured, a job queued behind four more
+    is estimated to start well after 3 s: with max_wait_s 3 it moves to fake-poll, which has a slot free.
+    A job with a limit its estimate keeps, or without fallbacks, stays."""
+    await _publish_card(database_url)
+    settings = stack_settings(tmp_path, database_url, nats_url, estimate_min_samples=2, estimate_refresh_s=0.5,
+                              provider_limits={"fake": ProviderLimits(concurrency=1, rate_per_s=10, burst=10)})
+    two_s = {"render_s": 2}
+    async with running_stack(settings) as stack:
+        for measured in [await stack.create_job(params=two_s) for _ in range(2)]:
+            await stack.wait_terminal(measured["id"], within=60)
+        ahead = [await stack.create_job(params=two_s) for _ in range(4)]
+        hurried = await stack.create_job(params=two_s, fallback_models=["fake-poll/default"], max_wait_s=3)
+        patient = await stack.create_job(params=two_s, fallback_models=["fake-poll/default"], max_wait_s=3600)
+        unmovable = await stack.create_job(params=two_s, max_wait_s=3)
+        moved = await stack.wait_terminal(hurried["id"], within=60)
+        stayed = [await stack.wait_terminal(j["id"], within=90) for j in (*ahead, patient, unmovable)]
+        trail = await stack.trail(hurried["id"])
+
+    assert hurried["estimate"]["start_p50"] is not None
+    assert (moved["status"], moved["model"]) == ("completed", "fake-poll/default")
+    [move] = [m for m in trail if m["from"] == "pending" and m["to"] == "pending"]
+    assert "max_wait_s of 3 s" in move["reason"], move
+    assert [(j["status"], j["model"]) for j in stayed] == [("completed", "fake/default")] * 6

@@ -140,6 +140,9 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "rate_cards": SEL,  # prices a job at create
         "rate_card_prices": SEL,
         "assets": SEL,  # a finished job's outputs are read from the media service's record of its files
+        # A waiting job's estimate says when the switch or the provider's breaker holds it back (estimates.py).
+        "platform_controls": SEL,
+        "provider_breakers": SEL,
     }),
     "submitter": _with_common({
         "accounts": columns(Privilege.SELECT, "id", "concurrent_jobs"),  # an account's cap on renders in flight

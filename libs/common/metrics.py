@@ -13,6 +13,11 @@ from prometheus_client import Counter, Gauge, Histogram
 OUTBOX_PUBLISHED = Counter("vidjobs_outbox_published_total", "Outbox events published to JetStream")
 OUTBOX_FAILURES = Counter("vidjobs_outbox_failures_total", "Outbox relay passes that failed and were retried")
 CHANGE_HINTS_LOST = Counter("vidjobs_change_hints_lost_total", "Job change hints that could not be sent to NATS")
+# What the estimates of waiting jobs cost (libs/common/estimates.py): reads of a provider's queue, a model's
+# measurements, an account's load. Each is shared by every reader in the process for a refresh interval, so
+# this grows with providers and time, not with waiting jobs or open streams.
+ESTIMATE_READS = Counter("vidjobs_estimate_reads_total", "Reads the estimates of waiting jobs made, by what they read",
+                         ["what"])
 
 MESSAGES = Counter(
     "vidjobs_messages_total", "Work messages handled, by consumer and outcome", ["consumer", "outcome"]

@@ -62,6 +62,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # How often the submitter looks once at each provider with a waiting job, handing out a slot that no event
     # announced (a lost wake-up, a breaker's pause running out). Waiting jobs cost nothing in between.
     queue_sweep_interval_s: float = 5.0
+    # Estimated start and ready times of waiting jobs (libs/common/estimates.py): a model's renders measured in
+    # the last `estimate_window_s`, at most the last `estimate_samples` of them, and none shown with fewer than
+    # `estimate_min_samples`; a provider's queue and a model's measurements are read at most once per
+    # `estimate_refresh_s` per process, whoever asks (every read of a waiting job, every open event stream).
+    estimate_window_s: float = 86400.0
+    estimate_samples: int = 200
+    estimate_min_samples: int = 5
+    estimate_refresh_s: float = 3.0
     render_deadline_s: float = 900.0
     download_deadline_s: float = 300.0
     download_attempts: int = 4  # deliveries of one download before the job fails with download_failed
@@ -198,6 +206,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     @property
     def gateway_url(self) -> str:
         return self.public_url or f"http://{self.http_host}:{self.http_port}"
+
+    def limits_for(self, provider: str) -> ProviderLimits:
+        """How hard `provider` may be pushed: its entry in `provider_limits`, else the defaults."""
+        return self.provider_limits.get(provider, ProviderLimits())
 
     def allowed_webhook_hosts(self) -> frozenset[str]:
         return frozenset(h.strip().lower() for h in self.webhook_allow_hosts.split(",") if h.strip())

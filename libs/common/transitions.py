@@ -24,6 +24,8 @@ from vidjobs.common.jobs import JobRequest, JobRow, owed_sql, row_to_job, settle
 from vidjobs.common.states import (
     BILLED_ENDINGS,
     FOLLOW_UPS,
+    RENDERING,
+    SQL_RENDERING,
     STAGE_OF,
     TERMINAL,
     FollowUp,
@@ -133,6 +135,10 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
         sets.append("completed_at = COALESCE(j.completed_at, clock_timestamp())")
     if to in BILLED_ENDINGS and "actual_credits" not in columns:
         sets.append(_ACTUAL_SQL)
+    if to not in RENDERING:
+        # A render leaving its slot: how long renders hold one is what the estimates of waiting jobs measure.
+        sets.append(f"rendered_at = CASE WHEN prev.status IN {SQL_RENDERING} THEN clock_timestamp() "
+                    "ELSE j.rendered_at END")
     if "attempt" in columns:
         # What the provider billed belongs to one attempt's render; a new attempt starts with no bill.
         sets.append("provider_cost_credits = NULL")

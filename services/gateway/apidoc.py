@@ -20,6 +20,27 @@ vidjobs.gateway.apidoc > docs/API.md`); the document is the authority. Every `/v
 callback route takes `Authorization: Bearer <api key>`. Every answer carries `X-Request-Id`; every answer
 to a request made with a key carries `RateLimit` and `RateLimit-Policy`. Errors are
 `{"error": {"code", "message", "retryable", "request_id"}}` (the `ErrorBody` schema lists every code).
+
+## When a waiting job starts
+
+A job waiting for a render slot (`status` `pending`) carries `estimate` (a `QueueEstimate`; null for any
+other status): `jobs_ahead`, the jobs of every account likely to start before it at its provider, and
+`jobs_ahead_p90`, as many as may; `start_p50`-`start_p90` and `ready_p50`-`ready_p90`, when it is likely to
+start and be ready, from the typical case to a late one; and `note`, in words, what the times rest on. They
+are made from what this deployment measured, not from a provider's published figures: of the model's jobs
+completed in the last 24 hours (at most the last 200, by default), how long each held its provider slot and
+how long it took from start to ready, p50 and p90. The provider hands its slots out round robin across
+accounts, each account's oldest job first, so a job k-th in its account's queue at its provider waits for
+its own k-1 and, of every other account with n jobs waiting there, min(n, k-1) to min(n, k); it starts when
+that many of the provider's slots (`VIDJOBS_PROVIDER_LIMITS` concurrency, and its rate) and of its account's
+own (`concurrent_jobs`) have come free, and is ready one render later. Times are rounded outwards: to the
+second within a minute, 5 s within ten, a minute within the hour, then 5 and 15 minutes. With fewer than 5
+renders measured (by default), while the platform pauses submissions, or while the provider is unavailable,
+the times are null, `unavailable` says which (`too_few_renders`, `submissions_paused`,
+`provider_unavailable`) and `note` says it in words. The job's event stream sends the job again when its
+estimate moves by more than that rounding or a job ahead of it leaves; what the estimates read is shared by
+every request and stream of a gateway process and read again every few seconds (`VIDJOBS_ESTIMATE_*`
+settings, README).
 """
 
 

@@ -15,6 +15,7 @@ from aiohttp import web
 
 from vidjobs.common import bus, events, netguard, tracing
 from vidjobs.common.bus import Delivery
+from vidjobs.common.estimates import Estimator
 from vidjobs.common.events import AppEventDue
 from vidjobs.common.runtime import Runtime, consumer, every, health_app, open_runtime
 from vidjobs.common.settings import Settings
@@ -118,7 +119,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
         rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
         gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
-                     buckets=buckets, webhook_rates=rates)
+                     buckets=buckets, webhook_rates=rates, estimator=Estimator(settings))
         app[GATEWAY] = gw
         await _seal_webhook_secrets(rt, stack)
         await _deliver_app_webhooks(gw, stack)
@@ -144,7 +145,7 @@ async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -
         timeout=aiohttp.ClientTimeout(total=rt.settings.app_webhook_timeout_s)))
 
     async def job_body(account_id: str, job_id: str) -> bytes | None:
-        owned = await Tenant(rt, account_id).job(job_id)
+        owned = await Tenant(rt, account_id, gw.estimator).job(job_id)
         return None if owned is None else msgspec.json.encode(owned_view(gw, owned))
 
     deliverer = deliveries.Deliverer(rt, session, job_body)

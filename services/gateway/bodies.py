@@ -114,6 +114,23 @@ class JobUrls(msgspec.Struct, kw_only=True):
     stream: str  # its Server-Sent Events
 
 
+class QueueEstimate(msgspec.Struct, kw_only=True):
+    """When a waiting job is likely to start and be ready: a range from the typical case (p50) to a late one
+    (p90), made from the renders of its model this deployment measured and its provider's queue as it stands.
+    The times are null when there is no estimate (too few renders measured yet, submissions paused, the
+    provider unavailable): `unavailable` names why, `note` says it in words."""
+
+    jobs_ahead: int  # jobs likely to start before it at its provider, every account's
+    jobs_ahead_p90: int  # as many as may start before it in the late case
+    start_p50: datetime | None  # likely start; a moment in the past means any moment now
+    start_p90: datetime | None  # late start
+    ready_p50: datetime | None  # likely ready
+    ready_p90: datetime | None  # late ready
+    # why there are no times: too_few_renders, submissions_paused or provider_unavailable; null when there are
+    unavailable: Literal["too_few_renders", "submissions_paused", "provider_unavailable"] | None
+    note: str  # in words: what the times rest on, or why there are none
+
+
 class JobOut(msgspec.Struct, kw_only=True):
     """A job as every read shows it: where it stands, what was asked for, and when things happened."""
 
@@ -129,6 +146,7 @@ class JobOut(msgspec.Struct, kw_only=True):
     queue_position: int | None
     queue_reason: str | None  # why a queued job is not submitted yet (a paused or busy provider)
     priority: Priority  # its lane: the account's waiting interactive jobs are numbered and started before batch ones
+    estimate: QueueEstimate | None  # while it waits (pending): when it is likely to start and be ready; else null
     progress: float | None  # the provider's own progress figure, 0-1, where it gives one
     error: JobError | None  # why it failed; null unless it did
     outputs: JobOutputs | None  # the stored render; null until it is ready

@@ -110,7 +110,8 @@ async def _create_once(gw: Gateway, owner: Tenant, checked: Checked, key: str | 
         if key is not None:
             await idempotency.remember(conn, owner.account_id, key, body_hash, created.job.id, ttl_s)
         # Its place was counted as it was queued, under the account's lock: no second count.
-        return OwnedJob(created.job, created.waiting_ahead + 1), True
+        at_provider = await owner.place_at_provider(created.job, conn=conn)
+        return OwnedJob(created.job, created.waiting_ahead + 1, provider_position=at_provider), True
 
 
 async def _fallbacks(gw: Gateway, owner: Tenant, conn: asyncpg.Connection, checked: Checked) -> list[str]:
@@ -166,6 +167,8 @@ async def create_job(request: web.Request) -> web.Response:
     except idempotency.LostRace:
         # The winner has committed by now: answer as a replay of its request.
         job, created = await _create_once(gw, owner, checked, key)
+    if created:
+        job = await owner.estimated(job)  # made once the job is committed, from the reads the process shares
     headers = {"Location": f"/v1/jobs/{job.job.id}"}
     if not created:
         headers["Idempotent-Replayed"] = "true"  # the answer of the request that made the job, again

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from vidjobs.common.estimates import Estimator
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway.accounts import Account
@@ -28,6 +29,8 @@ class Gateway:
     streams: StreamSlots
     buckets: Buckets  # API keys and their request buckets
     webhook_rates: dict[str, Bucket]  # stored callbacks, by provider
+    # Waiting jobs' estimated start and ready times, from reads every request and stream of the process shares.
+    estimator: Estimator
     # Set when the server begins shutting down, so long-lived streams end instead of holding it open.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     # Wakes the delivery of webhooks to apps now rather than at its next look (appwebhooks.deliveries.Deliverer).

@@ -7,6 +7,12 @@ waiting job's place moves when another job of its account leaves the queue, or a
 ahead of a batch one (lanes): that move sends one hint for the account's queue (changes.note_queue), which
 the streams of its waiting jobs listen for, so a waiting job is reread when its place may have moved and
 not on a timer of its own; it is sent only when what it shows has changed.
+
+A waiting job's estimate (libs/common/estimates.py) moves with other accounts' queues and with the renders in
+flight, which no hint of its account announces: every `estimate_refresh_s` the stream makes it again from the
+reads the whole process shares (one per provider and interval, however many streams are open), without
+reading the job, and sends the job only when the estimate moved by more than its rounding or a job ahead
+left (`estimates.moved`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+from datetime import UTC, datetime
 
 import asyncpg
 import msgspec
@@ -23,7 +30,7 @@ from aiohttp import web
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from vidjobs.common import events
+from vidjobs.common import estimates, events
 from vidjobs.common.states import TERMINAL, JobStatus
 from vidjobs.gateway import metrics
 from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode
@@ -72,9 +79,16 @@ async def _send(resp: web.StreamResponse, gw: Gateway, job: OwnedJob) -> None:
 
 
 def _shown(job: OwnedJob) -> tuple[object, ...]:
-    """What the job's JSON shows: every stored change moves `updated_at`, and the queue position is made at
-    read time. The signed URLs are left out: they are new at every read, which is not a change."""
+    """What the job's JSON shows, the estimate aside: every stored change moves `updated_at`, and the queue
+    position is made at read time. The signed URLs are left out: they are new at every read, which is not a
+    change."""
     return job.job.status, job.job.updated_at, job.waiting_position
+
+
+def _worth_sending(sent: OwnedJob, latest: OwnedJob) -> bool:
+    """Whether `latest` shows something the last job sent did not; an estimate that only drifted within its
+    rounding is not news (compared with what was sent, so small drifts cannot add up unseen)."""
+    return _shown(latest) != _shown(sent) or estimates.moved(sent.estimate, latest.estimate, datetime.now(UTC))
 
 
 def _client_gone(request: web.Request) -> bool:
@@ -88,23 +102,31 @@ async def _follow(request: web.Request, resp: web.StreamResponse, job: OwnedJob,
     gw, owner = gateway(request), tenant(request)
     loop = asyncio.get_running_loop()
     keepalive_at = loop.time() + KEEPALIVE_S  # unless something else is written first
+    sent = job
     while job.job.status not in TERMINAL and not _client_gone(request):
         quiet_s = max(0.0, keepalive_at - loop.time())
+        if job.job.status is JobStatus.PENDING:
+            quiet_s = min(quiet_s, gw.settings.estimate_refresh_s)  # its estimate is made again this often
         tick = await _next_tick(changed, gw.closing, quiet_s)
         if tick is Tick.CLOSING:
             return
-        if tick is Tick.QUIET and loop.time() >= keepalive_at - _TIMER_SLACK_S:
+        keepalive = tick is Tick.QUIET and loop.time() >= keepalive_at - _TIMER_SLACK_S
+        if keepalive:
             await resp.write(b": keepalive\n\n")
             keepalive_at = loop.time() + KEEPALIVE_S
-        latest = await owner.job(job.job.id)
+        if tick is Tick.QUIET and not keepalive:
+            latest: OwnedJob | None = await owner.estimated(job)  # the estimate only, from the shared reads
+        else:
+            latest = await owner.job(job.job.id)
         if latest is None:
             return  # deleted: nothing more will ever change
         if latest.job.status is not JobStatus.PENDING and job.job.status is JobStatus.PENDING:
             with contextlib.suppress(nats.errors.Error):
                 await queue.unsubscribe()
-        if _shown(latest) != _shown(job):
+        if _worth_sending(sent, latest):
             await _send(resp, gw, latest)
             keepalive_at = loop.time() + KEEPALIVE_S
+            sent = latest
         job = latest
 
 

@@ -17,9 +17,10 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import credits, jobs, outbox, ratecard, renders, uploads
+from vidjobs.common import credits, estimates, jobs, outbox, ratecard, renders, uploads
 from vidjobs.common.credits import Entry
 from vidjobs.common.errors import ErrorCode, JobError
+from vidjobs.common.estimates import Estimate, Estimator
 from vidjobs.common.jobs import JobRow, row_to_job
 from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime
@@ -40,6 +41,8 @@ class OwnedJob(msgspec.Struct, frozen=True):
     job: JobRow
     waiting_position: int | None
     outputs: Outputs | None = None  # the stored render's files, from the media service's asset rows
+    provider_position: int | None = None  # its place among the account's jobs waiting at its provider
+    estimate: Estimate | None = None  # while it waits: when it is likely to start and be ready
 
 
 class AccountState(msgspec.Struct, frozen=True, kw_only=True):
@@ -50,11 +53,13 @@ class AccountState(msgspec.Struct, frozen=True, kw_only=True):
     uploads_today: int  # image uploads today (UTC), as the daily cap counts them
 
 
-# A waiting job's place: libs/common/jobs.py queue_place_sql, the one definition of it.
+# A waiting job's place: libs/common/jobs.py queue_place_sql, the one definition of it; and its place at its
+# provider, which its estimate starts from: estimates.place_sql.
 _ONE_JOB = f"""
 SELECT j.*,
        CASE WHEN j.status = {SQL_PENDING} THEN {jobs.queue_place_sql("$2", "j.lane", "j.created_at", "j.id")}
        END AS waiting_position,
+       CASE WHEN j.status = {SQL_PENDING} THEN {estimates.place_sql("j")} END AS provider_position,
        {renders.outputs_sql("j.id")} AS outputs
 FROM jobs j
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
@@ -63,16 +68,19 @@ WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 # Newest first, strictly after the keyset position (the last row of the previous page), with the listing's
 # filters, each written only when given so the planner sees plain conditions. The account's waiting jobs are
 # numbered once for the whole page, in queue_place_sql's order: MATERIALIZED, or the planner may number them
-# again for every row of the page. What serves it: jobs_account_listing (account, newest first) alone or with a
-# time range; jobs_account_status_listing with a status; jobs_account_model_listing with a model;
-# jobs_metadata (GIN, containment) with a metadata filter.
+# again for every row of the page; their places at their providers (estimates.places_sql) likewise. What
+# serves it: jobs_account_listing (account, newest first) alone or with a time range;
+# jobs_account_status_listing with a status; jobs_account_model_listing with a model; jobs_metadata (GIN,
+# containment) with a metadata filter.
 _JOB_PAGE = f"""
 WITH waiting AS MATERIALIZED (
     SELECT id, row_number() OVER (ORDER BY lane, created_at, id) AS position
     FROM jobs WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL
-)
-SELECT j.*, w.position AS waiting_position, {renders.outputs_sql("j.id")} AS outputs
-FROM jobs j LEFT JOIN waiting w ON w.id = j.id
+),
+places AS MATERIALIZED ({estimates.places_sql("$1")})
+SELECT j.*, w.position AS waiting_position, p.place AS provider_position,
+       {renders.outputs_sql("j.id")} AS outputs
+FROM jobs j LEFT JOIN waiting w ON w.id = j.id LEFT JOIN places p ON p.id = j.id
 WHERE j.account_id = $1 AND j.deleted_at IS NULL {{filters}}
 ORDER BY j.created_at DESC, j.id DESC
 LIMIT $2
@@ -136,17 +144,19 @@ class JobFilter(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _owned(row: asyncpg.Record) -> OwnedJob:
-    return OwnedJob(row_to_job(row), row["waiting_position"], renders.decode(row["outputs"]))
+    return OwnedJob(row_to_job(row), row["waiting_position"], renders.decode(row["outputs"]),
+                    provider_position=row["provider_position"])
 
 
 class Tenant:
     """Reads and changes of one account's jobs, uploads, credit and ledger."""
 
-    __slots__ = ("_rt", "account_id")
+    __slots__ = ("_estimator", "_rt", "account_id")
 
-    def __init__(self, rt: Runtime, account_id: str):
+    def __init__(self, rt: Runtime, account_id: str, estimator: Estimator):
         self._rt = rt
         self.account_id = account_id
+        self._estimator = estimator  # the process's, whose reads every request and stream share
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[asyncpg.Connection]:
@@ -170,12 +180,26 @@ class Tenant:
     # --- jobs -------------------------------------------------------------------------------------------
     async def job(self, job_id: str, *, conn: Conn | None = None) -> OwnedJob | None:
         row = await (conn or self._rt.pool).fetchrow(_ONE_JOB, job_id, self.account_id)
-        return None if row is None else _owned(row)
+        return None if row is None else await self.estimated(_owned(row), conn=conn)
 
     async def jobs(self, wanted: JobFilter, *, after: tuple[datetime, str] | None, limit: int) -> list[OwnedJob]:
         sql, values = page_sql(wanted, after)
         rows = await self._rt.pool.fetch(sql, self.account_id, limit, *values)
-        return [_owned(r) for r in rows]
+        return [await self.estimated(_owned(r)) for r in rows]
+
+    async def estimated(self, owned: OwnedJob, *, conn: Conn | None = None) -> OwnedJob:
+        """The job with its estimate made afresh (a waiting job's; None for any other) from the reads the
+        process shares: no read of its own unless they are due, and the job row is not read again."""
+        if owned.job.status is not JobStatus.PENDING:
+            return owned if owned.estimate is None else msgspec.structs.replace(owned, estimate=None)
+        made = await self._estimator.for_job(conn or self._rt.pool, owned.job, owned.provider_position)
+        return msgspec.structs.replace(owned, estimate=made)
+
+    async def place_at_provider(self, job: JobRow, *, conn: Conn) -> int:
+        """A job just queued: its place among the account's jobs waiting at its provider."""
+        if job.account_id != self.account_id:
+            raise ValueError(f"job {job.id} is another account's")
+        return await estimates.place_at_provider(conn, job)
 
     async def trail(self, job_id: str) -> list[asyncpg.Record] | None:
         """The job's audit trail, oldest first; None if the account has no such job."""
@@ -272,4 +296,5 @@ def tenant(request: web.Request) -> Tenant:
     """The caller's tenant. Only routes behind an API key have one: asking on any other is a bug."""
     if ACCOUNT not in request:
         raise RuntimeError(f"route {request.match_info.route.name!r} has no authenticated account")
-    return Tenant(gateway(request).rt, request[ACCOUNT].id)
+    gw = gateway(request)
+    return Tenant(gw.rt, request[ACCOUNT].id, gw.estimator)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from vidjobs.common.estimates import Estimate
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.renders import Outputs
 from vidjobs.common.states import STAGE_OF, JobStatus
-from vidjobs.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls
+from vidjobs.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls, QueueEstimate
 from vidjobs.storage.base import Storage
 
 
@@ -42,6 +43,14 @@ def queue_position(job: JobRow, waiting_position: int | None) -> int | None:
     return None
 
 
+def estimate_out(made: Estimate | None) -> QueueEstimate | None:
+    if made is None:
+        return None
+    return QueueEstimate(jobs_ahead=made.jobs_ahead, jobs_ahead_p90=made.jobs_ahead_p90, start_p50=made.start_p50,
+                         start_p90=made.start_p90, ready_p50=made.ready_p50, ready_p90=made.ready_p90,
+                         unavailable=made.unavailable, note=made.note)
+
+
 def _utc(moment: datetime | None) -> datetime | None:
     return None if moment is None else moment.astimezone(UTC)
 
@@ -53,9 +62,9 @@ def job_urls(job_id: str, base_url: str = "") -> JobUrls:
 
 
 def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None, storage: Storage, ttl_s: int,
-             retention_days: float = 30.0, base_url: str = "") -> JobOut:
+             retention_days: float = 30.0, base_url: str = "", estimate: Estimate | None = None) -> JobOut:
     """`waiting_position` is the job's place among its account's waiting jobs, computed with the read;
-    `outputs` its stored files, read with it from their one record."""
+    `outputs` its stored files, read with it from their one record; `estimate` a waiting job's."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
     shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED)
     asked = job.request
@@ -64,6 +73,7 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
         attempt=job.attempt, queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
         priority=job.lane.priority,
+        estimate=estimate_out(estimate) if job.status is JobStatus.PENDING else None,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs is not None else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),

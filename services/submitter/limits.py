@@ -36,7 +36,7 @@ GO = Admission()
 
 
 def limits_for(settings: Settings, provider: str) -> ProviderLimits:
-    return settings.provider_limits.get(provider, ProviderLimits())
+    return settings.limits_for(provider)  # one definition, which the estimates of waiting jobs read too
 
 
 async def lock_provider(conn: asyncpg.Connection, provider: str) -> None:

@@ -20,7 +20,7 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter
 
-from vidjobs.common import bus, events, faults, jobs, logs, metrics, outbox, tracing, uploads
+from vidjobs.common import bus, estimates, events, faults, jobs, logs, metrics, outbox, tracing, uploads
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
@@ -28,7 +28,7 @@ from vidjobs.common.jobs import JobRow
 from vidjobs.common.outcomes import fail_or_retry
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, consumer, every
-from vidjobs.common.states import JobStatus
+from vidjobs.common.states import SQL_PENDING, JobStatus
 from vidjobs.common.transitions import Guard, JobUpdate, transition
 from vidjobs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from vidjobs.providers.registry import adapter_for, build_adapters
@@ -55,6 +55,8 @@ class Context:
     adapters: dict[str, ProviderAdapter]
     policies: Policies
     storage: Storage  # signs the URLs providers fetch input images from
+    # When waiting jobs are likely to start, for a move past a job's max_wait_s (failover); None: no such moves.
+    estimator: estimates.Estimator | None = None
 
 
 async def main(rt: Runtime) -> None:
@@ -65,7 +67,7 @@ async def main(rt: Runtime) -> None:
         session = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=timeout, trace_configs=tracing.client_trace_configs()))
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
-                      policies=Policies(rt.settings), storage=storage)
+                      policies=Policies(rt.settings), storage=storage, estimator=estimates.Estimator(rt.settings))
         # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
         spec = consumer(rt, events.SUBMIT_DURABLE, events.SUBMIT, partial(handle, ctx),
                         concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
@@ -104,15 +106,29 @@ def _move_reason(wait: Wait) -> failover.Why:
 
 async def _estimated_start(ctx: Context, job: JobRow) -> datetime | None:
     """When the waiting job is estimated to start where it is (p50); None without an estimate."""
-    return None
+    if ctx.estimator is None:
+        return None
+    estimate = await ctx.estimator.for_job(ctx.rt.pool, job)
+    return None if estimate is None else estimate.start_p50
 
 
 async def _sooner(ctx: Context, conn: asyncpg.Connection, job: JobRow, model: str, start: datetime | None) -> bool:
-    """Whether `model` would start the job before `start`: at once, with a slot free and nobody waiting."""
+    """Whether `model` would start the job before `start`: at once (a slot free and nobody waiting there), or
+    by its own estimate for a job joining its queue now."""
     provider = model.split("/", 1)[0]
-    slots = limits.limits_for(ctx.rt.settings, provider).concurrency
-    room = await limits.in_flight(conn, provider, _claim_ttl(ctx)) < slots
-    return room and provider not in await jobs.waiting_providers(conn)
+    slots = ctx.rt.settings.limits_for(provider).concurrency
+    if await limits.in_flight(conn, provider, _claim_ttl(ctx)) < slots and not await _queued_at(conn, provider):
+        return True
+    if ctx.estimator is None or start is None:
+        return False
+    joining = await ctx.estimator.for_joining(conn, model, job.account_id)
+    return joining.start_p50 is not None and joining.start_p50 < start
+
+
+async def _queued_at(conn: asyncpg.Connection, provider: str) -> bool:
+    return bool(await conn.fetchval(
+        f"SELECT EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL)",
+        provider))
 
 
 async def _maybe_move(ctx: Context, job: JobRow, why: failover.Why) -> bool:

@@ -6,7 +6,8 @@ server. Statuses are plain strings for the same reason; `TERMINAL` names the one
 
 from __future__ import annotations
 
-from datetime import datetime
+import math
+from datetime import UTC, datetime
 from typing import Any, Literal, TypedDict
 
 import msgspec
@@ -54,6 +55,54 @@ class JobUrls(_Model, kw_only=True):
     stream: str
 
 
+class QueueEstimate(_Model, kw_only=True):
+    """When a waiting job is likely to start and be ready: from the typical case (p50) to a late one (p90).
+    The times are None when there is no estimate; `note` says why (and otherwise what they rest on)."""
+
+    jobs_ahead: int
+    jobs_ahead_p90: int | None = None
+    start_p50: datetime | None = None
+    start_p90: datetime | None = None
+    ready_p50: datetime | None = None
+    ready_p90: datetime | None = None
+    unavailable: str | None = None  # too_few_renders, submissions_paused, provider_unavailable
+    note: str = ""
+
+    def describe(self, now: datetime | None = None) -> str:
+        """In words, for a person: "2–3 jobs ahead; starts in about 2–4 min, ready by 14:32–14:35" (local
+        time), or "no estimate yet: <why>"."""
+        now = now or datetime.now(UTC)
+        most = self.jobs_ahead if self.jobs_ahead_p90 is None else max(self.jobs_ahead, self.jobs_ahead_p90)
+        ahead = _range(self.jobs_ahead, most)
+        ahead = f"{ahead} job{'' if most == 1 else 's'} ahead"
+        start_p50, start_p90, ready_p50, ready_p90 = self.start_p50, self.start_p90, self.ready_p50, self.ready_p90
+        if start_p50 is None or start_p90 is None or ready_p50 is None or ready_p90 is None:
+            return f"{ahead}; no estimate yet: {self.note}"
+        return f"{ahead}; {_starts(start_p50, start_p90, now)}, ready by {_clock(ready_p50, ready_p90, now)}"
+
+
+def _range(low: int, high: int, unit: str = "") -> str:
+    return f"{low}{unit}" if low == high else f"{low}–{high}{unit}"
+
+
+def _starts(early: datetime, late: datetime, now: datetime) -> str:
+    low, high = (early - now).total_seconds(), (late - now).total_seconds()
+    if high <= 0:
+        return "starts any moment now"
+    if high < 90:
+        return f"starts in about {_range(max(0, math.floor(low)), math.ceil(high), ' s')}"
+    if high < 90 * 60:
+        return f"starts in about {_range(max(0, math.floor(low / 60)), math.ceil(high / 60), ' min')}"
+    return f"starts in about {_range(max(0, math.floor(low / 3600)), math.ceil(high / 3600), ' h')}"
+
+
+def _clock(early: datetime, late: datetime, now: datetime) -> str:
+    """Local clock times; to the second when it is minutes away, else to the minute."""
+    shape = "%H:%M:%S" if (late - now).total_seconds() < 600 else "%H:%M"
+    low, high = early.astimezone().strftime(shape), late.astimezone().strftime(shape)
+    return low if low == high else f"{low}–{high}"
+
+
 class Job(_Model, kw_only=True):
     id: str
     status: str
@@ -66,6 +115,7 @@ class Job(_Model, kw_only=True):
     queue_position: int | None = None
     queue_reason: str | None = None
     priority: str = "interactive"  # or "batch": the account's waiting interactive jobs start first
+    estimate: QueueEstimate | None = None  # while it waits: when it is likely to start and be ready
     progress: float | None = None
     error: JobError | None = None
     outputs: Outputs | None = None

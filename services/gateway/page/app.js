@@ -208,10 +208,45 @@ function renderStages(job) {
   }
 }
 
+// "a–b" when the two differ.
+function range(low, high, unit = "") {
+  return low === high ? `${low}${unit}` : `${low}–${high}${unit}`;
+}
+
+function startsIn(early, late) {
+  const now = Date.now();
+  const low = (new Date(early) - now) / 1000;
+  const high = (new Date(late) - now) / 1000;
+  if (high <= 0) return "starts any moment now";
+  const [size, unit] = high < 90 ? [1, " s"] : high < 90 * 60 ? [60, " min"] : [3600, " h"];
+  return `starts in about ${range(Math.max(0, Math.floor(low / size)), Math.ceil(high / size), unit)}`;
+}
+
+function readyBy(early, late) {
+  // To the second when it is minutes away, else to the minute.
+  const precise = new Date(late) - Date.now() < 600_000;
+  const shape = precise ? { hour: "2-digit", minute: "2-digit", second: "2-digit" } : { hour: "2-digit", minute: "2-digit" };
+  const low = new Date(early).toLocaleTimeString([], shape);
+  const high = new Date(late).toLocaleTimeString([], shape);
+  return `ready by ${low === high ? low : `${low}–${high}`}`;
+}
+
+// A waiting job's estimate (GET /v1/jobs/{id} `estimate`): jobs ahead, and when it starts and is ready as a
+// range from the typical case to a late one, or why there is none yet.
+function estimateLine(estimate) {
+  const most = Math.max(estimate.jobs_ahead, estimate.jobs_ahead_p90 ?? estimate.jobs_ahead);
+  const ahead = `${range(estimate.jobs_ahead, most)} job${most === 1 ? "" : "s"} ahead`;
+  if (!estimate.start_p50 || !estimate.start_p90 || !estimate.ready_p50 || !estimate.ready_p90) {
+    return `${ahead}; no estimate yet: ${estimate.note}`;
+  }
+  return `${ahead}; ${startsIn(estimate.start_p50, estimate.start_p90)}, ${readyBy(estimate.ready_p50, estimate.ready_p90)}`;
+}
+
 function statusLine(job) {
   const parts = [`${job.stage}`];
   if (job.status === "pending" && job.queue_position) parts.push(`number ${job.queue_position} in your queue`);
   if (job.status === "pending" && job.priority === "batch") parts.push("batch: after your interactive jobs");
+  if (job.status === "pending" && job.estimate) parts.push(estimateLine(job.estimate));
   if (job.status === "pending" && job.queue_reason) parts.push(job.queue_reason);
   if (job.progress !== null && job.progress !== undefined) parts.push(`${Math.round(job.progress * 100)}% (as reported by the provider)`);
   if (job.attempt > 1) parts.push(`attempt ${job.attempt}`);
