@@ -168,6 +168,10 @@ async def test_a_person_renders_and_watches_the_stages_live(h, browser):
     job_id = await browser.until("document.getElementById('job-title').textContent.match(/^job_/) && "
                                  "document.getElementById('job-title').textContent", "the job to appear")
     assert await browser.until(CURRENT_STAGE, "a stage") == "queued"
+    # Waiting, it says where it stands and, with no render of the model measured yet, that there is no estimate.
+    waiting = await browser.until("document.getElementById('job-status').textContent", "the status line")
+    assert "number 1 in your queue" in waiting
+    assert "0 jobs ahead; no estimate yet: no renders of fake/default" in waiting
     # The workers' moves, made through the real transition function, reach the page over the stream.
     for status, stage in [(JobStatus.SUBMITTED, "submitted"), (JobStatus.PROCESSING, "rendering"),
                           (JobStatus.DOWNLOADING, "downloading")]:
