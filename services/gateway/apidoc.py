@@ -41,6 +41,32 @@ the times are null, `unavailable` says which (`too_few_renders`, `submissions_pa
 estimate moves by more than that rounding or a job ahead of it leaves; what the estimates read is shared by
 every request and stream of a gateway process and read again every few seconds (`VIDJOBS_ESTIMATE_*`
 settings, README).
+
+## Lanes
+
+`priority` is `interactive` (the default) or `batch`. An account's waiting interactive jobs are numbered
+(`queue_position`) and started ahead of its waiting batch jobs, each lane oldest first. Lanes order an
+account's own queue only: which account's job a provider's free slot goes to never looks at them, so an
+account's batch job keeps its account's turn however many interactive jobs other accounts queue.
+
+## Failover
+
+A job may name `fallback_models` (up to 3, in order; aliases are resolved when it is created), or it takes
+its account's default list (`PATCH /v1/account`; a job's `[]` opts out), and a `max_wait_s`. While it waits
+it moves to the first of them that can start it sooner:
+- when its provider is unavailable (its circuit breaker holds every job back), to any fallback whose own
+  provider is not;
+- when its estimated start (`estimate.start_p50`) is later than `created_at` + `max_wait_s`, to a fallback
+  that has a slot free with nobody waiting, or whose own estimate for a job joining its queue now is sooner.
+
+A fallback must render the same request (duration, ratio, resolution, params) for no more than the job's
+quote on the rate card it was priced with. A cheaper one lowers the reservation to its own quote (a `reprice`
+entry in the ledger, and `cost.estimated_credits` falls); a dearer one is never used: named by the job it is
+refused at create with 422, and in the account's default it is left out of that job's list. Each move is in
+the job's trail (`GET /v1/jobs/{id}/events`, from `pending` to `pending`, with the models and the reason),
+is told to the account's webhook endpoints as `job.moved`, and is counted in `vidjobs_job_moves_total` by
+model, route and reason. `fallback_models` then lists only those after the model it moved to. Without
+fallbacks a job never moves.
 """
 
 
