@@ -1,14 +1,18 @@
-"""`python -m tests.faults [--long] [SCENARIO ...]`: run fault scenarios against the whole stack and print one
-table row per scenario. A name also selects every scenario it is a prefix of (`object_store_outage` runs
-both backends). Exit status 1 when any row failed."""
+"""`python -m tests.faults [--long] [--backlog N] [SCENARIO ...]`: run fault scenarios against the whole stack
+and print one table row per scenario. A name also selects every scenario it is a prefix of
+(`object_store_outage` runs both backends). `--backlog N` parks N jobs beside each scenario's workload (see
+tests/faults/backlog.py; default VIDJOBS_FAULTS_BACKLOG, else 200; 0 for none). Exit status 1 when any row
+failed."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import traceback
 
+from tests.faults import backlog
 from tests.faults.report import Row, table
 from tests.faults.scenarios import SCENARIOS
 
@@ -48,11 +52,21 @@ async def run_all(names: list[str], long: bool) -> list[Row]:
     return rows
 
 
+def backlog_size(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: give the number of backlog jobs as a whole number (0 for none)")
+    return int(text)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
     parser.add_argument("--long", action="store_true", help="the long versions (minutes each)")
+    parser.add_argument("--backlog", type=backlog_size, metavar="N",
+                        help=f"jobs parked beside each workload on a full quota (default {backlog.DEFAULT_SIZE})")
     parser.add_argument("scenarios", nargs="*", help=f"any of: {', '.join(SCENARIOS)}")
     args = parser.parse_args()
+    if args.backlog is not None:
+        os.environ[backlog.ENV] = str(args.backlog)  # where every scenario's fault_run reads it
     rows = asyncio.run(run_all(selected(args.scenarios), args.long))
     print("\n" + table(rows), flush=True)
     return 0 if all(r.passed for r in rows) else 1

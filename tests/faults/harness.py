@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
+from tests.faults import backlog as backlogs
+from tests.faults.backlog import Backlog
 from tests.faults.collector import fill_row, wait_settled
 from tests.faults.jsapi import wait_jetstream
 from tests.faults.natsd import NatsCluster, NatsNode
@@ -58,6 +60,7 @@ class FaultRun:
     row: Row = field(init=False)
     started: float = field(default_factory=time.monotonic)
     fault_end: datetime | None = None
+    backlog: Backlog | None = None  # jobs parked beside the workload (tests.faults.backlog)
 
     def __post_init__(self) -> None:
         self.row = Row(self.name)
@@ -154,12 +157,21 @@ def _keep_server_logs(run: FaultRun) -> None:
             shutil.copy(log, run.log_dir / f"{log.parent.name}-{log.name}")
 
 
+def _with_full_quota(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The settings with the backlog's provider given no render slot (beside any limits the scenario sets)."""
+    return {**overrides, "provider_limits": {**overrides.get("provider_limits", {}), **backlogs.FULL_QUOTA}}
+
+
 @contextlib.asynccontextmanager
 async def fault_run(name: str, *, cluster: bool = False, limits: dict[str, Any] | None = None,
-                    **overrides: Any) -> AsyncIterator[FaultRun]:
+                    backlog: int | None = None, **overrides: Any) -> AsyncIterator[FaultRun]:
     """A FaultRun with the stack up. The services get one NATS URL: the single server's, or a cluster's first
     node (bus.connect takes one URL; the client learns the other nodes from the server). `limits` shape the
-    test account (see tests.stack.demo_key)."""
+    test account (see tests.stack.demo_key). `backlog` jobs (default: VIDJOBS_FAULTS_BACKLOG) are parked on
+    another provider before the scenario begins, and checked intact once it has ended."""
+    size = backlogs.configured_size() if backlog is None else backlog
+    if size:
+        overrides = _with_full_quota(overrides)
     home = Path(tempfile.mkdtemp(prefix=f"vidjobs-faults-{name}-"))
     log_dir = logs_root() / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -180,8 +192,13 @@ async def fault_run(name: str, *, cluster: bool = False, limits: dict[str, Any] 
             async with running_stack(settings, key=key, supervisor_factory=factory) as stack:
                 run.stack = stack
                 run.say(f"stack up; logs in {log_dir}")
+                if size:
+                    run.backlog = await backlogs.queue(run.database_url, size, say=run.say,
+                                                       recovery_delay_s=settings.recovery_delay_s)
                 yield run
                 body_done = True
+                if run.backlog is not None:
+                    await backlogs.check(run.row, settings, run.backlog)
         except AssertionError as exc:
             if not body_done:
                 raise

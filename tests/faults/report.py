@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Row:
     scenario: str
+    backlog: int = 0  # jobs parked beside the workload for the whole run (not counted in the columns after it)
     created: int = 0
     completed: int = 0
     failed: int = 0
@@ -32,7 +33,7 @@ class Row:
             self.broken.append(what)
 
 
-COLUMNS = ("scenario", "created", "completed", "failed", "stuck", "refused", "renders/att", "over",
+COLUMNS = ("scenario", "backlog", "created", "completed", "failed", "stuck", "refused", "renders/att", "over",
            "repeats", "recover_s", "drain_s", "elapsed_s", "result")
 
 
@@ -41,7 +42,7 @@ def _seconds(value: float | None) -> str:
 
 
 def cells(row: Row) -> tuple[str, ...]:
-    return (row.scenario, str(row.created), str(row.completed), str(row.failed), str(row.stuck),
+    return (row.scenario, str(row.backlog), str(row.created), str(row.completed), str(row.failed), str(row.stuck),
             str(row.refused), f"{row.max_renders_per_attempt:.2f}", str(row.over_rendered),
             str(row.repeated_moves), _seconds(row.recover_s), _seconds(row.drain_s), f"{row.elapsed_s:.0f}",
             "PASS" if row.passed else "FAIL")
