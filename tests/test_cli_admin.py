@@ -56,12 +56,12 @@ async def test_accounts_create_list_and_set(vidjobs, pool):
     assert rows["acme"] == {
         "id": acme.id, "name": "acme", "concurrent_jobs": 3, "credits_balance": 500, "credits_reserved": 0,
         "daily_spend_cap": 2000, "max_job_credits": 300, "requests_per_s": 2.5, "request_burst": 5,
-        "live_keys": 1, "active_jobs": 1,
+        "fallback_models": [], "live_keys": 1, "active_jobs": 1,
     }
     assert rows["plain"] | {"id": None} == {
         "id": None, "name": "plain", "concurrent_jobs": 2, "credits_balance": 10_000, "credits_reserved": 0,
         "daily_spend_cap": None, "max_job_credits": None, "requests_per_s": None, "request_burst": None,
-        "live_keys": 1, "active_jobs": 0,
+        "fallback_models": [], "live_keys": 1, "active_jobs": 0,
     }
     header, *lines = table.out.splitlines()
     assert header.split()[:4] == ["id", "name", "balance", "reserved"] and "active jobs" in header
