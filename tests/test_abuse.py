@@ -512,6 +512,7 @@ def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tup
         ("GET", "/v1/jobs/{job_id}/stream"): each_job("GET", "/stream"),
         ("POST", "/v1/uploads"): own_upload,
         ("GET", "/v1/account"): plain("GET", "/v1/account"),
+        ("PATCH", "/v1/account"): plain("PATCH", "/v1/account", json={"fallback_models": ["fake-poll/default"]}),
         ("GET", "/v1/account/ledger"): plain("GET", "/v1/account/ledger?limit=100"),
         ("POST", "/v1/webhooks/{provider}"): unknown_webhook,
         ("GET", "/healthz"): plain("GET", "/healthz", auth=False),
