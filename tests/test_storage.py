@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 from tests.s3server import TEST_BUCKET, MotoS3
 from vidjobs.cli.embedded import free_port
 from vidjobs.common.errors import ConfigError
+from vidjobs.common.estimates import Estimator
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway import routes_files
@@ -57,9 +58,10 @@ async def files_route(root: Path) -> AsyncIterator[FileStorage]:
     storage = FileStorage(root, base_url=f"http://127.0.0.1:{port}", secret=secret)
     app = web.Application(middlewares=[error_middleware])
     # The files route reads only the settings and the storage; it needs no database or NATS.
-    app[GATEWAY] = Gateway(settings=Settings(signing_secret=secret), rt=cast(Runtime, None), storage=storage,
+    settings = Settings(signing_secret=secret)
+    app[GATEWAY] = Gateway(settings=settings, rt=cast(Runtime, None), storage=storage,
                            adapters={}, streams=StreamSlots(per_account=1, per_key=1), buckets=cast(Buckets, None),
-                           webhook_rates={})
+                           webhook_rates={}, estimator=Estimator(settings))
     register(app, routes_files.ROUTES)
     runner = web.AppRunner(app)
     await runner.setup()
