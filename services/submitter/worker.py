@@ -138,8 +138,10 @@ async def _maybe_move(ctx: Context, job: JobRow, why: failover.Why) -> bool:
     if why is failover.Why.BREAKER:
         start, detail = None, f"{job.provider} is unavailable and its submissions are paused"
     else:
+        if job.max_wait_until is None:
+            return False  # no limit to pass: no estimate to make
         start = await _estimated_start(ctx, job)
-        if job.max_wait_until is None or start is None or start <= job.max_wait_until:
+        if start is None or start <= job.max_wait_until:
             return False
         detail = (f"its estimated start, {start:%H:%M:%S} UTC, is past its max_wait_s of {job.max_wait_s} s "
                   f"({job.max_wait_until:%H:%M:%S} UTC)")
