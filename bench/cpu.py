@@ -27,7 +27,7 @@ def _part(proc: psutil.Process, root: str) -> str | None:
     for name in SERVICES:
         if f"vidjobs.{name}" in cmdline:
             return name
-    if "vidjobs.providers.fake" in cmdline:
+    if "vidjobs.fakeprovider" in cmdline:
         return "fake provider"
     if root in joined and "nats-server" in joined:
         return "nats-server"

@@ -1,3 +1,4 @@
-"""vidjobs: the backend that owns the lifecycle of AI video render jobs. Everything installed imports under this
-root: vidjobs.common, vidjobs.providers and vidjobs.storage (the libs/ folder), vidjobs.<service> (services/),
-vidjobs.cli (cli/) and vidjobs.client (clients/python)."""
+"""Not a package: libs/ holds distributions, each importing under `vidjobs` from its own src/ folder (the root
+pyproject.toml lists them). Imported from the repository root, it would be a second name for the same files."""
+
+raise ImportError("libs/ is a folder of distributions, not a package: import vidjobs.<name> after `uv sync` (README)")

@@ -29,7 +29,7 @@ from vidjobs.common.settings import Settings
 from vidjobs.providers import webhooks
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from vidjobs.providers.fake.adapter import FakeAdapter
-from vidjobs.providers.fake.server import running_fake_provider
+from vidjobs.fakeprovider.server import running_fake_provider
 from vidjobs.providers.fal import FalAdapter
 from vidjobs.providers.luma import LumaAdapter
 from vidjobs.providers.registry import build_adapters

@@ -23,7 +23,7 @@ from tests import imagefiles
 from tests.stack import demo_key, running_stack, stack_settings
 from tests.test_gateway_harness import gateway_settings, running_gateway
 from vidjobs.cli.embedded import free_port
-from vidjobs.client import (
+from vidjobs_client import (
     AsyncClient,
     AuthenticationError,
     ChecksumMismatch,

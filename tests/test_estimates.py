@@ -149,7 +149,7 @@ def test_an_estimate_has_moved_only_past_its_rounding():
 
 
 def test_the_client_says_an_estimate_in_words():
-    from vidjobs.client.models import QueueEstimate
+    from vidjobs_client.models import QueueEstimate
 
     def local(at: datetime, shape: str) -> str:
         return at.astimezone().strftime(shape)

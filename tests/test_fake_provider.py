@@ -27,10 +27,10 @@ from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import Settings
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
-from vidjobs.providers.fake import adapter as fake_adapter
+from vidjobs.fakeprovider import adapter as fake_adapter
 from vidjobs.providers.fake.adapter import FakeAdapter
-from vidjobs.providers.fake.render import ClipSpec, clip_size, render_mp4
-from vidjobs.providers.fake.server import FakeProvider, Scenario, running_fake_provider
+from vidjobs.fakeprovider.render import ClipSpec, clip_size, render_mp4
+from vidjobs.fakeprovider.server import FakeProvider, Scenario, running_fake_provider
 from vidjobs.providers.registry import adapter_for, build_adapters
 from vidjobs.providers.webhooks import new_secret, signed_headers
 
@@ -500,7 +500,7 @@ def _env(**values: str) -> dict[str, str]:
 async def test_as_a_process_it_serves_until_sigterm(http, secret):
     url = f"http://127.0.0.1:{free_port()}"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "vidjobs.providers.fake", env=_env(fake_provider_url=url, fake_webhook_secret=secret),
+        sys.executable, "-m", "vidjobs.fakeprovider", env=_env(fake_provider_url=url, fake_webhook_secret=secret),
         stderr=asyncio.subprocess.PIPE,
     )
     try:
@@ -518,7 +518,7 @@ async def test_as_a_process_it_serves_until_sigterm(http, secret):
 
 async def test_as_a_process_it_refuses_to_start_without_a_webhook_secret():
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "vidjobs.providers.fake", env=_env(fake_provider_url=f"http://127.0.0.1:{free_port()}"),
+        sys.executable, "-m", "vidjobs.fakeprovider", env=_env(fake_provider_url=f"http://127.0.0.1:{free_port()}"),
         stderr=asyncio.subprocess.PIPE,
     )
     _, err = await proc.communicate()

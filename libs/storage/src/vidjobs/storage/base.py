@@ -8,6 +8,8 @@ from typing import Protocol, runtime_checkable
 
 import msgspec
 
+from vidjobs.common.errors import PartUnavailable
+
 
 class ObjectInfo(msgspec.Struct, kw_only=True):
     key: str
@@ -24,7 +26,7 @@ class ObjectNotFound(StorageError):
     pass
 
 
-class StorageUnavailable(StorageError):
+class StorageUnavailable(StorageError, PartUnavailable):
     """The store could not be reached or answered with a server error: the same call may succeed later."""
 
 

@@ -1,4 +1,4 @@
-"""`python -m vidjobs.providers.fake`: the fake provider as a process of its own.
+"""`python -m vidjobs.fakeprovider`: the fake provider as a process of its own.
 
 Listens at VIDJOBS_FAKE_PROVIDER_URL, signs callbacks with VIDJOBS_FAKE_WEBHOOK_SECRET, logs one JSON object
 per line, says "fake provider ready" once it accepts connections, and stops cleanly on SIGTERM or SIGINT.
@@ -17,7 +17,7 @@ from yarl import URL
 from vidjobs.common import logs
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings, load
-from vidjobs.providers.fake.server import running_fake_provider
+from vidjobs.fakeprovider.server import running_fake_provider
 from vidjobs.providers.webhooks import decode_secret
 
 log = logging.getLogger("vidjobs.fake_provider")

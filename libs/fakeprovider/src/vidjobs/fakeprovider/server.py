@@ -39,7 +39,7 @@ from aiohttp import web
 
 from vidjobs.common import ids
 from vidjobs.providers import webhooks
-from vidjobs.providers.fake.render import ClipSpec, clip_size, inspect_image, render_mp4
+from vidjobs.fakeprovider.render import ClipSpec, clip_size, inspect_image, render_mp4
 
 log = logging.getLogger("vidjobs.fake_provider")
 

@@ -18,7 +18,7 @@ log = logging.getLogger("vidjobs.supervisor")
 
 # Module to run for each service, in start order: the fake provider first so submissions find it.
 SERVICES: dict[str, str] = {
-    "fake-provider": "vidjobs.providers.fake",
+    "fake-provider": "vidjobs.fakeprovider",
     "gateway": "vidjobs.gateway",
     "submitter": "vidjobs.submitter",
     "poller": "vidjobs.poller",

@@ -71,6 +71,12 @@ class ConfigError(VidjobsError):
     """A setting is missing or malformed; the message names the variable."""
 
 
+class PartUnavailable(Exception):
+    """A part we run on (the object store, say) could not be reached or answered with a server error: the same
+    call may succeed later. The libraries that talk to such a part raise subclasses of it, so `faults` can tell
+    an infrastructure fault from the job's own without importing them."""
+
+
 class StoreError(VidjobsError):
     """A database operation failed in a way the caller may handle."""
 

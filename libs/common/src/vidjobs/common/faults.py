@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncpg
 import nats.errors
 
-from vidjobs.storage.base import StorageUnavailable
+from vidjobs.common.errors import PartUnavailable
 
 # SQLSTATE classes and codes that a retry of the same work can outlive.
 _POSTGRES_TRANSIENT: tuple[type[BaseException], ...] = (
@@ -28,7 +28,7 @@ _POSTGRES_TRANSIENT: tuple[type[BaseException], ...] = (
 INFRASTRUCTURE: tuple[type[BaseException], ...] = (
     *_POSTGRES_TRANSIENT,
     nats.errors.Error,  # no responders, no leader, timeouts, a closed connection
-    StorageUnavailable,  # object store 5xx, throttled or unreachable
+    PartUnavailable,  # object store 5xx, throttled or unreachable (storage's StorageUnavailable)
     OSError,  # connection refused or reset, disk full (ENOSPC), read-only file system
     TimeoutError,  # a pool acquire or command that outlived its bound
 )

@@ -24,7 +24,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from vidjobs.client.models import STAGES, Job
+from vidjobs_client.models import STAGES, Job
 
 # What a person can do about each way a job fails; the job's own message says what happened.
 WHAT_TO_DO = {

@@ -20,7 +20,7 @@ import msgspec
 
 from vidjobs.cli import profile, show
 from vidjobs.cli.exitcodes import Exit
-from vidjobs.client import (
+from vidjobs_client import (
     APIError,
     ChecksumMismatch,
     Client,
@@ -30,7 +30,7 @@ from vidjobs.client import (
     VidjobsError,
     WaitTimeout,
 )
-from vidjobs.client.models import Job, JobOptions
+from vidjobs_client.models import Job, JobOptions
 from vidjobs.common.errors import ConfigError
 
 Handler = Callable[[argparse.Namespace], Exit]
