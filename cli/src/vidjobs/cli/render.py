@@ -20,6 +20,7 @@ import msgspec
 
 from vidjobs.cli import profile, show
 from vidjobs.cli.exitcodes import Exit
+from vidjobs.common.errors import ConfigError
 from vidjobs_client import (
     APIError,
     ChecksumMismatch,
@@ -31,7 +32,6 @@ from vidjobs_client import (
     WaitTimeout,
 )
 from vidjobs_client.models import Job, JobOptions
-from vidjobs.common.errors import ConfigError
 
 Handler = Callable[[argparse.Namespace], Exit]
 

@@ -38,8 +38,8 @@ import msgspec
 from aiohttp import web
 
 from vidjobs.common import ids
-from vidjobs.providers import webhooks
 from vidjobs.fakeprovider.render import ClipSpec, clip_size, inspect_image, render_mp4
+from vidjobs.providers import webhooks
 
 log = logging.getLogger("vidjobs.fake_provider")
 
