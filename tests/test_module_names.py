@@ -18,6 +18,8 @@ def _repeated(names: dict[str, list[str]]) -> dict[str, list[str]]:
 def test_module_names_are_unique_across_the_workspace():
     names: dict[str, list[str]] = defaultdict(list)
     for owner in workspace.members():
+        if not owner.module.startswith("vidjobs."):
+            continue  # the client library is published alone; its names are its own (vidjobs_client.errors)
         for path in owner.files():
             names[path.stem].append(owner.name_of(path))
     assert not _repeated(names), _repeated(names)
