@@ -170,7 +170,7 @@ async def operations(conn: asyncpg.Connection) -> dict[str, Operation]:
         "recovery sweep": lambda c: c.fetch(sweep.OVERDUE_SQL, sweep.OVERDUE_S, 500),
         "retention sweep": rolled_back(lambda c: c.fetch(retention._DUE, 30 * 86400.0, retention.BATCH)),
         "slot decision": rolled_back(decide),
-        # What a waiting job's estimate reads, once per refresh interval per process (libs/common/estimates.py).
+        # What a waiting job's estimate reads, once per refresh interval per process (vidjobs.common.estimates).
         "estimate: a model's renders": lambda c: estimates.read_measured(c, "fake/default", Settings()),
         "estimate: a provider's queue": lambda c: estimates.read_queue(c, "fake"),
     }

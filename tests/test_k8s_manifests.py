@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.workspace import member
 from vidjobs.common.settings import PREFIX, Settings
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
@@ -117,6 +118,53 @@ def test_every_deployment_waits_for_its_schema(objects: list[dict]) -> None:
     # Named after the release, so a new image makes a new Job instead of a refused change to the old one.
     tag = job["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[1]
     assert job["metadata"]["name"] == f"migrate-{tag}"
+
+
+# The image each workload runs (deploy/Dockerfile, one per service): the migrations Job needs only common, and
+# runs from the gateway's image, which every release ships anyway.
+IMAGES = {"gateway": "vidjobs-gateway", "submitter": "vidjobs-submitter", "poller": "vidjobs-poller",
+          "media": "vidjobs-media", "reaper": "vidjobs-reaper", "migrate": "vidjobs-gateway"}
+
+
+def installed_with(distribution: str) -> set[str]:
+    """The workspace members an image built for `distribution` holds: it and what it requires, transitively."""
+    found, todo = set(), [distribution]
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo += [r for r in member(name).requires if r.startswith("vidjobs-")]
+    return found
+
+
+def test_every_workload_runs_its_own_service_image_and_none_the_fake_provider(objects: list[dict]) -> None:
+    tags = set()
+    for obj in of_kind(objects, "Deployment", "Job"):
+        for container in containers(obj):
+            repository, tag = container["image"].rsplit(":", 1)
+            assert repository.rsplit("/", 1)[-1] == IMAGES[workload(obj)], (workload(obj), container["name"])
+            tags.add(tag)
+    assert len(tags) == 1, tags  # one release: every image of one tag, the one the migrations Job is named after
+    for distribution in set(IMAGES.values()):
+        assert not installed_with(distribution) & {"vidjobs-fakeprovider", "vidjobs-cli"}, distribution
+
+
+def test_every_module_a_container_runs_is_in_its_image(objects: list[dict]) -> None:
+    """What each command imports (`python -m vidjobs.x`, `from vidjobs.x.y import ...` in check-settings) is a
+    module of a member the workload's image installs, so no pod fails on an import the image lacks; the schema
+    steps run common's migrate, never the `vidjobs` command, which no service's image holds."""
+    for obj in of_kind(objects, "Deployment", "Job"):
+        held = installed_with(IMAGES[workload(obj)])
+        for container in containers(obj):
+            command = " ".join(container.get("command", []))
+            assert not re.search(r"(^|\s)vidjobs\s|vidjobs\.cli", command), (workload(obj), container["name"])
+            for module in re.findall(r"\b(vidjobs\.[a-z_]+)", command):
+                assert member(module).distribution in held, (workload(obj), container["name"], module)
+    (job,) = of_kind(objects, "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == ["python", "-m", "vidjobs.common.migrate"]
+    for deployment in of_kind(objects, "Deployment"):
+        (wait,) = [c for c in pod_spec(deployment)["initContainers"] if c["name"] == "wait-for-schema"]
+        assert "python -m vidjobs.common.migrate --check" in wait["command"][-1], deployment["metadata"]["name"]
 
 
 def test_every_pod_is_under_a_default_deny_policy(objects: list[dict]) -> None:
@@ -277,7 +325,7 @@ NEEDS: dict[str, set[tuple[str, str]]] = {
 PUBLIC_KEYS = {("nats-server-tls", "ca.crt")}
 ENTRY_MODULES = {"gateway": "vidjobs.gateway.__main__", "submitter": "vidjobs.submitter.__main__",
                  "poller": "vidjobs.poller.__main__", "media": "vidjobs.media.__main__",
-                 "reaper": "vidjobs.reaper.__main__", "migrate": "vidjobs.cli.__main__"}
+                 "reaper": "vidjobs.reaper.__main__", "migrate": "vidjobs.common.migrate"}
 
 
 def workload(obj: dict) -> str:

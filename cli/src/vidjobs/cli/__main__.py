@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
@@ -12,7 +11,7 @@ from functools import partial
 
 from vidjobs.cli import admin, ops, render
 from vidjobs.cli.exitcodes import EPILOG, Exit, OperatorFailure
-from vidjobs.common import db
+from vidjobs.common import migrate
 from vidjobs.common.errors import ConfigError, StoreError
 from vidjobs.common.settings import Settings, load
 from vidjobs.gateway.accounts import LIMITS
@@ -254,16 +253,7 @@ def _up(args: argparse.Namespace, settings: Settings) -> int:
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     with embedded_database(settings) as resolved:
-        if args.check:
-            schema = asyncio.run(admin.read_schema(resolved.database_url))
-            admin.raise_if_mismatched(schema)
-            print(f"schema up to date: {len(schema.applied)} migrations, the last {max(schema.applied):04d}",
-                  file=sys.stderr)
-            return 0
-        applied = asyncio.run(db.migrate(resolved.database_url))
-    print(f"schema up to date; applied {len(applied)} migration(s): {', '.join(applied) or 'none'}",
-          file=sys.stderr)
-    return 0
+        return migrate.run(resolved.database_url, check=args.check)
 
 
 def _roles(args: argparse.Namespace, settings: Settings) -> int:
