@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vidjobs.common import db, jobs  # noqa: E402
 from vidjobs.common.settings import ProviderLimits  # noqa: E402
-from vidjobs.submitter import dispatch, limits  # noqa: E402
+from vidjobs.submitter import slots  # noqa: E402
 
 REQUEST = {"model": "fake/default", "prompt": "bench", "duration_s": 1}
 
@@ -69,8 +69,8 @@ async def decide(conn: asyncpg.Connection, job: jobs.JobRow, provider_limits: Pr
     tx = conn.transaction()
     await tx.start()
     try:
-        await limits.lock_provider(conn, job.provider)
-        choice = await dispatch.choose(conn, job, provider_limits, 45.0)
+        await slots.lock_provider(conn, job.provider)
+        choice = await slots.choose(conn, job, provider_limits, 45.0)
         return type(choice).__name__
     finally:
         await tx.rollback()

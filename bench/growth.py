@@ -37,7 +37,7 @@ from vidjobs.common.settings import ProviderLimits, Settings  # noqa: E402
 from vidjobs.gateway import tenant  # noqa: E402
 from vidjobs.poller import schedule  # noqa: E402
 from vidjobs.reaper import retention, sweep  # noqa: E402
-from vidjobs.submitter import dispatch, limits  # noqa: E402
+from vidjobs.submitter import slots  # noqa: E402
 
 HEAVY = "acct_heavy"  # holds a tenth of all jobs: the account whose listing and queue are measured
 ACCOUNTS = 200
@@ -157,8 +157,8 @@ async def operations(conn: asyncpg.Connection) -> dict[str, Operation]:
     unlimited = ProviderLimits(concurrency=10_000, rate_per_s=1e9, burst=10**9)
 
     async def decide(c: asyncpg.Connection) -> Any:
-        await limits.lock_provider(c, "fake")
-        return await dispatch.choose(c, waiting, unlimited, CLAIM_TTL_S)
+        await slots.lock_provider(c, "fake")
+        return await slots.choose(c, waiting, unlimited, CLAIM_TTL_S)
 
     return {
         "job GET (finished)": lambda c: c.fetchrow(tenant._ONE_JOB, finished, HEAVY),

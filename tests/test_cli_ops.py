@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 
 import asyncpg
 
 from tests.stack import running_stack, stack_settings
 from tests.support import operator_command, wait_until
 from vidjobs.cli.exitcodes import Exit
+from vidjobs.common import breakers
 from vidjobs.common.errors import ErrorCode
 from vidjobs.common.settings import Settings
-from vidjobs.submitter import limits
 
 
 def _lines(text: str) -> list[dict]:
@@ -56,12 +57,16 @@ async def test_unreachable_database_and_missing_things_have_their_own_exit_codes
     assert usage.code == Exit.USAGE and "--all" in usage.err
 
 
+async def _admission(conn: asyncpg.Connection, job_id: str) -> breakers.Admission:
+    return breakers.admission(await breakers.read(conn, "fake"), job_id, datetime.now(UTC))
+
+
 async def test_breakers_listed_and_reset_as_the_submitter_sees_them(database_url, pool):
     settings = Settings(breaker_threshold=2, breaker_cooldown_s=300)
     async with pool.acquire() as conn:
         for _ in range(2):  # the submitter's own bookkeeping of two outages in a row opens the breaker
-            await limits.record_answer(conn, "fake", ErrorCode.PROVIDER_UNAVAILABLE, settings)
-        assert (await limits.breaker_gate(conn, "fake", "job_a")).kind == "breaker"
+            await breakers.record_answer(conn, "fake", ErrorCode.PROVIDER_UNAVAILABLE, settings)
+        assert (await _admission(conn, "job_a")).wait_s is not None
     vidjobs = operator_command(database_url)
 
     listed = await vidjobs("breakers", "list", "--json")
@@ -73,7 +78,7 @@ async def test_breakers_listed_and_reset_as_the_submitter_sees_them(database_url
     assert reset.code == Exit.OK and "was open" in reset.err, reset.err
     async with pool.acquire() as conn:
         # Submissions flow at once, not after the five minutes' pause.
-        assert await limits.breaker_gate(conn, "fake", "job_a") == limits.GO
+        assert await _admission(conn, "job_a") == breakers.GO
     table = await vidjobs("breakers", "list")
     assert table.out.splitlines()[1].split()[:3] == ["fake", "closed", "0"]
 

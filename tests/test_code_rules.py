@@ -1,5 +1,6 @@
 """Rules of the code itself, checked over every module: a job status has one spelling (libs/common/states.py),
-which SQL text takes through `states.sql` rather than writing the word again."""
+and so has a circuit breaker's state (libs/common/breakers.py), which SQL text takes through `states.sql` and
+`breakers.sql` rather than writing the word again."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import dataclasses
 import re
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 
 from tests import workspace
+from vidjobs.common.breakers import BreakerState
 from vidjobs.common.states import JobStatus
 
 ROOT = Path(__file__).parents[1]
 _QUOTED_STATUS = re.compile(r"'(" + "|".join(s.value for s in JobStatus) + r")'")
+_QUOTED_BREAKER_STATE = re.compile(r"'(" + "|".join(s.value for s in BreakerState) + r")'")
 # webhook_deliveries has statuses of its own (pending, delivered, failed, disabled), not a job's.
 _OTHER_STATUSES = "services/gateway/src/vidjobs/gateway/appwebhooks/"
 
@@ -29,16 +33,41 @@ def _strings(path: Path) -> list[tuple[int, str]]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
 
 
+def _spelled(path: Path, word: re.Pattern[str]) -> list[str]:
+    """Each string of the module at `path` that quotes one of `word`'s words as SQL would."""
+    name = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+    return [f"{name}:{line}: {text.strip()[:80]}" for line, text in _strings(path) if word.search(text)]
+
+
+def _every_module() -> list[Path]:
+    return [path for owner in workspace.members() for path in owner.files()]
+
+
 def test_sql_never_spells_a_job_status():
-    found = []
-    for owner in workspace.members():
-        for path in owner.files():
-            name = path.relative_to(ROOT).as_posix()
-            if name.startswith(_OTHER_STATUSES):
-                continue
-            found += [f"{name}:{line}: {text.strip()[:80]}" for line, text in _strings(path)
-                      if _QUOTED_STATUS.search(text)]
+    found = [hit for path in _every_module() if not path.relative_to(ROOT).as_posix().startswith(_OTHER_STATUSES)
+             for hit in _spelled(path, _QUOTED_STATUS)]
     assert not found, "write statuses with vidjobs.common.states.sql():\n" + "\n".join(found)
+
+
+def test_sql_never_spells_a_breaker_state():
+    found = [hit for path in _every_module() for hit in _spelled(path, _QUOTED_BREAKER_STATE)]
+    assert not found, "write breaker states with vidjobs.common.breakers.sql():\n" + "\n".join(found)
+
+
+def test_the_spelling_rules_see_a_broken_rule(tmp_path):
+    """The check itself: a status or a breaker state quoted in SQL is caught, in a plain string and in the
+    literal part of an f-string, while one rendered from its enum (and a docstring that names it) is not."""
+    broken = tmp_path / "broken.py"
+    broken.write_text(textwrap.dedent('''\
+        """A docstring may say 'open' and 'pending'."""
+        from vidjobs.common import breakers, states
+        OPEN = "UPDATE provider_breakers SET state = 'open' WHERE provider = $1"
+        WAITING = f"SELECT id FROM jobs WHERE status = 'pending' AND provider = {provider}"
+        FINE = (f"SELECT 1 FROM jobs j, provider_breakers b WHERE j.status = {states.SQL_PENDING} "
+                f"AND b.state = {breakers.sql(breakers.BreakerState.HALF_OPEN)}")
+        '''))
+    assert [hit.split(":")[1] for hit in _spelled(broken, _QUOTED_BREAKER_STATE)] == ["3"]
+    assert [hit.split(":")[1] for hit in _spelled(broken, _QUOTED_STATUS)] == ["4"]
 
 
 # The import rules are about the workspace's members, as its pyproject files lay them out.

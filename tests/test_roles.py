@@ -40,6 +40,11 @@ REACHABLE_NOT_RUN["submitter"] |= {
     ("uploads", Privilege.INSERT): "libs/common/uploads.py: the submitter only reads a job's upload (owned)",
     ("uploads", Privilege.UPDATE): "libs/common/uploads.py: expiring uploads is the reaper's (expire_unused)",
 }
+REACHABLE_NOT_RUN["gateway"] = {
+    ("provider_breakers", Privilege.INSERT): "libs/common/breakers.py: the gateway's estimates only read "
+                                             "whether a breaker holds jobs back (breakers.pausing_sql)",
+    ("provider_breakers", Privilege.UPDATE): "libs/common/breakers.py: opening and closing is the submitter's",
+}
 REACHABLE_NOT_RUN["reaper"] |= {
     ("uploads", Privilege.INSERT): "libs/common/uploads.py: the reaper only expires uploads",
 }

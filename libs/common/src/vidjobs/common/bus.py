@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-from vidjobs.common import events, faults, metrics, requestids, tracing
+from vidjobs.common import backoff, events, faults, metrics, requestids, tracing
 from vidjobs.common.errors import GiveUp, Redeliver
 from vidjobs.common.events import Event, WorkEvent
 
@@ -165,11 +164,6 @@ class Tries:
             earlier -= 1  # its first delivery may have been held until `not_before`
         return cls(before=int(headers.get(TRIES_HEADER, 0)) + earlier,
                    streak=int(headers.get(STREAK_HEADER, 0)), not_before=not_before)
-
-
-def retry_delay(attempt: int, *, base: float = 0.5, cap: float = 30.0) -> float:
-    """Exponential backoff with full jitter."""
-    return random.uniform(0, min(cap, base * 2 ** (attempt - 1)))
 
 
 def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
@@ -322,7 +316,7 @@ async def _failed(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Eve
                   exc: Exception) -> None:
     job_id = getattr(event, "job_id", None)
     if faults.is_infrastructure(exc):
-        delay = retry_delay(tries.streak + 1, base=0.5, cap=30.0)
+        delay = backoff.delay(tries.streak + 1, base=0.5, cap=30.0)
         log.warning("infrastructure fault; work deferred", extra={
             "consumer": spec.durable, "job_id": job_id, "error": repr(exc), "delay_s": delay})
         metrics.MESSAGES.labels(spec.durable, "fault").inc()
@@ -333,7 +327,7 @@ async def _failed(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Eve
         log.exception("handler failed for the last time", extra={"consumer": spec.durable, "job_id": job_id})
         await _dead_letter(js, spec, msg, event, repr(exc))
         return
-    delay = retry_delay(failed)
+    delay = backoff.delay(failed)
     log.warning("handler failed; will be redelivered", exc_info=True,
                 extra={"consumer": spec.durable, "job_id": job_id, "attempt": failed, "delay_s": delay})
     metrics.MESSAGES.labels(spec.durable, "failed").inc()

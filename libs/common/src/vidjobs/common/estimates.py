@@ -50,7 +50,7 @@ from typing import Literal, TypeVar
 import asyncpg
 import msgspec
 
-from vidjobs.common import metrics, switch
+from vidjobs.common import breakers, metrics, switch
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.settings import ProviderLimits, Settings
 from vidjobs.common.states import SQL_PENDING, SQL_RENDERING, JobStatus, sql
@@ -176,7 +176,7 @@ SELECT ARRAY(SELECT COALESCE(j.submitted_at, j.updated_at) FROM jobs j
              WHERE j.provider = $1 AND j.status IN {SQL_RENDERING} AND j.deleted_at IS NULL) AS rendering,
        c.paused, c.reason, b.state AS breaker, b.reopen_at
 FROM platform_controls c
-LEFT JOIN provider_breakers b ON b.provider = $1 AND b.state <> 'closed' AND b.reopen_at > clock_timestamp()
+LEFT JOIN provider_breakers b ON b.provider = $1 AND {breakers.pausing_sql('b')}
 WHERE c.name = $2
 """
 
@@ -228,7 +228,7 @@ async def read_queue(conn: Conn, provider: str) -> ProviderQueue:
 def _held(provider: str, state: asyncpg.Record | None) -> str | None:
     if state is None or state["breaker"] is None:
         return None
-    if state["breaker"] == "open":
+    if state["breaker"] == breakers.BreakerState.OPEN:
         return (f"{provider} is unavailable; submissions to it are paused until {state['reopen_at']:%H:%M:%S} UTC, "
                 "then one job tests it")
     return f"{provider} was unavailable; waiting for one test job to get through"

@@ -3,7 +3,7 @@
 What a job's moves count (transitions, errors, durations) is counted once the move has committed
 (`transitions.transition` defers it with `changes.on_commit`): a handler rolled back or redelivered adds
 nothing. Gauges read from the database are exported by one service each (services/reaper/gauges.py,
-services/submitter/gauges.py); docs/RUNBOOK.md says how to query them across replicas.
+services/submitter/provider_gauges.py); docs/RUNBOOK.md says how to query them across replicas.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from vidjobs.common import outbox
+from vidjobs.common import inflight, outbox
 from vidjobs.common.events import InboxReceived
 from vidjobs.common.states import TERMINAL
 from vidjobs.providers.base import ProviderSignal
@@ -24,12 +24,12 @@ _TERMINAL = sorted(s.value for s in TERMINAL)
 # A verified signal naming our job id may be about a render the job gave up on, which the poller then
 # stops, so any job of that provider counts. A render id counts while a live job uses it. A verified
 # callback may also come before the submitter has recorded the render id, while a submit is in flight.
-_KNOWN = """
+_KNOWN = f"""
 SELECT ($2::text IS NOT NULL AND $4 AND EXISTS (SELECT 1 FROM jobs WHERE id = $2 AND provider = $1))
     OR EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND provider_job_id = $3::text
                AND deleted_at IS NULL AND status <> ALL($6::job_status[]))
-    OR ($4 AND EXISTS (SELECT 1 FROM provider_submissions WHERE provider = $1 AND answered_at IS NULL
-                       AND claimed_at > now() - make_interval(secs => $5)))
+    OR ($4 AND EXISTS (SELECT 1 FROM provider_submissions WHERE provider = $1
+                       AND {inflight.unanswered_call("$5")}))
 """
 
 

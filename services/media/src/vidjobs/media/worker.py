@@ -20,7 +20,7 @@ from functools import partial
 
 import aiohttp
 
-from vidjobs.common import bus, events, jobs, logs, netguard, tracing
+from vidjobs.common import backoff, bus, events, jobs, logs, netguard, tracing
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, GiveUp, JobError, MediaError, Redeliver
 from vidjobs.common.events import AssetsDeleteRequested, DownloadRequested
@@ -157,7 +157,7 @@ async def _copy_failed(media: Media, job: JobRow, err: MediaError, delivery: Del
         metrics.COPIES.labels("retry", err.code.value).inc()
         log.warning("download failed; it will be retried", extra=extra)
         settings = media.rt.settings
-        delay = bus.retry_delay(delivery.attempt, base=settings.retry_base_s, cap=settings.retry_cap_s)
+        delay = backoff.delay(delivery.attempt, base=settings.retry_base_s, cap=settings.retry_cap_s)
         raise Redeliver(err.message, delay=min(delay, _seconds_left(deadline)), counts=True)
     log.error("copy failed; failing the job", extra=extra)
     await _fail(media, job, err)

@@ -10,7 +10,7 @@ from functools import partial
 
 import aiohttp
 
-from vidjobs.common import bus, events, faults, jobs, logs, metrics, requestids, tracing
+from vidjobs.common import backoff, bus, events, faults, jobs, logs, metrics, requestids, tracing
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, InboxReceived, PollRequested
@@ -110,7 +110,7 @@ async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) ->
         metrics.PROVIDER_CALLS.labels(event.provider, "cancel", err.code.value).inc()
         if err.retryable:
             # Counted: a provider that never lets us cancel ends in the dead letters, not in a loop.
-            raise Redeliver(f"cancel failed: {err.message}", delay=err.retry_after or bus.retry_delay(
+            raise Redeliver(f"cancel failed: {err.message}", delay=err.retry_after or backoff.delay(
                 delivery.attempt, base=1.0, cap=60.0), counts=True) from err
         log.warning("provider refused to cancel", extra={"job_id": event.job_id, "code": err.code.value})
         return

@@ -28,12 +28,12 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from vidjobs.common import changes, credits, jobs, metrics, ratecard
+from vidjobs.common import breakers, changes, credits, jobs, metrics, ratecard
 from vidjobs.common.events import JobQueued
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.states import SQL_PENDING, JobStatus
 from vidjobs.common.transitions import Guard, JobUpdate, transition
-from vidjobs.submitter import limits
+from vidjobs.submitter import slots
 
 log = logging.getLogger("vidjobs.submitter.failover")
 
@@ -85,7 +85,7 @@ async def target(conn: asyncpg.Connection, job: JobRow, offered: frozenset[str],
     breaker, priced within the job's quote, and (for a limit passed) starting sooner than `start`."""
     for i, model in enumerate(job.fallback_models):
         provider = model.split("/", 1)[0]
-        if provider not in offered or provider == job.provider or await limits.breaker_pausing(conn, provider):
+        if provider not in offered or provider == job.provider or await breakers.pausing(conn, provider):
             continue
         quote = await _priced(conn, job, model)
         if quote is None or quote > job.estimated_credits:
@@ -114,6 +114,7 @@ async def reprice(conn: asyncpg.Connection, job_id: str, amount: int, note: str)
         row = await conn.fetchrow("SELECT * FROM reprice_job_credit($1, $2, $3)", job_id, amount, note)
     except asyncpg.InsufficientPrivilegeError as exc:
         raise credits.CreditRefused(exc.message) from exc
+    assert row is not None  # the function returns its ledger row or raises
     return msgspec.convert(dict(row), credits.Entry)
 
 
@@ -144,7 +145,7 @@ async def consider(conn: asyncpg.Connection, job_id: str, offered: frozenset[str
     job = await jobs.fetch(conn, job_id)
     if job is None or not job.fallback_models:
         return None
-    await limits.lock_provider(conn, job.provider)
+    await slots.lock_provider(conn, job.provider)
     if not await _may_move(conn, job):
         return None
     chosen = await target(conn, job, offered, why, sooner, start)

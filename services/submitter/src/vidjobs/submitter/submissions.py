@@ -13,6 +13,7 @@ import asyncpg
 import msgspec
 
 from vidjobs.common.errors import JobError
+from vidjobs.common.jobs import JobRow
 from vidjobs.providers.base import SubmitRequest
 
 
@@ -27,6 +28,13 @@ class Claim(enum.Enum):
 class Claimed(msgspec.Struct):
     claim: Claim
     provider_job_id: str | None = None
+
+
+def request_for(job: JobRow) -> SubmitRequest:
+    """What the claim of a job's submission row needs, for its current attempt; the full request (with its
+    callback and input image URLs) is built from it once the claim is ours."""
+    return SubmitRequest(job_id=job.id, attempt=job.attempt, idempotency_key=f"{job.id}-a{job.attempt}",
+                         request=job.request)
 
 
 async def claim(conn: asyncpg.Connection, req: SubmitRequest, provider: str, *, ttl_s: float) -> Claimed:

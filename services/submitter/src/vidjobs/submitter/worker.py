@@ -1,5 +1,5 @@
-"""The submitter: hands out provider slots to queued jobs (see `dispatch` for who goes next) and submits
-them through their provider's adapter.
+"""The submitter: hands out provider slots to queued jobs (`slots` decides whether one may go now, and
+`dispatch` which one) and submits them through their provider's adapter.
 
 The submission row is committed before the provider is called, and the provider is asked for an existing
 render before any resubmit, so a submitter killed at any point never causes a second render.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import enum
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,7 +20,20 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter
 
-from vidjobs.common import bus, estimates, events, faults, jobs, logs, metrics, outbox, tracing, uploads
+from vidjobs.common import (
+    backoff,
+    breakers,
+    bus,
+    estimates,
+    events,
+    faults,
+    jobs,
+    logs,
+    metrics,
+    outbox,
+    tracing,
+    uploads,
+)
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
@@ -34,8 +47,8 @@ from vidjobs.providers.base import ProviderAdapter, Submission, SubmitRequest
 from vidjobs.providers.registry import adapter_for, build_adapters
 from vidjobs.storage.base import Storage
 from vidjobs.storage.factory import open_storage
-from vidjobs.submitter import dispatch, failover, gauges, limits, submissions
-from vidjobs.submitter.dispatch import Wait
+from vidjobs.submitter import capacity, dispatch, failover, provider_gauges, slots, submissions
+from vidjobs.submitter.slots import Wait
 from vidjobs.submitter.submissions import Claim
 
 log = logging.getLogger("vidjobs.submitter")
@@ -43,6 +56,14 @@ log = logging.getLogger("vidjobs.submitter")
 # Calls made to resolve one unclear submit outcome before it is given up as a timeout (any render that turns
 # up for the abandoned attempt later is stopped when its signal arrives).
 UNCLEAR_CALLS = 3
+
+
+def _unclear(exc: BaseException) -> bool:
+    return isinstance(exc, ProviderError) and exc.unclear
+
+
+# Calls about one attempt whose outcome stays unclear: the same key, a little later each time.
+RESOLVING = backoff.Backoff(on=_unclear, attempts=UNCLEAR_CALLS, timeout=None, base=1.0, cap=5.0)
 
 WAITS = Counter("vidjobs_submit_waits_total",
                 "Jobs held back by the platform switch, a provider's limits or their account's cap",
@@ -73,7 +94,7 @@ async def main(rt: Runtime) -> None:
                         concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(bus.consume(rt.js, spec, rt.stop), name="submit-consumer")
-            tg.create_task(gauges.run(rt, ctx.adapters), name="provider-gauges")
+            tg.create_task(provider_gauges.run(rt, ctx.adapters), name="provider-gauges")
             tg.create_task(every(rt, rt.settings.queue_sweep_interval_s, partial(sweep_queues, ctx), "queue sweep"),
                            name="queue-sweep")
 
@@ -84,7 +105,7 @@ async def sweep_queues(ctx: Context) -> None:
     raised by a restart with new settings, the switch resumed from another process."""
     ttl = _claim_ttl(ctx)
     for provider in await jobs.waiting_providers(ctx.rt.pool):
-        if await dispatch.has_room(ctx.rt.pool, provider, limits.limits_for(ctx.rt.settings, provider), ttl):
+        if await slots.has_room(ctx.rt.pool, provider, ctx.rt.settings.limits_for(provider), ttl):
             if (pacing := await fill(ctx, provider)) is not None:
                 log.info("queue sweep met the provider's pacing", extra={"provider": provider, "why": pacing.reason})
         await sweep_moves(ctx, provider)
@@ -93,7 +114,7 @@ async def sweep_queues(ctx: Context) -> None:
 async def sweep_moves(ctx: Context, provider: str) -> None:
     """Move a batch of the provider's waiting jobs that have fallbacks: any of them while its breaker holds
     them back, else those whose estimated start passes their max_wait_s."""
-    why = failover.Why.BREAKER if await limits.breaker_pausing(ctx.rt.pool, provider) else failover.Why.MAX_WAIT
+    why = failover.Why.BREAKER if await breakers.pausing(ctx.rt.pool, provider) else failover.Why.MAX_WAIT
     for job_id in await failover.movable(ctx.rt.pool, provider, why):
         job = await jobs.fetch(ctx.rt.pool, job_id)
         if job is not None:
@@ -116,8 +137,8 @@ async def _sooner(ctx: Context, conn: asyncpg.Connection, job: JobRow, model: st
     """Whether `model` would start the job before `start`: at once (a slot free and nobody waiting there), or
     by its own estimate for a job joining its queue now."""
     provider = model.split("/", 1)[0]
-    slots = ctx.rt.settings.limits_for(provider).concurrency
-    if await limits.in_flight(conn, provider, _claim_ttl(ctx)) < slots and not await _queued_at(conn, provider):
+    free = ctx.rt.settings.limits_for(provider).concurrency
+    if await capacity.in_flight(conn, provider, _claim_ttl(ctx)) < free and not await _queued_at(conn, provider):
         return True
     if ctx.estimator is None or start is None:
         return False
@@ -153,7 +174,7 @@ async def _maybe_move(ctx: Context, job: JobRow, why: failover.Why) -> bool:
 
 async def submit_request(ctx: Context, job: JobRow, adapter: ProviderAdapter) -> SubmitRequest:
     callback = f"{ctx.rt.settings.gateway_url}/v1/webhooks/{job.provider}" if adapter.supports_callbacks else None
-    return msgspec.structs.replace(_claim_request(job), callback_url=callback,
+    return msgspec.structs.replace(submissions.request_for(job), callback_url=callback,
                                    input_image_url=await input_image_url(ctx, job))
 
 
@@ -189,7 +210,7 @@ async def fill(ctx: Context, provider: str) -> Wait | None:
     """Hand the provider's free slots to the fair heads of its queue, one after another, until none is free
     or one must wait; returns that wait when it is only the provider's pacing (a second or so), which the
     caller looks at again. Every other wait parks the head until the next event that frees a slot."""
-    for _ in range(limits.limits_for(ctx.rt.settings, provider).concurrency + 1):
+    for _ in range(ctx.rt.settings.limits_for(provider).concurrency + 1):
         head = await dispatch.fair_head(ctx.rt.pool, provider, _claim_ttl(ctx))
         if head is None:
             return None
@@ -226,10 +247,10 @@ async def _serve(ctx: Context, job: JobRow | None) -> Wait | None:
         try:
             adapter = adapter_for(ctx.adapters, job.provider)
         except ProviderError as err:
-            async with ctx.rt.tx() as conn:
-                await _refused(ctx, conn, job, err)
+            await _refuse(ctx, job, err, Refusal.UNOFFERED)
             return None
-        turn = await _take_turn(ctx, job, fair=fair)
+        async with ctx.rt.tx() as conn:
+            turn = await slots.take(conn, job, ctx.rt.settings.limits_for(job.provider), _claim_ttl(ctx), fair=fair)
         # No turn: this job moved on, or the head moved on or could not be claimed. Then the next slot is
         # offered to this job itself, rather than to a head that may fail again.
         fair = turn is not None
@@ -239,11 +260,10 @@ async def _serve(ctx: Context, job: JobRow | None) -> Wait | None:
                 return None  # its message for the fallback went out with the move
             return turn
         if turn is not None:
-            picked, claimed = turn
-            if picked.id == job.id:
-                await _submit(ctx, picked, adapter, claimed, handled=job)
+            if turn.job.id == job.id:
+                await _submit(ctx, turn.job, adapter, turn.claimed, handled=job)
                 return None
-            await _submit_for_another(ctx, picked, adapter, claimed, handled=job)
+            await _submit_for_another(ctx, turn.job, adapter, turn.claimed, handled=job)
         job = await jobs.fetch(ctx.rt.pool, job.id)
     return None
 
@@ -257,49 +277,6 @@ async def _submit_for_another(
         await _submit(ctx, job, adapter, claimed, handled=handled)
     except Exception:
         log.exception("submitting the head of the queue failed", extra={"job_id": job.id, "for_message": handled.id})
-
-
-def _claim_request(job: JobRow) -> SubmitRequest:
-    """What the claim of a submission row needs; the full request (`submit_request`) is built from it once
-    the claim is ours."""
-    return SubmitRequest(job_id=job.id, attempt=job.attempt, idempotency_key=f"{job.id}-a{job.attempt}",
-                         request=job.request)
-
-
-async def _take_turn(
-    ctx: Context, job: JobRow, *, fair: bool,
-) -> tuple[JobRow, submissions.Claimed] | Wait | None:
-    """Claim the submission of whichever job the provider's next slot goes to (maybe `job`, maybe another
-    account's), or say why `job` waits. None: `job` moved on, or the chosen head did or could not be
-    claimed (its own message carries that failure to the dead letters)."""
-    ttl = _claim_ttl(ctx)
-    async with ctx.rt.tx() as conn:
-        await limits.lock_provider(conn, job.provider)
-        if not await _still_waiting(conn, job):
-            return None
-        choice = await dispatch.choose(conn, job, limits.limits_for(ctx.rt.settings, job.provider), ttl,
-                                       fair=fair)
-        if isinstance(choice, Wait):
-            # Parked, the job costs nothing while it waits: the event that frees a slot hands it one.
-            await jobs.set_wait_reason(conn, job.id, choice.reason, park=not choice.pacing)
-            return choice
-        if choice.job_id != job.id:
-            return await _claim_head(conn, choice.job_id, ttl)
-        return job, await submissions.claim(conn, _claim_request(job), job.provider, ttl_s=ttl)
-
-
-async def _claim_head(conn: asyncpg.Connection, job_id: str, ttl: float) -> tuple[JobRow, submissions.Claimed] | None:
-    """Claim another job's submission; None if it is no longer waiting or that fails. A job that breaks its
-    own submission must not break the messages of the jobs queued behind it."""
-    try:
-        async with conn.transaction():  # a savepoint: this transaction goes on either way
-            head = await jobs.fetch(conn, job_id)
-            if head is None or not await _still_waiting(conn, head):
-                return None
-            return head, await submissions.claim(conn, _claim_request(head), head.provider, ttl_s=ttl)
-    except (asyncpg.PostgresError, msgspec.ValidationError):
-        log.exception("could not claim the head of the queue", extra={"job_id": job_id})
-        return None
 
 
 async def _submit(
@@ -316,25 +293,13 @@ async def _submit(
     try:
         req = await submit_request(ctx, job, adapter)
     except ProviderError as err:
-        # Refused before the provider was asked (its input image is gone): answer the claim and move on.
-        async with ctx.rt.tx() as conn:
-            await limits.lock_provider(conn, job.provider)
-            await _refused(ctx, conn, job, err)
-            await submissions.record_refused(conn, _claim_request(job), err.to_job_error())
-            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider, job.account_id))
+        await _refuse(ctx, job, err, Refusal.BEFORE_CALL)  # its input image is gone
         return
     try:
         accepted = await _call_provider(ctx, adapter, req, claimed)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(job.provider, "submit", err.code.value).inc()
-        # The refusal and the job's move away from pending commit together: a refused claim is never up for
-        # takeover while its job still looks like it is waiting for this attempt.
-        async with ctx.rt.tx() as conn:
-            await limits.lock_provider(conn, job.provider)
-            await _refused(ctx, conn, job, err)
-            await submissions.record_refused(conn, req, err.to_job_error())
-            await limits.record_answer(conn, job.provider, err.code, ctx.rt.settings)
-            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider, job.account_id))  # the claim held one
+        await _refuse(ctx, job, err, Refusal.BY_PROVIDER)
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
     await _record_patiently(ctx, job, adapter, req, accepted)
@@ -345,44 +310,38 @@ async def _record_patiently(
 ) -> None:
     """The provider's answer exists only in this process until it commits: a database that is failing over
     is waited out for as long as the claim is ours, rather than leaving the render to be found again."""
-    give_up = asyncio.get_running_loop().time() + _claim_ttl(ctx) - _call_budget(ctx)
-    for n in itertools.count(1):
-        try:
-            await _accepted(ctx, job, adapter, req, accepted)
-            return
-        except Exception as exc:
-            if not faults.is_infrastructure(exc) or asyncio.get_running_loop().time() > give_up:
-                raise
-            log.warning("could not record the provider's answer yet; retrying", extra={
-                "job_id": job.id, "provider_job_id": accepted.provider_job_id, "error": repr(exc)})
-            await asyncio.sleep(bus.retry_delay(n, base=0.5, cap=3.0))
+    def unrecorded(exc: BaseException, attempt: int, wait_s: float) -> None:
+        log.warning("could not record the provider's answer yet; trying again", extra={
+            "job_id": job.id, "provider_job_id": accepted.provider_job_id, "error": repr(exc), "delay_s": wait_s})
+
+    patience = backoff.Backoff(on=faults.INFRASTRUCTURE, attempts=None, timeout=_claim_ttl(ctx) - _call_budget(ctx),
+                               base=0.5, cap=3.0)
+    await backoff.call(patience, lambda _: _accepted(ctx, job, adapter, req, accepted), on_backoff=unrecorded)
 
 
 async def _call_provider(
     ctx: Context, adapter: ProviderAdapter, req: SubmitRequest, claimed: submissions.Claimed,
 ) -> Submission:
     """The provider's render for this attempt: the one it already has, or a new one. A call whose outcome is
-    unclear (no answer, a dropped connection) is resolved before anything else happens: the render is looked
-    up where the provider allows it, and otherwise asked for again under the same idempotency key, so a
-    provider that honours the key renders the attempt once. The claim is renewed before each new call."""
+    unclear is resolved before anything else happens: the render is looked up where the provider allows it,
+    and otherwise asked for again under the same idempotency key, so a provider that honours the key renders
+    the attempt once. The claim is renewed before each new call."""
     if claimed.claim is Claim.ACCEPTED:
         assert claimed.provider_job_id is not None
         return Submission(provider_job_id=claimed.provider_job_id)
-    look_first = claimed.claim is Claim.TAKEN_OVER
-    for call in range(1, UNCLEAR_CALLS + 1):
-        try:
-            return await _one_call(ctx, adapter, req, look_first=look_first)
-        except ProviderError as err:
-            if not err.unclear or call == UNCLEAR_CALLS:
-                raise
-            log.warning("submit outcome unclear; resolving it under the same key", extra={
-                "job_id": req.job_id, "attempt": req.attempt, "call": call, "error": err.message})
-            metrics.PROVIDER_CALLS.labels(adapter.name, "submit", "unclear").inc()
-        look_first = True
-        await asyncio.sleep(bus.retry_delay(call, base=1.0, cap=5.0))
-        async with ctx.rt.tx() as conn:
-            await submissions.renew(conn, req)
-    raise AssertionError("unreachable")
+
+    async def one(attempt: int) -> Submission:
+        if attempt > 1:
+            async with ctx.rt.tx() as conn:
+                await submissions.renew(conn, req)
+        return await _one_call(ctx, adapter, req, look_first=attempt > 1 or claimed.claim is Claim.TAKEN_OVER)
+
+    def unclear(exc: BaseException, attempt: int, wait_s: float) -> None:
+        log.warning("submit outcome unclear; resolving it under the same key", extra={
+            "job_id": req.job_id, "attempt": req.attempt, "call": attempt, "error": str(exc), "delay_s": wait_s})
+        metrics.PROVIDER_CALLS.labels(adapter.name, "submit", "unclear").inc()
+
+    return await backoff.call(RESOLVING, one, on_backoff=unclear)
 
 
 async def _one_call(ctx: Context, adapter: ProviderAdapter, req: SubmitRequest, *, look_first: bool) -> Submission:
@@ -405,9 +364,9 @@ async def _accepted(
     now = datetime.now(UTC)
     emit = [] if adapter.supports_callbacks else [PollRequested(job_id=job.id, reason="submitted")]
     async with ctx.rt.tx() as conn:
-        await limits.lock_provider(conn, job.provider)
+        await slots.lock_provider(conn, job.provider)
         await submissions.record_accepted(conn, req, accepted.provider_job_id)
-        await limits.record_answer(conn, job.provider, None, ctx.rt.settings)
+        await breakers.record_answer(conn, job.provider, None, ctx.rt.settings)
         moved = await transition(
             conn, job.id, JobStatus.SUBMITTED, reason=f"accepted by {job.provider} as {accepted.provider_job_id}",
             expect=[JobStatus.PENDING], emit=emit,
@@ -428,13 +387,6 @@ async def _accepted(
                                  "attempt": job.attempt})
 
 
-async def _still_waiting(conn: asyncpg.Connection, job: JobRow) -> bool:
-    """Whether the job is still pending at the attempt we read; holds its row until the claim commits."""
-    row = await conn.fetchrow(
-        "SELECT status, attempt FROM jobs WHERE id = $1 AND deleted_at IS NULL FOR SHARE", job.id)
-    return row is not None and row["status"] == JobStatus.PENDING and row["attempt"] == job.attempt
-
-
 async def _orphaned(conn: asyncpg.Connection, job_id: str, provider_job_id: str) -> bool:
     """The provider accepted a render the job no longer wants: it ended, was deleted, or moved on to
     another attempt (a callback that adopted this very render is not an orphan)."""
@@ -442,10 +394,33 @@ async def _orphaned(conn: asyncpg.Connection, job_id: str, provider_job_id: str)
     return current is None or current.finished or current.provider_job_id != provider_job_id
 
 
+class Refusal(enum.Enum):
+    """Where a submission was refused, which says what else its refusal writes."""
+
+    UNOFFERED = "unoffered"  # its provider is not offered here: nothing was claimed
+    BEFORE_CALL = "before_call"  # claimed, then refused before the provider was asked (its input is gone)
+    BY_PROVIDER = "by_provider"  # the provider's own answer, which the breaker hears too
+
+
+async def _refuse(ctx: Context, job: JobRow, err: ProviderError, where: Refusal) -> None:
+    """Fail or retry the job for `err` and, once it was claimed, answer its claim and hand the slot the claim
+    held to the next job. The refusal and the job's move away from pending commit together: a refused claim
+    is never up for takeover while its job still looks like it is waiting for this attempt."""
+    async with ctx.rt.tx() as conn:
+        await slots.lock_provider(conn, job.provider)
+        await _refused(ctx, conn, job, err)
+        if where is Refusal.UNOFFERED:
+            return
+        await submissions.record_refused(conn, submissions.request_for(job), err.to_job_error())
+        if where is Refusal.BY_PROVIDER:
+            await breakers.record_answer(conn, job.provider, err.code, ctx.rt.settings)
+        await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider, job.account_id))
+
+
 async def _refused(ctx: Context, conn: asyncpg.Connection, job: JobRow, err: ProviderError) -> None:
+    """The refused job's move: a new attempt after a backoff, or its failure (common/outcomes.py)."""
     error = err.to_job_error()
     log.warning("submission refused", extra={"job_id": job.id, "code": error.code.value, "error": err.message})
     await fail_or_retry(conn, job, error, policies=ctx.policies, reason=f"submit refused: {error.code.value}",
                         expect=[JobStatus.PENDING], retry_after=err.retry_after,
                         guard=Guard(attempt=job.attempt))
-

@@ -13,11 +13,11 @@ from functools import partial
 
 from prometheus_client import Gauge
 
+from vidjobs.common.breakers import BreakerState
 from vidjobs.common.runtime import Runtime, every
 from vidjobs.common.states import SQL_RENDERING
 
 REFRESH_S = 10.0
-BREAKER_STATES = ("closed", "open", "half_open")
 
 BREAKER = Gauge("vidjobs_provider_breaker_state",
                 "1 for the state each provider's circuit breaker is in (closed, open, half_open), 0 for the others",
@@ -37,8 +37,8 @@ async def refresh(rt: Runtime, providers: Iterable[str]) -> None:
     states = {r["provider"]: r["state"] for r in await rt.pool.fetch("SELECT provider, state FROM provider_breakers")}
     renders = {r["provider"]: r["renders"] for r in await rt.pool.fetch(IN_FLIGHT_SQL)}
     for provider in sorted({*providers, *states, *renders}):
-        current = states.get(provider, "closed")  # a provider that never failed has no breaker row
-        for state in BREAKER_STATES:
+        current = states.get(provider, BreakerState.CLOSED)  # a provider that never failed has no breaker row
+        for state in BreakerState:
             BREAKER.labels(provider, state).set(1 if state == current else 0)
         IN_FLIGHT.labels(provider).set(renders.get(provider, 0))
 
