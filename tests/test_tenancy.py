@@ -27,7 +27,7 @@ GATEWAY_DIR = Path(vidjobs.gateway.__file__).parent
 EXEMPT = {
     # Providers call it, signed by the provider instead of an API key; it stores the raw payload in the
     # webhook inbox, which belongs to no account (the poller matches it to a job later).
-    "routes_webhooks.py",
+    "routes_callbacks.py",
     # Liveness, readiness and metrics: the readiness probe asks the database `SELECT 1`, on nobody's behalf.
     "routes_ops.py",
     # Serves stored objects to whoever holds an unexpired signed URL: the signature is the permission, and

@@ -25,24 +25,24 @@ from vidjobs.gateway import (
     ratelimit,
     routes_account,
     routes_app_webhooks,
+    routes_callbacks,
     routes_files,
     routes_jobs,
     routes_models,
     routes_ops,
     routes_page,
     routes_uploads,
-    routes_webhooks,
     sealing,
     stream,
 )
 from vidjobs.gateway.access import request_id_middleware, stamp_request_id
+from vidjobs.gateway.apierrors import ErrorOut, error_middleware
 from vidjobs.gateway.appwebhooks import deliveries, resealing, urls
 from vidjobs.gateway.auth import auth_middleware, stamp_rate_limit
-from vidjobs.gateway.errors import ErrorOut, error_middleware
-from vidjobs.gateway.limits import Bucket, StreamSlots
-from vidjobs.gateway.metrics import metrics_middleware
 from vidjobs.gateway.openapi import openapi_route
 from vidjobs.gateway.owned import view as owned_view
+from vidjobs.gateway.processcaps import Bucket, StreamSlots
+from vidjobs.gateway.requestmetrics import metrics_middleware
 from vidjobs.gateway.routetable import Route, register
 from vidjobs.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
 from vidjobs.gateway.tenant import Tenant
@@ -56,7 +56,7 @@ def route_table(settings: Settings) -> list[Route]:
     routes = [
         *routes_jobs.ROUTES, *routes_models.ROUTES, *routes_app_webhooks.ROUTES,
         *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
-        *routes_webhooks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
+        *routes_callbacks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
     ]
     if settings.api_metrics == "off":
         routes = [r for r in routes if r.name != "metrics"]  # served on the metrics port instead (_resources)

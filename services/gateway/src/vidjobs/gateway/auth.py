@@ -10,7 +10,7 @@ from aiohttp import web
 from vidjobs.common import logs
 from vidjobs.common.errors import ErrorCode
 from vidjobs.gateway import ratelimit
-from vidjobs.gateway.errors import ApiError, GatewayCode
+from vidjobs.gateway.apierrors import ApiError, GatewayCode
 from vidjobs.gateway.state import ACCOUNT, API_KEY_ID, PUBLIC_ROUTES, gateway
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="vidjobs"'}

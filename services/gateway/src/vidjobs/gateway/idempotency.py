@@ -15,8 +15,8 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
+from vidjobs.gateway.apierrors import ApiError, GatewayCode, invalid
 from vidjobs.gateway.bodies import CreateJob
-from vidjobs.gateway.errors import ApiError, GatewayCode, invalid
 
 log = logging.getLogger("vidjobs.gateway")
 

@@ -20,7 +20,7 @@ import msgspec
 from PIL import Image, ImageOps
 
 from vidjobs.common.errors import ErrorCode
-from vidjobs.gateway.errors import ApiError, GatewayCode
+from vidjobs.gateway.apierrors import ApiError, GatewayCode
 
 # Image decodes in flight at once per gateway process; each may hold a few hundred MB at the pixel limit.
 DECODE_SLOTS = 2

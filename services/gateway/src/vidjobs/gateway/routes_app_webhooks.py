@@ -12,6 +12,7 @@ import msgspec
 from aiohttp import web
 
 from vidjobs.gateway import cursor
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.appwebhooks import secrets, urls
 from vidjobs.gateway.appwebhooks.endpoints import CapReached, Retried
 from vidjobs.gateway.bodies import (
@@ -27,7 +28,6 @@ from vidjobs.gateway.bodies import (
     WebhookSecretOut,
 )
 from vidjobs.gateway.decoding import read_json, read_optional_json, read_query
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.routetable import Route
 from vidjobs.gateway.state import gateway
 from vidjobs.storage import signing

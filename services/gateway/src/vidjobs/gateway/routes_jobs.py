@@ -17,6 +17,7 @@ from vidjobs.common.jobs import JobRequest, Lane
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.gateway import cursor, fallbacks, idempotency
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from vidjobs.gateway.appwebhooks import urls
 from vidjobs.gateway.bodies import (
     DEFAULT_JOB_EVENTS,
@@ -30,7 +31,6 @@ from vidjobs.gateway.bodies import (
     TransitionOut,
 )
 from vidjobs.gateway.decoding import nul_in, read_json, read_query
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from vidjobs.gateway.owned import found, job_id_of, owned_or_404, view
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import Gateway, gateway

@@ -18,9 +18,9 @@ from vidjobs.common import ids
 from vidjobs.common.settings import Settings
 from vidjobs.common.uploads import UploadRow
 from vidjobs.gateway import images
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode
 from vidjobs.gateway.bodies import UploadOut
 from vidjobs.gateway.decoding import read_body
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant

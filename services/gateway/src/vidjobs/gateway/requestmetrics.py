@@ -8,7 +8,7 @@ import logging
 import time
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from vidjobs.gateway.state import ACCOUNT
 
@@ -20,9 +20,6 @@ LATENCY = Histogram(
     "vidjobs_http_request_seconds", "Time to answer an HTTP request (a stream counts until it closes)",
     ["route", "method"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, 600),
 )
-
-# Per gateway process (each holds its own streams): sum across replicas.
-STREAMS_OPEN = Gauge("vidjobs_sse_streams_open", "Server-Sent Event streams this gateway is holding open")
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
