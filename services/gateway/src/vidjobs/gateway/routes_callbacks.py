@@ -1,5 +1,5 @@
-"""`POST /v1/webhooks/{provider}`, a provider's callback: verify, check it names a render of ours, store raw in the
-inbox, answer.
+"""`POST /v1/webhooks/{provider}`, a provider's callback: verify, parse, check it names a render of ours, store it
+in the inbox (raw, and the parsed signal the poller acts on, so a callback is parsed once), answer.
 Processing happens elsewhere (the poller reads the inbox), so a slow or failing step never makes a provider
 retry a delivery we already hold.
 
@@ -75,7 +75,7 @@ async def receive_callback(request: web.Request) -> web.Response:
             log.info("callback for no render of ours", extra={"provider": provider,
                                                                "provider_job_id": signal.provider_job_id[:64]})
             return json_response(WebhookAck(received=True, duplicate=False, stored=False))
-        stored = await inbox.store(conn, provider, webhook_id, raw)
+        stored = await inbox.store(conn, provider, webhook_id, raw, signal)
     CALLBACKS.labels(provider, "stored" if stored else "duplicate").inc()
     return json_response(WebhookAck(received=True, duplicate=not stored))
 
