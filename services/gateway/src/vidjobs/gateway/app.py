@@ -145,7 +145,7 @@ async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -
         timeout=aiohttp.ClientTimeout(total=rt.settings.app_webhook_timeout_s)))
 
     async def job_body(account_id: str, job_id: str) -> bytes | None:
-        owned = await Tenant(rt, account_id, gw.estimator).job(job_id)
+        owned = await Tenant(rt, account_id, gw.estimator, gw.adapters).job(job_id)
         return None if owned is None else msgspec.json.encode(owned_view(gw, owned))
 
     deliverer = deliveries.Deliverer(rt, session, job_body)

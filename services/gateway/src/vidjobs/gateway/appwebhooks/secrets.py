@@ -141,8 +141,8 @@ async def account_secret_held(pool: asyncpg.Pool, account_id: str) -> Held:
     return Held(created_at=row["created_at"], previous_expires_at=row["previous_expires_at"])
 
 
-async def has_account_secret(pool: asyncpg.Pool, account_id: str) -> bool:
-    return bool(await pool.fetchval(
+async def has_account_secret(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> bool:
+    return bool(await conn.fetchval(
         "SELECT webhook_secret_sealed IS NOT NULL OR webhook_secret <> '' FROM accounts WHERE id = $1", account_id))
 
 
