@@ -14,7 +14,8 @@ from aiohttp import web
 from vidjobs.gateway import cursor
 from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.appwebhooks import secrets, urls
-from vidjobs.gateway.appwebhooks.endpoints import CapReached, Retried
+from vidjobs.gateway.appwebhooks.endpoints import CapReached
+from vidjobs.gateway.appwebhooks.history import Retried
 from vidjobs.gateway.bodies import (
     DeliveryList,
     DeliveryOut,

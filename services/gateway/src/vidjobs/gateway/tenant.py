@@ -27,7 +27,8 @@ from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.common.uploads import UploadRow
 from vidjobs.gateway import accounts, fallbacks, idempotency, sealing
 from vidjobs.gateway.accounts import Account
-from vidjobs.gateway.appwebhooks import endpoints, secrets
+from vidjobs.gateway.appwebhooks import endpoints, history, secrets
+from vidjobs.gateway.appwebhooks.endpoints import Endpoint
 from vidjobs.gateway.state import ACCOUNT, gateway
 from vidjobs.providers.base import ProviderAdapter
 
@@ -302,7 +303,7 @@ class Tenant:
 
     # --- webhooks to the account's app -------------------------------------------------------------------
     async def add_endpoint(self, url: str, events: list[str], description: str, *, cap: int,
-                           ) -> tuple[endpoints.Endpoint, str]:
+                           ) -> tuple[Endpoint, str]:
         return await endpoints.add_endpoint(self._rt.pool, self._ring(), self.account_id, url, events, description,
                                             cap=cap)
 
@@ -310,18 +311,18 @@ class Tenant:
         return await secrets.rotate_endpoint_secret(self._rt.pool, self._ring(), self.account_id, endpoint_id,
                                                     overlap_s)
 
-    async def endpoints(self) -> list[endpoints.Endpoint]:
+    async def endpoints(self) -> list[Endpoint]:
         return await endpoints.endpoints(self._rt.pool, self.account_id)
 
     async def remove_endpoint(self, endpoint_id: str) -> bool:
         return await endpoints.remove_endpoint(self._rt.pool, self.account_id, endpoint_id)
 
     async def deliveries(self, endpoint_id: str, limit: int, before: tuple[datetime, str] | None = None,
-                         ) -> list[endpoints.DeliveryView] | None:
-        return await endpoints.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit, before)
+                         ) -> list[history.DeliveryView] | None:
+        return await history.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit, before)
 
-    async def retry_delivery(self, endpoint_id: str, delivery_id: str, *, cap: int) -> endpoints.Retried:
-        return await endpoints.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id, cap=cap)
+    async def retry_delivery(self, endpoint_id: str, delivery_id: str, *, cap: int) -> history.Retried:
+        return await history.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id, cap=cap)
 
     async def webhook_secret(self) -> secrets.Held:
         """What is known of the account's secret (never the secret itself)."""
