@@ -5,6 +5,7 @@ a new one), every response carries it, and the work the request causes goes on u
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from vidjobs.common import requestids, tracing
 
@@ -12,7 +13,7 @@ REQUEST_ID = web.RequestKey("request_id", str)
 
 
 @web.middleware
-async def request_id_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = requestids.accept(request.headers.get(requestids.HEADER))
     request[REQUEST_ID] = request_id
     requestids.use(request_id)  # this request's task and what it starts; aiohttp runs each in its own

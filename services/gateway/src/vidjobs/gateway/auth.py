@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from vidjobs.common import logs
 from vidjobs.common.errors import ErrorCode
@@ -75,7 +76,7 @@ def needs_key(request: web.Request) -> bool:
 
 
 @web.middleware
-async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if needs_key(request):
         admission = await authenticate(request)
         request[ACCOUNT] = admission.account

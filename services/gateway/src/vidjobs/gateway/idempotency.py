@@ -69,7 +69,7 @@ async def previous(
         return None
     if bytes(row["request_hash"]) != body_hash:
         raise ApiError(409, GatewayCode.CONFLICT, f"this {HEADER} was already used with a different request body")
-    return row["job_id"]
+    return str(row["job_id"])
 
 
 async def remember(

@@ -8,6 +8,7 @@ import logging
 import time
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import Counter, Histogram
 
 from vidjobs.gateway.state import ACCOUNT
@@ -29,7 +30,7 @@ def route_label(request: web.Request) -> str:
 
 
 @web.middleware
-async def metrics_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     status = 500
     try:

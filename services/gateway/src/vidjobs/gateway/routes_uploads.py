@@ -67,7 +67,7 @@ async def create_upload(request: web.Request) -> web.Response:
     log.info("image uploaded", extra={"upload_id": upload_id, "account_id": owner.account_id, "bytes": row.bytes,
                                       "received_bytes": len(raw), "width": row.width, "height": row.height})
     return json_response(UploadOut(id=upload_id, width=row.width, height=row.height,
-                                   content_type=row.content_type, bytes=row.bytes), status=201)
+                                   content_type=image.kind.content_type, bytes=row.bytes), status=201)
 
 
 ROUTES = [

@@ -10,6 +10,7 @@ handler to forget a check in.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import cast
 
 import asyncpg
 import msgspec
@@ -349,7 +350,8 @@ class Tenant:
         if upload.account_id != self.account_id:
             raise ValueError(f"upload {upload.id} is for another account")
         async with self._rt.pool.acquire() as conn:
-            return await uploads.insert_capped(conn, upload, daily_cap)
+            # A pool's connection proxy is a Connection in all but its declared type.
+            return await uploads.insert_capped(cast(asyncpg.Connection, conn), upload, daily_cap)
 
     # --- the account ------------------------------------------------------------------------------------
     async def account(self) -> AccountState | None:

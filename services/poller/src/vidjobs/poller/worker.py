@@ -112,8 +112,7 @@ async def _job_for(ctx: Context, provider: str, sig: ProviderSignal) -> JobRow |
 
 async def on_poll(ctx: Context, event: PollRequested, delivery: Delivery) -> None:
     if event.reason == "submitted":
-        async with ctx.rt.pool.acquire() as conn:
-            await schedule.add(conn, event.job_id)
+        await schedule.add(ctx.rt.pool, event.job_id)
         return
     await poll_once(ctx, event.job_id, source=f"poll ({event.reason or 'requested'})")
 
@@ -158,8 +157,7 @@ async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
 async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) -> None:
     while not ctx.rt.stop.is_set():
         try:
-            async with ctx.rt.pool.acquire() as conn:
-                due = await schedule.take_due(conn, batch)
+            due = await schedule.take_due(ctx.rt.pool, batch)
         except Exception as exc:
             if not faults.is_infrastructure(exc):
                 raise
@@ -186,5 +184,4 @@ async def _scheduled_poll(ctx: Context, job_id: str) -> None:
         log.exception("scheduled poll failed", extra={"job_id": job_id})
         return
     if not alive:
-        async with ctx.rt.pool.acquire() as conn:
-            await schedule.remove(conn, job_id)
+        await schedule.remove(ctx.rt.pool, job_id)

@@ -56,6 +56,7 @@ async def add_endpoint(pool: asyncpg.Pool, ring: Keyring, account_id: str, url: 
             f"INSERT INTO webhook_endpoints (id, account_id, url, secret_sealed, events, description) "
             f"VALUES ($1, $2, $3, $4, $5, $6) RETURNING {_ENDPOINT_COLUMNS}",
             endpoint_id, account_id, url, sealed, events, description)
+    assert row is not None  # an INSERT ... RETURNING answers its row
     return msgspec.convert(dict(row), Endpoint), secret
 
 
