@@ -119,7 +119,7 @@ async def rotate_endpoint_secret(request: web.Request) -> web.Response:
 
 
 async def webhook_secret(request: web.Request) -> web.Response:
-    held = await tenant(request).webhook_secret()
+    held = await tenant(request).webhook_secret_held()
     return json_response(WebhookSecretOut(created_at=held.created_at,
                                           previous_secret_expires_at=held.previous_expires_at))
 

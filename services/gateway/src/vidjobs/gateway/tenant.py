@@ -325,7 +325,7 @@ class Tenant:
     async def retry_delivery(self, endpoint_id: str, delivery_id: str, *, cap: int) -> history.Retried:
         return await history.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id, cap=cap)
 
-    async def webhook_secret(self) -> secrets.Held:
+    async def webhook_secret_held(self) -> secrets.Held:
         """What is known of the account's secret (never the secret itself)."""
         return await secrets.account_secret_held(self._rt.pool, self.account_id)
 
