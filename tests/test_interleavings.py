@@ -345,7 +345,8 @@ async def signal(run: Run, op: Signal) -> None:
 
 
 async def store_callback(run: Run, sig: ProviderSignal) -> int:
-    """The callback as the fake provider sends it, stored in the inbox as the gateway stores it."""
+    """The callback as the fake provider sends it, stored raw without its parsed signal, as a gateway of the
+    release before stored it: the poller parses it (tests/test_callbacks_parsed_once.py covers the stored signal)."""
     error = None if sig.error is None else {"code": PROVIDER_CODE[sig.error.code], "message": "from the test"}
     body = {"type": f"render.{sig.state.value}", "data": {
         "id": sig.provider_job_id, "status": sig.state.value, "progress": sig.progress,

@@ -29,8 +29,8 @@ from vidjobs.common.estimates import Estimator
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway import routes_files
-from vidjobs.gateway.errors import error_middleware
-from vidjobs.gateway.limits import StreamSlots
+from vidjobs.gateway.apierrors import error_middleware
+from vidjobs.gateway.processcaps import StreamSlots
 from vidjobs.gateway.ratelimit import Buckets
 from vidjobs.gateway.routetable import register
 from vidjobs.gateway.state import GATEWAY, Gateway

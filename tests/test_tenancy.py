@@ -25,9 +25,9 @@ GATEWAY_DIR = Path(vidjobs.gateway.__file__).parent
 
 # Route modules that act for no account, and so have no Tenant. Each is named with the reason.
 EXEMPT = {
-    # Providers call it, signed by the provider instead of an API key; it stores the raw payload in the
-    # webhook inbox, which belongs to no account (the poller matches it to a job later).
-    "routes_webhooks.py",
+    # Providers call it, signed by the provider instead of an API key; it stores the callback in the webhook
+    # inbox, which belongs to no account (the poller matches it to a job later).
+    "routes_callbacks.py",
     # Liveness, readiness and metrics: the readiness probe asks the database `SELECT 1`, on nobody's behalf.
     "routes_ops.py",
     # Serves stored objects to whoever holds an unexpired signed URL: the signature is the permission, and

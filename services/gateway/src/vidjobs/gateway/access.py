@@ -1,10 +1,11 @@
 """Request ids at the edge: every request gets an id (the client's `X-Request-Id` when it is well-formed, else
 a new one), every response carries it, and the work the request causes goes on under it
-(libs/common/requestids.py). The access line per request is written with the request's metrics (metrics.py)."""
+(libs/common/requestids.py). The access line per request is written with the request's metrics (requestmetrics.py)."""
 
 from __future__ import annotations
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from vidjobs.common import requestids, tracing
 
@@ -12,7 +13,7 @@ REQUEST_ID = web.RequestKey("request_id", str)
 
 
 @web.middleware
-async def request_id_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = requestids.accept(request.headers.get(requestids.HEADER))
     request[REQUEST_ID] = request_id
     requestids.use(request_id)  # this request's task and what it starts; aiohttp runs each in its own

@@ -116,14 +116,14 @@ async def fetch(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> Acc
 
 
 async def active_jobs(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
-    return await conn.fetchval(
+    return int(await conn.fetchval(
         f"""
         SELECT count(*) FROM jobs
         WHERE account_id = $1 AND deleted_at IS NULL
           AND status NOT IN {SQL_TERMINAL}
         """,
         account_id,
-    )
+    ))
 
 
 class AccountSummary(Account, frozen=True, kw_only=True):

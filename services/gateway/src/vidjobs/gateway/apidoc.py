@@ -72,7 +72,7 @@ fallbacks a job never moves.
 
 def _type(schema: dict[str, Any]) -> str:
     if "$ref" in schema:
-        return schema["$ref"].rsplit("/", 1)[1]
+        return str(schema["$ref"]).rsplit("/", 1)[1]
     if "anyOf" in schema:
         return " or ".join(_type(s) for s in schema["anyOf"])
     if "enum" in schema:

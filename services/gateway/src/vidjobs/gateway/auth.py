@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from vidjobs.common import logs
 from vidjobs.common.errors import ErrorCode
 from vidjobs.gateway import ratelimit
-from vidjobs.gateway.errors import ApiError, GatewayCode
+from vidjobs.gateway.apierrors import ApiError, GatewayCode
 from vidjobs.gateway.state import ACCOUNT, API_KEY_ID, PUBLIC_ROUTES, gateway
 
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="vidjobs"'}
@@ -75,7 +76,7 @@ def needs_key(request: web.Request) -> bool:
 
 
 @web.middleware
-async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if needs_key(request):
         admission = await authenticate(request)
         request[ACCOUNT] = admission.account

@@ -46,6 +46,7 @@ Fallbacks = Annotated[list[Model], Meta(
                 "estimated start is later than max_wait_s; each must render this request at no more than its quote")]
 # The job's lane in its account's queue (libs/common/jobs.py Lane): the names of Lane's members.
 Priority = Literal["interactive", "batch"]
+ImageType = Literal["image/png", "image/jpeg", "image/webp"]  # the images an upload may be
 
 
 class CreateJob(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -287,7 +288,7 @@ class UploadOut(msgspec.Struct, kw_only=True):
     id: Annotated[str, Meta(description="name it as a job's `input_image`")]
     width: int  # pixels
     height: int  # pixels
-    content_type: Literal["image/png", "image/jpeg", "image/webp"]  # as sniffed from the bytes
+    content_type: ImageType  # as sniffed from the bytes
     bytes: int  # of the stored (re-encoded) image
 
 

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import msgspec
 
-from vidjobs.gateway.errors import ApiError, invalid
+from vidjobs.gateway.apierrors import ApiError, invalid
 
 
 class JobPosition(msgspec.Struct, array_like=True):

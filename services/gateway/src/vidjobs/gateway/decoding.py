@@ -13,7 +13,7 @@ import msgspec
 import msgspec.inspect
 from aiohttp import web
 
-from vidjobs.gateway.errors import ApiError, GatewayCode, invalid
+from vidjobs.gateway.apierrors import ApiError, GatewayCode, invalid
 
 T = TypeVar("T")
 

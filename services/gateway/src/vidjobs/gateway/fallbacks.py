@@ -17,7 +17,7 @@ from vidjobs.common import ratecard
 from vidjobs.common.errors import ProviderError
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import Settings
-from vidjobs.gateway.errors import invalid
+from vidjobs.gateway.apierrors import invalid
 from vidjobs.providers import rollout
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import adapter_for

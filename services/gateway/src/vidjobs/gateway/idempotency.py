@@ -15,8 +15,8 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
+from vidjobs.gateway.apierrors import ApiError, GatewayCode, invalid
 from vidjobs.gateway.bodies import CreateJob
-from vidjobs.gateway.errors import ApiError, GatewayCode, invalid
 
 log = logging.getLogger("vidjobs.gateway")
 
@@ -69,7 +69,7 @@ async def previous(
         return None
     if bytes(row["request_hash"]) != body_hash:
         raise ApiError(409, GatewayCode.CONFLICT, f"this {HEADER} was already used with a different request body")
-    return row["job_id"]
+    return str(row["job_id"])
 
 
 async def remember(

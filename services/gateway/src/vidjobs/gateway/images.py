@@ -20,7 +20,8 @@ import msgspec
 from PIL import Image, ImageOps
 
 from vidjobs.common.errors import ErrorCode
-from vidjobs.gateway.errors import ApiError, GatewayCode
+from vidjobs.gateway.apierrors import ApiError, GatewayCode
+from vidjobs.gateway.bodies import ImageType
 
 # Image decodes in flight at once per gateway process; each may hold a few hundred MB at the pixel limit.
 DECODE_SLOTS = 2
@@ -28,7 +29,7 @@ DECODE_SLOTS = 2
 
 class ImageKind(msgspec.Struct, frozen=True):
     name: str  # as a person says it
-    content_type: str
+    content_type: ImageType
     extension: str  # of the stored object
     pillow: str  # Pillow's format name: the only decoder allowed to open it
 

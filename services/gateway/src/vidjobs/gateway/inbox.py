@@ -1,5 +1,6 @@
-"""The webhook inbox (a table the gateway owns): a verified callback about a render of ours is stored raw,
-once per delivery id, with the message that has the poller process it; old rows are pruned.
+"""The webhook inbox (a table the gateway owns): a verified callback about a render of ours is stored once per
+delivery id, raw and as the signal the gateway read from it, with the message that has the poller act on that
+signal; old rows are pruned.
 
 A callback is stored only when it may be about a render of ours. The check is one indexed read, so a
 flood of bodies that name nothing of ours costs no write, no stream message and no poller delivery.
@@ -8,6 +9,7 @@ flood of bodies that name nothing of ours costs no write, no stream message and 
 from __future__ import annotations
 
 import asyncpg
+import msgspec
 
 from vidjobs.common import inflight, outbox
 from vidjobs.common.events import InboxReceived
@@ -39,15 +41,18 @@ async def is_known(conn: asyncpg.Connection | asyncpg.Pool, provider: str, sig: 
                                     IN_FLIGHT_S, _TERMINAL))
 
 
-async def store(conn: asyncpg.Connection, provider: str, webhook_id: str, raw: bytes) -> bool:
-    """Store a delivery and stage its message, in the caller's transaction; False if it is already here."""
+async def store(conn: asyncpg.Connection, provider: str, webhook_id: str, raw: bytes, sig: ProviderSignal) -> bool:
+    """Store a delivery and stage its message, in the caller's transaction; False if it is already here.
+
+    `sig` is what the gateway parsed from `raw`: the poller acts on it as stored and parses nothing again. The
+    raw body is still written: a poller of the release before, during a rollout, reads only that."""
     inbox_id = await conn.fetchval(
         """
-        INSERT INTO webhook_inbox (provider, webhook_id, payload) VALUES ($1, $2, $3)
+        INSERT INTO webhook_inbox (provider, webhook_id, payload, signal) VALUES ($1, $2, $3, $4::text::jsonb)
         ON CONFLICT (provider, webhook_id) DO NOTHING
         RETURNING id
         """,
-        provider, webhook_id, raw,
+        provider, webhook_id, raw, msgspec.json.encode(sig).decode(),
     )
     if inbox_id is None:
         return False

@@ -7,8 +7,8 @@ import re
 
 from aiohttp import web
 
+from vidjobs.gateway.apierrors import not_found
 from vidjobs.gateway.bodies import JobOut
-from vidjobs.gateway.errors import not_found
 from vidjobs.gateway.state import Gateway
 from vidjobs.gateway.tenant import OwnedJob, tenant
 from vidjobs.gateway.views import job_view

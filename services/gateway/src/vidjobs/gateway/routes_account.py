@@ -7,9 +7,9 @@ from aiohttp import web
 
 from vidjobs.common.credits import Entry
 from vidjobs.gateway import cursor, fallbacks, ratelimit
+from vidjobs.gateway.apierrors import ErrorOut, not_found
 from vidjobs.gateway.bodies import AccountOut, AccountPatch, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
 from vidjobs.gateway.decoding import read_json, read_query
-from vidjobs.gateway.errors import ErrorOut, not_found
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant

@@ -12,8 +12,10 @@ import msgspec
 from aiohttp import web
 
 from vidjobs.gateway import cursor
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.appwebhooks import secrets, urls
-from vidjobs.gateway.appwebhooks.endpoints import CapReached, Retried
+from vidjobs.gateway.appwebhooks.endpoints import CapReached
+from vidjobs.gateway.appwebhooks.history import Retried
 from vidjobs.gateway.bodies import (
     DeliveryList,
     DeliveryOut,
@@ -27,7 +29,6 @@ from vidjobs.gateway.bodies import (
     WebhookSecretOut,
 )
 from vidjobs.gateway.decoding import read_json, read_optional_json, read_query
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant
@@ -118,7 +119,7 @@ async def rotate_endpoint_secret(request: web.Request) -> web.Response:
 
 
 async def webhook_secret(request: web.Request) -> web.Response:
-    held = await tenant(request).webhook_secret()
+    held = await tenant(request).webhook_secret_held()
     return json_response(WebhookSecretOut(created_at=held.created_at,
                                           previous_secret_expires_at=held.previous_expires_at))
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
-from vidjobs.gateway.routetable import Route
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, not_found
+from vidjobs.gateway.routetable import ResponseSpec, Route
 from vidjobs.gateway.state import gateway
 from vidjobs.storage import signing
 from vidjobs.storage.base import StorageError
@@ -40,7 +40,8 @@ async def serve_file(request: web.Request) -> web.StreamResponse:
     })
 
 
-_RESPONSES = {200: "application/octet-stream", 206: "application/octet-stream", 403: ErrorOut, 404: ErrorOut}
+_RESPONSES: dict[int, ResponseSpec] = {200: "application/octet-stream", 206: "application/octet-stream",
+                                       403: ErrorOut, 404: ErrorOut}
 
 ROUTES = [
     Route("GET", "/files/{key:.+}", serve_file, "get_file", "An object, by signed URL (filesystem storage)",

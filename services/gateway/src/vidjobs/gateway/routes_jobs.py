@@ -1,22 +1,23 @@
 """`/v1/jobs`: create, read, list, cancel, delete, and the audit trail.
 
-Every read and change goes through the caller's `Tenant`, which scopes it to the caller's account; job
-creation runs in a transaction the Tenant opens and names the Tenant's account, never another."""
+Every read and change goes through the caller's `Tenant`, which scopes it to the caller's account. A create
+is read and checked here, made by one call of `Tenant.create` (its whole transaction, for the Tenant's
+account and no other), and rendered."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import jobs, ratecard
+from vidjobs.common import ratecard
 from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
 from vidjobs.common.jobs import JobRequest, Lane
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.gateway import cursor, fallbacks, idempotency
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from vidjobs.gateway.appwebhooks import urls
 from vidjobs.gateway.bodies import (
     DEFAULT_JOB_EVENTS,
@@ -30,16 +31,22 @@ from vidjobs.gateway.bodies import (
     TransitionOut,
 )
 from vidjobs.gateway.decoding import nul_in, read_json, read_query
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from vidjobs.gateway.owned import found, job_id_of, owned_or_404, view
 from vidjobs.gateway.routetable import Route, json_response
-from vidjobs.gateway.state import Gateway, gateway
-from vidjobs.gateway.tenant import JobFilter, OwnedJob, Tenant, tenant
+from vidjobs.gateway.state import gateway
+from vidjobs.gateway.tenant import (
+    CreateRefused,
+    JobFilter,
+    JobOrder,
+    KeyedJobDeleted,
+    NoWebhookSecret,
+    Tenant,
+    tenant,
+)
 from vidjobs.providers import rollout
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import adapter_for
 
-# What `vidjobs.common.ids` makes. Anything else cannot name a job, and must never reach a NATS subject.
 QUEUE_RETRY_AFTER_S = 10  # a full queue: about when a place may have freed
 
 
@@ -77,70 +84,13 @@ def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | N
     return (request if route is None else msgspec.structs.replace(request, model=model)), route
 
 
-async def _create_once(gw: Gateway, owner: Tenant, checked: Checked, key: str | None) -> tuple[OwnedJob, bool]:
-    """(job, created). Credit reservation, the job, and the idempotency key commit together or not at all."""
-    body, request = checked.body, checked.request
-    body_hash = idempotency.digest(body)
-    ttl_s = gw.settings.idempotency_ttl_s
-    async with owner.tx() as conn:
-        if key is not None and (earlier := await idempotency.previous(conn, owner.account_id, key, body_hash,
-                                                                       ttl_s)):
-            return await _replayed(conn, owner, earlier), False
-        card = await ratecard.current(conn)
-        try:
-            estimate = ratecard.estimate(card, request)
-        except ratecard.Unpriced as err:
-            raise invalid(f"model: {err}; choose another model or resolution") from err
-        movable = fallbacks.within_quote(card, request, await _fallbacks(gw, owner, conn, checked), estimate,
-                                         named=checked.fallbacks is not None)
-        try:
-            created = await jobs.enqueue(conn, account_id=owner.account_id, request=request,
-                                         estimated_credits=estimate, recovery_delay_s=gw.settings.recovery_delay_s,
-                                         route=checked.route, rate_card_version=card.version,
-                                         max_waiting=gw.settings.max_queued_jobs, metadata=body.metadata,
-                                         webhook_url=body.webhook_url, webhook_events=_job_events(body),
-                                         fallback_models=movable, max_wait_s=body.max_wait_s,
-                                         lane=Lane.of(body.priority))
-        except QuotaExhausted as err:
-            raise ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err)) from err
-        except QueueFull as err:
-            # Waiting helps: every job that starts frees a place.
-            raise ApiError(429, GatewayCode.LIMIT_REACHED, str(err), retryable=True,
-                           headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)}) from err
-        if key is not None:
-            await idempotency.remember(conn, owner.account_id, key, body_hash, created.job.id, ttl_s)
-        # Its place was counted as it was queued, under the account's lock: no second count.
-        at_provider = await owner.place_at_provider(created.job, conn=conn)
-        return OwnedJob(created.job, created.waiting_ahead + 1, provider_position=at_provider), True
+NO_WEBHOOK_SECRET = ("webhook_url: deliveries to it are signed with your account's webhook secret, and the account "
+                     "has none yet: make it first with POST /v1/account/webhook-secret (its answer shows it, once)")
 
 
-async def _fallbacks(gw: Gateway, owner: Tenant, conn: asyncpg.Connection, checked: Checked) -> list[str]:
-    """What the job names, else its account's default as it is now (read in the create's transaction)."""
-    if checked.fallbacks is not None:
-        return checked.fallbacks
-    default = await owner.fallback_models(conn)
-    return fallbacks.checked(gw.adapters, gw.settings, checked.request, None, default)
-
-
-async def _replayed(conn: asyncpg.Connection, owner: Tenant, job_id: str) -> OwnedJob:
-    job = await owner.job(job_id, conn=conn)
-    if job is None:
-        raise ApiError(409, GatewayCode.CONFLICT,
-                       f"the job made with this {idempotency.HEADER} has been deleted; use a new key")
-    return job
-
-
-class Checked(msgspec.Struct, frozen=True):
-    body: CreateJob
-    request: JobRequest  # what the provider is asked for, an alias resolved
-    route: str | None  # the alias it was chosen through
-    # the real models it names to move to, each able to take `request` (the quote is checked later); None: it
-    # names none, so it takes its account's default
-    fallbacks: list[str] | None
-
-
-async def checked_create(request: web.Request) -> Checked:
-    """A create's body with every check a create makes before it writes anything (an estimate makes them too)."""
+async def checked_create(request: web.Request) -> JobOrder:
+    """A create's body with every check a create makes before its transaction (an estimate makes them too);
+    what depends on the account's state as the job is written is checked in it (Tenant.create)."""
     gw, owner = gateway(request), tenant(request)
     body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
     job_request, route = routed(body.to_request(), gw.settings)
@@ -148,46 +98,60 @@ async def checked_create(request: web.Request) -> Checked:
     await check_input_image(owner, job_request)
     if body.webhook_url is not None:
         await urls.checked_url(body.webhook_url, gw.settings.allowed_webhook_hosts(), "webhook_url")
-        # Made on purpose, not here: a secret made silently would be one its owner never saw.
-        if not await owner.has_webhook_secret():
-            raise invalid("webhook_url: deliveries to it are signed with your account's webhook secret, and the "
-                          "account has none yet: make it first with POST /v1/account/webhook-secret (its answer "
-                          "shows it, once)")
     named = None if body.fallback_models is None else fallbacks.checked(
         gw.adapters, gw.settings, job_request, body.fallback_models, [])
-    return Checked(body, job_request, route, named)
+    return JobOrder(request=job_request, route=route, fallbacks=named, metadata=body.metadata,
+                    webhook_url=body.webhook_url, webhook_events=_job_events(body), max_wait_s=body.max_wait_s,
+                    lane=Lane.of(body.priority), body_hash=idempotency.digest(body))
+
+
+def refused(err: Exception) -> ApiError:
+    """What a create the Tenant refused answers."""
+    match err:
+        case QuotaExhausted():
+            return ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err))
+        case QueueFull():
+            # Waiting helps: every job that starts frees a place.
+            return ApiError(429, GatewayCode.LIMIT_REACHED, str(err), retryable=True,
+                            headers={"Retry-After": str(QUEUE_RETRY_AFTER_S)})
+        case ratecard.Unpriced():
+            return invalid(f"model: {err}; choose another model or resolution")
+        case NoWebhookSecret():
+            return invalid(NO_WEBHOOK_SECRET)
+        case KeyedJobDeleted():
+            return ApiError(409, GatewayCode.CONFLICT,
+                            f"the job made with this {idempotency.HEADER} has been deleted; use a new key")
+    raise TypeError(f"not a create refusal: {err!r}")
 
 
 async def create_job(request: web.Request) -> web.Response:
-    gw, owner = gateway(request), tenant(request)
-    checked = await checked_create(request)
+    order = await checked_create(request)
     key = idempotency.key_from(request)
     try:
-        job, created = await _create_once(gw, owner, checked, key)
-    except idempotency.LostRace:
-        # The winner has committed by now: answer as a replay of its request.
-        job, created = await _create_once(gw, owner, checked, key)
-    if created:
-        job = await owner.estimated(job)  # made once the job is committed, from the reads the process shares
-    headers = {"Location": f"/v1/jobs/{job.job.id}"}
-    if not created:
+        made = await tenant(request).create(order, key)
+    except (QuotaExhausted, QueueFull, ratecard.Unpriced, CreateRefused) as err:
+        raise refused(err) from err
+    headers = {"Location": f"/v1/jobs/{made.job.job.id}"}
+    if not made.created:
         headers["Idempotent-Replayed"] = "true"  # the answer of the request that made the job, again
-    return json_response(view(gw, job), status=201 if created else 200, headers=headers)
+    return json_response(view(gateway(request), made.job), status=201 if made.created else 200, headers=headers)
 
 
 async def estimate_job(request: web.Request) -> web.Response:
     """The create's checks and price, without its writes: nothing is reserved, queued or remembered."""
     owner = tenant(request)
-    checked = await checked_create(request)
-    job_request = checked.request
+    order = await checked_create(request)
+    if order.webhook_url is not None and not await owner.has_webhook_secret():
+        raise invalid(NO_WEBHOOK_SECRET)
+    job_request = order.request
     card = await owner.rate_card()
     try:
         price = ratecard.price_of(card, job_request.model, job_request.resolution)
     except ratecard.Unpriced as err:
         raise invalid(f"model: {err}; choose another model or resolution") from err
     estimate = ratecard.estimate(card, job_request)
-    if checked.fallbacks is not None:
-        fallbacks.within_quote(card, job_request, checked.fallbacks, estimate, named=True)
+    if order.fallbacks is not None:
+        fallbacks.within_quote(card, job_request, order.fallbacks, estimate, named=True)
     state = await owner.account()
     available = 0 if state is None else state.account.credits_balance - state.account.credits_reserved
     return json_response(EstimateOut(

@@ -7,8 +7,8 @@ from aiohttp import web
 
 from vidjobs.common import ratecard
 from vidjobs.common.settings import RouteShare
+from vidjobs.gateway.apierrors import ErrorOut
 from vidjobs.gateway.bodies import ModelList, ModelOut
-from vidjobs.gateway.errors import ErrorOut
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant

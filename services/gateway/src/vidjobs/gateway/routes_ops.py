@@ -7,8 +7,8 @@ import logging
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode
 from vidjobs.gateway.bodies import Health
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from vidjobs.gateway.errors import ErrorOut, not_found
+from vidjobs.gateway.apierrors import ErrorOut, not_found
 from vidjobs.gateway.routetable import Route
 
 PAGE_DIR = Path(__file__).parent / "page"

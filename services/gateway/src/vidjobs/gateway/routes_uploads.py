@@ -18,9 +18,9 @@ from vidjobs.common import ids
 from vidjobs.common.settings import Settings
 from vidjobs.common.uploads import UploadRow
 from vidjobs.gateway import images
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode
 from vidjobs.gateway.bodies import UploadOut
 from vidjobs.gateway.decoding import read_body
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant
@@ -67,7 +67,7 @@ async def create_upload(request: web.Request) -> web.Response:
     log.info("image uploaded", extra={"upload_id": upload_id, "account_id": owner.account_id, "bytes": row.bytes,
                                       "received_bytes": len(raw), "width": row.width, "height": row.height})
     return json_response(UploadOut(id=upload_id, width=row.width, height=row.height,
-                                   content_type=row.content_type, bytes=row.bytes), status=201)
+                                   content_type=image.kind.content_type, bytes=row.bytes), status=201)
 
 
 ROUTES = [

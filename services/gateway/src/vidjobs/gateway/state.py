@@ -12,7 +12,7 @@ from vidjobs.common.estimates import Estimator
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway.accounts import Account
-from vidjobs.gateway.limits import Bucket, StreamSlots
+from vidjobs.gateway.processcaps import Bucket, StreamSlots
 from vidjobs.gateway.ratelimit import Buckets
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.storage.base import Storage

@@ -29,18 +29,21 @@ import nats.errors
 from aiohttp import web
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from prometheus_client import Gauge
 
 from vidjobs.common import estimates, events
 from vidjobs.common.states import TERMINAL, JobStatus
-from vidjobs.gateway import metrics
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode
-from vidjobs.gateway.limits import StreamsFull
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode
 from vidjobs.gateway.owned import job_id_of, owned_or_404, view
+from vidjobs.gateway.processcaps import StreamsFull
 from vidjobs.gateway.routetable import Route
 from vidjobs.gateway.state import API_KEY_ID, Gateway, gateway
 from vidjobs.gateway.tenant import OwnedJob, tenant
 
 log = logging.getLogger("vidjobs.gateway.stream")
+
+# Per gateway process (each holds its own streams): sum across replicas.
+STREAMS_OPEN = Gauge("vidjobs_sse_streams_open", "Server-Sent Event streams this gateway is holding open")
 
 KEEPALIVE_S = 15.0
 STREAMS_RETRY_AFTER_S = 5
@@ -145,7 +148,7 @@ async def stream_job(request: web.Request) -> web.StreamResponse:
     except StreamsFull as full:
         raise _streams_full(full) from full
     try:
-        with metrics.STREAMS_OPEN.track_inprogress():
+        with STREAMS_OPEN.track_inprogress():
             return await _stream(request)
     finally:
         slots.give_back(account_id, key_id)

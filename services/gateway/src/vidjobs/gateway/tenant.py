@@ -9,9 +9,8 @@ handler to forget a check in.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from datetime import datetime
+from typing import cast
 
 import asyncpg
 import msgspec
@@ -21,16 +20,18 @@ from vidjobs.common import credits, estimates, jobs, outbox, ratecard, renders, 
 from vidjobs.common.credits import Entry
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.estimates import Estimate, Estimator
-from vidjobs.common.jobs import JobRow, row_to_job
+from vidjobs.common.jobs import JobRequest, JobRow, Lane, row_to_job
 from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.common.uploads import UploadRow
-from vidjobs.gateway import accounts, sealing
+from vidjobs.gateway import accounts, fallbacks, idempotency, sealing
 from vidjobs.gateway.accounts import Account
-from vidjobs.gateway.appwebhooks import endpoints, secrets
+from vidjobs.gateway.appwebhooks import endpoints, history, secrets
+from vidjobs.gateway.appwebhooks.endpoints import Endpoint
 from vidjobs.gateway.state import ACCOUNT, gateway
+from vidjobs.providers.base import ProviderAdapter
 
 Conn = asyncpg.Connection | asyncpg.Pool
 
@@ -43,6 +44,39 @@ class OwnedJob(msgspec.Struct, frozen=True):
     outputs: Outputs | None = None  # the stored render's files, from the media service's asset rows
     provider_position: int | None = None  # its place among the account's jobs waiting at its provider
     estimate: Estimate | None = None  # while it waits: when it is likely to start and be ready
+
+
+class JobOrder(msgspec.Struct, frozen=True, kw_only=True):
+    """A create as its route checked it before anything is written, in the terms its transaction takes."""
+
+    request: JobRequest  # what the provider is asked for, an alias resolved
+    route: str | None  # the alias it was chosen through
+    # the real models it names to move to, each able to take `request` (the quote is checked in the
+    # transaction); None: it names none, so it takes its account's default
+    fallbacks: list[str] | None
+    metadata: dict[str, str]
+    webhook_url: str | None
+    webhook_events: list[str] | None  # None without a webhook_url
+    max_wait_s: int | None
+    lane: Lane
+    body_hash: bytes  # idempotency.digest of the body: a key's earlier request must have had the same
+
+
+class Created(msgspec.Struct, frozen=True):
+    job: OwnedJob
+    created: bool  # False: the job an earlier request with the same idempotency key made
+
+
+class CreateRefused(Exception):
+    """A create the account's state refuses (besides its credit and queue: QuotaExhausted, QueueFull)."""
+
+
+class NoWebhookSecret(CreateRefused):
+    """The job names a webhook_url, and the account has no secret to sign deliveries to it with."""
+
+
+class KeyedJobDeleted(CreateRefused):
+    """The idempotency key names a job made earlier that has been deleted since."""
 
 
 class AccountState(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,23 +185,70 @@ def _owned(row: asyncpg.Record) -> OwnedJob:
 class Tenant:
     """Reads and changes of one account's jobs, uploads, credit and ledger."""
 
-    __slots__ = ("_estimator", "_rt", "account_id")
+    __slots__ = ("_adapters", "_estimator", "_rt", "account_id")
 
-    def __init__(self, rt: Runtime, account_id: str, estimator: Estimator):
+    def __init__(self, rt: Runtime, account_id: str, estimator: Estimator, adapters: dict[str, ProviderAdapter]):
         self._rt = rt
         self.account_id = account_id
         self._estimator = estimator  # the process's, whose reads every request and stream share
+        self._adapters = adapters  # the process's: which of the account's default fallbacks can take a job
 
-    @contextlib.asynccontextmanager
-    async def tx(self) -> AsyncIterator[asyncpg.Connection]:
-        """A transaction for work that must commit as one (job creation); its outbox rows are published as
-        soon as it commits. Pass the account as `self.account_id`, never from anywhere else."""
+    # --- creating a job ---------------------------------------------------------------------------------
+    async def create(self, order: JobOrder, key: str | None) -> Created:
+        """The job `order` asks for, made in one transaction: the idempotency `key` looked up (its earlier
+        job answered instead), the account's webhook secret checked where the job names a webhook_url, the
+        credit reserved and the job queued, the key stored; all of it commits, or none. A new job's estimate
+        is made once it has committed. Raises QuotaExhausted, QueueFull, ratecard.Unpriced and CreateRefused;
+        idempotency and fallbacks raise their own ApiErrors (a key reused for another body, a fallback over
+        the quote)."""
+        try:
+            made = await self._create_once(order, key)
+        except idempotency.LostRace:
+            # The winner has committed by now: answer as a replay of its request.
+            made = await self._create_once(order, key)
+        if not made.created:
+            return made
+        return Created(await self.estimated(made.job), created=True)
+
+    async def _create_once(self, order: JobOrder, key: str | None) -> Created:
+        settings = self._rt.settings
         async with self._rt.tx() as conn:
-            yield conn
+            if key is not None and (earlier := await idempotency.previous(
+                    conn, self.account_id, key, order.body_hash, settings.idempotency_ttl_s)):
+                return Created(await self._replayed(conn, earlier), created=False)
+            # Made on purpose by its owner, never here: a secret made silently would be one they never saw.
+            if order.webhook_url is not None and not await secrets.has_account_secret(conn, self.account_id):
+                raise NoWebhookSecret(self.account_id)
+            card = await ratecard.current(conn)
+            estimate = ratecard.estimate(card, order.request)
+            movable = fallbacks.within_quote(card, order.request, await self._fallbacks(conn, order), estimate,
+                                             named=order.fallbacks is not None)
+            created = await jobs.enqueue(conn, account_id=self.account_id, request=order.request,
+                                         estimated_credits=estimate, recovery_delay_s=settings.recovery_delay_s,
+                                         route=order.route, rate_card_version=card.version,
+                                         max_waiting=settings.max_queued_jobs, metadata=order.metadata,
+                                         webhook_url=order.webhook_url, webhook_events=order.webhook_events,
+                                         fallback_models=movable, max_wait_s=order.max_wait_s, lane=order.lane)
+            if key is not None:
+                await idempotency.remember(conn, self.account_id, key, order.body_hash, created.job.id,
+                                           settings.idempotency_ttl_s)
+            # Its place was counted as it was queued, under the account's lock: no second count.
+            at_provider = await estimates.place_at_provider(conn, created.job)
+            return Created(OwnedJob(created.job, created.waiting_ahead + 1, provider_position=at_provider), True)
 
-    async def fallback_models(self, conn: asyncpg.Connection) -> list[str]:
-        """The account's default fallback models, read in the caller's transaction."""
-        return list(await conn.fetchval("SELECT fallback_models FROM accounts WHERE id = $1", self.account_id) or [])
+    async def _fallbacks(self, conn: asyncpg.Connection, order: JobOrder) -> list[str]:
+        """What the job names, else its account's default as it is now (read in the create's transaction),
+        less the models that cannot take it."""
+        if order.fallbacks is not None:
+            return order.fallbacks
+        default = await conn.fetchval("SELECT fallback_models FROM accounts WHERE id = $1", self.account_id)
+        return fallbacks.checked(self._adapters, self._rt.settings, order.request, None, list(default or []))
+
+    async def _replayed(self, conn: asyncpg.Connection, job_id: str) -> OwnedJob:
+        job = await self.job(job_id, conn=conn)
+        if job is None:
+            raise KeyedJobDeleted(job_id)
+        return job
 
     async def set_fallback_models(self, models: list[str]) -> None:
         """The account's default fallback models, for its jobs that name none."""
@@ -194,12 +275,6 @@ class Tenant:
             return owned if owned.estimate is None else msgspec.structs.replace(owned, estimate=None)
         made = await self._estimator.for_job(conn or self._rt.pool, owned.job, owned.provider_position)
         return msgspec.structs.replace(owned, estimate=made)
-
-    async def place_at_provider(self, job: JobRow, *, conn: Conn) -> int:
-        """A job just queued: its place among the account's jobs waiting at its provider."""
-        if job.account_id != self.account_id:
-            raise ValueError(f"job {job.id} is another account's")
-        return await estimates.place_at_provider(conn, job)
 
     async def trail(self, job_id: str) -> list[asyncpg.Record] | None:
         """The job's audit trail, oldest first; None if the account has no such job."""
@@ -229,7 +304,7 @@ class Tenant:
 
     # --- webhooks to the account's app -------------------------------------------------------------------
     async def add_endpoint(self, url: str, events: list[str], description: str, *, cap: int,
-                           ) -> tuple[endpoints.Endpoint, str]:
+                           ) -> tuple[Endpoint, str]:
         return await endpoints.add_endpoint(self._rt.pool, self._ring(), self.account_id, url, events, description,
                                             cap=cap)
 
@@ -237,20 +312,20 @@ class Tenant:
         return await secrets.rotate_endpoint_secret(self._rt.pool, self._ring(), self.account_id, endpoint_id,
                                                     overlap_s)
 
-    async def endpoints(self) -> list[endpoints.Endpoint]:
+    async def endpoints(self) -> list[Endpoint]:
         return await endpoints.endpoints(self._rt.pool, self.account_id)
 
     async def remove_endpoint(self, endpoint_id: str) -> bool:
         return await endpoints.remove_endpoint(self._rt.pool, self.account_id, endpoint_id)
 
     async def deliveries(self, endpoint_id: str, limit: int, before: tuple[datetime, str] | None = None,
-                         ) -> list[endpoints.DeliveryView] | None:
-        return await endpoints.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit, before)
+                         ) -> list[history.DeliveryView] | None:
+        return await history.endpoint_deliveries(self._rt.pool, self.account_id, endpoint_id, limit, before)
 
-    async def retry_delivery(self, endpoint_id: str, delivery_id: str, *, cap: int) -> endpoints.Retried:
-        return await endpoints.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id, cap=cap)
+    async def retry_delivery(self, endpoint_id: str, delivery_id: str, *, cap: int) -> history.Retried:
+        return await history.retry_delivery(self._rt.pool, self.account_id, endpoint_id, delivery_id, cap=cap)
 
-    async def webhook_secret(self) -> secrets.Held:
+    async def webhook_secret_held(self) -> secrets.Held:
         """What is known of the account's secret (never the secret itself)."""
         return await secrets.account_secret_held(self._rt.pool, self.account_id)
 
@@ -275,7 +350,8 @@ class Tenant:
         if upload.account_id != self.account_id:
             raise ValueError(f"upload {upload.id} is for another account")
         async with self._rt.pool.acquire() as conn:
-            return await uploads.insert_capped(conn, upload, daily_cap)
+            # A pool's connection proxy is a Connection in all but its declared type.
+            return await uploads.insert_capped(cast(asyncpg.Connection, conn), upload, daily_cap)
 
     # --- the account ------------------------------------------------------------------------------------
     async def account(self) -> AccountState | None:
@@ -297,4 +373,4 @@ def tenant(request: web.Request) -> Tenant:
     if ACCOUNT not in request:
         raise RuntimeError(f"route {request.match_info.route.name!r} has no authenticated account")
     gw = gateway(request)
-    return Tenant(gw.rt, request[ACCOUNT].id, gw.estimator)
+    return Tenant(gw.rt, request[ACCOUNT].id, gw.estimator, gw.adapters)

@@ -3,19 +3,31 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from vidjobs.common.estimates import Estimate
 from vidjobs.common.jobs import JobRow
-from vidjobs.common.renders import Outputs
+from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.states import STAGE_OF, JobStatus
-from vidjobs.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls, QueueEstimate
+from vidjobs.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls, Priority, QueueEstimate
 from vidjobs.storage.base import Storage
+
+
+class Unmeasured(ValueError):
+    """A stored video without its probed length or size, which the media service always records with it."""
+
+
+def _measured(video: StoredFile) -> tuple[float, int, int]:
+    if video.duration_s is None or video.width is None or video.height is None:
+        raise Unmeasured(f"stored video {video.key} has no probed length or size")
+    return video.duration_s, video.width, video.height
 
 
 def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retention_days: float) -> JobOutputs:
     # An expired job keeps its thumbnail and its facts; the video and its preview are gone.
     live = job.status is JobStatus.COMPLETED
     video, thumbnail, preview = outputs.video, outputs.thumbnail, outputs.preview
+    duration_s, width, height = _measured(video)
     thumbnail_url, expires = storage.signed_url(thumbnail.key, ttl_s)
     video_url = storage.signed_url(video.key, ttl_s)[0] if live else None
     preview_url = storage.signed_url(preview.key, ttl_s)[0] if live and preview else None
@@ -25,7 +37,7 @@ def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retent
     return JobOutputs(
         video_url=video_url, thumbnail_url=thumbnail_url, preview_url=preview_url,
         expires_at=datetime.fromtimestamp(expires, UTC), retained_until=retained_until,
-        duration_s=video.duration_s, width=video.width, height=video.height, bytes=video.bytes, sha256=video.sha256,
+        duration_s=duration_s, width=width, height=height, bytes=video.bytes, sha256=video.sha256,
         thumbnail_width=thumbnail.width, thumbnail_height=thumbnail.height,
         preview_width=preview.width if live and preview else None,
         preview_height=preview.height if live and preview else None,
@@ -72,7 +84,7 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=asked.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
         attempt=job.attempt, queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
-        priority=job.lane.priority,
+        priority=cast(Priority, job.lane.priority),  # Lane.priority spells the API's names
         estimate=estimate_out(estimate) if job.status is JobStatus.PENDING else None,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs is not None else None,

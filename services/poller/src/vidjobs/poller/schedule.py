@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncpg
 
+# Each call is one statement: a pool runs it on a connection of its own.
+Conn = asyncpg.Connection | asyncpg.Pool
+
 # Every 2 s for the first 30 s, every 10 s up to 2 min, then every 30 s (DESIGN.md "Recovery").
 _TAPER = """
     CASE WHEN now() - p.started_at < interval '30 seconds' THEN interval '2 seconds'
@@ -13,7 +16,7 @@ _TAPER = """
 """
 
 
-async def add(conn: asyncpg.Connection, job_id: str) -> None:
+async def add(conn: Conn, job_id: str) -> None:
     await conn.execute(
         """
         INSERT INTO poll_schedule (job_id, next_poll_at) VALUES ($1, now() + interval '2 seconds')
@@ -23,7 +26,7 @@ async def add(conn: asyncpg.Connection, job_id: str) -> None:
     )
 
 
-async def take_due(conn: asyncpg.Connection, limit: int) -> list[str]:
+async def take_due(conn: Conn, limit: int) -> list[str]:
     """Claim due polls and push each one's next time out along the taper, in one statement."""
     rows = await conn.fetch(
         f"""
@@ -40,5 +43,5 @@ async def take_due(conn: asyncpg.Connection, limit: int) -> list[str]:
     return [r["job_id"] for r in rows]
 
 
-async def remove(conn: asyncpg.Connection, job_id: str) -> None:
+async def remove(conn: Conn, job_id: str) -> None:
     await conn.execute("DELETE FROM poll_schedule WHERE job_id = $1", job_id)

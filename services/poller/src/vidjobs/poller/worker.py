@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from functools import partial
 
 import aiohttp
+import asyncpg
+import msgspec
 
 from vidjobs.common import backoff, bus, events, faults, jobs, logs, metrics, requestids, tracing
 from vidjobs.common.bus import Delivery
@@ -51,15 +53,30 @@ async def main(rt: Runtime) -> None:
             tg.create_task(run_schedule(ctx), name="poll-scheduler")
 
 
+# The raw body is read only for a row stored without its signal.
+_INBOX_ROW = """
+SELECT provider, signal::text AS signal, CASE WHEN signal IS NULL THEN payload END AS payload,
+       extract(epoch FROM now() - received_at) AS age_s
+FROM webhook_inbox WHERE id = $1
+"""
+
+
+def stored_signal(ctx: Context, row: asyncpg.Record) -> ProviderSignal:
+    """The signal the gateway parsed when it verified the callback, as it stored it. A row without one was
+    stored before the inbox kept signals, or by a gateway of that release during a rollout: its raw body is
+    parsed here, as it always was. Raises ProviderError when the raw body cannot be read."""
+    if row["signal"] is not None:
+        return msgspec.json.decode(row["signal"], type=ProviderSignal)
+    return adapter_for(ctx.adapters, row["provider"]).parse_callback(bytes(row["payload"]))
+
+
 async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> None:
-    row = await ctx.rt.pool.fetchrow(
-        "SELECT provider, payload, extract(epoch FROM now() - received_at) AS age_s FROM webhook_inbox WHERE id = $1",
-        event.inbox_id)
+    row = await ctx.rt.pool.fetchrow(_INBOX_ROW, event.inbox_id)
     if row is None:
         log.warning("inbox row missing", extra={"inbox_id": event.inbox_id})
         return
     try:
-        sig = adapter_for(ctx.adapters, row["provider"]).parse_callback(bytes(row["payload"]))
+        sig = stored_signal(ctx, row)
     except ProviderError as err:
         log.error("stored callback cannot be read", extra={"inbox_id": event.inbox_id, "error": err.message})
         return
@@ -95,8 +112,7 @@ async def _job_for(ctx: Context, provider: str, sig: ProviderSignal) -> JobRow |
 
 async def on_poll(ctx: Context, event: PollRequested, delivery: Delivery) -> None:
     if event.reason == "submitted":
-        async with ctx.rt.pool.acquire() as conn:
-            await schedule.add(conn, event.job_id)
+        await schedule.add(ctx.rt.pool, event.job_id)
         return
     await poll_once(ctx, event.job_id, source=f"poll ({event.reason or 'requested'})")
 
@@ -141,8 +157,7 @@ async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
 async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) -> None:
     while not ctx.rt.stop.is_set():
         try:
-            async with ctx.rt.pool.acquire() as conn:
-                due = await schedule.take_due(conn, batch)
+            due = await schedule.take_due(ctx.rt.pool, batch)
         except Exception as exc:
             if not faults.is_infrastructure(exc):
                 raise
@@ -169,5 +184,4 @@ async def _scheduled_poll(ctx: Context, job_id: str) -> None:
         log.exception("scheduled poll failed", extra={"job_id": job_id})
         return
     if not alive:
-        async with ctx.rt.pool.acquire() as conn:
-            await schedule.remove(conn, job_id)
+        await schedule.remove(ctx.rt.pool, job_id)

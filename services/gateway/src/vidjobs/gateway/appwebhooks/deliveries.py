@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 import aiohttp
 import asyncpg
 import msgspec
+from asyncpg.pool import PoolConnectionProxy
 
 from vidjobs.common import requestids
 from vidjobs.common.events import AppEventDue
@@ -102,7 +103,7 @@ class Deliverer:
         self._retries = rt.settings.app_webhook_retries()
         self._timeout_s = rt.settings.app_webhook_timeout_s
         self._caps = claims.Caps.of(rt.settings)
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def poke(self) -> None:
         self._wake.set()
@@ -137,7 +138,7 @@ class Deliverer:
         task = asyncio.create_task(self._attempt_safely(delivery))
         self._tasks.add(task)
 
-        def done(_: asyncio.Task) -> None:
+        def done(_: asyncio.Task[None]) -> None:
             self._tasks.discard(task)
             self._wake.set()  # a place came free
 
@@ -253,7 +254,7 @@ async def _settle(pool: asyncpg.Pool, delivery: Delivery, outcome: Outcome, stat
         await conn.execute(_ATTEMPT, delivery.id, delivery.account_id, outcome.status, outcome.error, outcome.ms)
         if outcome.status == 410 and settled == "disabled":
             await _gone(conn, delivery)
-    return settled
+    return str(settled)
 
 
 async def _count(pool: asyncpg.Pool, delivery: Delivery, outcome: Outcome, error: str) -> None:
@@ -265,7 +266,7 @@ async def _count(pool: asyncpg.Pool, delivery: Delivery, outcome: Outcome, error
         await conn.execute(_ATTEMPT, delivery.id, delivery.account_id, outcome.status, error, outcome.ms)
 
 
-async def _gone(conn: asyncpg.Connection, delivery: Delivery) -> None:
+async def _gone(conn: PoolConnectionProxy[asyncpg.Record], delivery: Delivery) -> None:
     """410 Gone: the destination wants nothing more; what else waits for it will not be sent."""
     if delivery.endpoint_id is not None:
         await conn.execute(

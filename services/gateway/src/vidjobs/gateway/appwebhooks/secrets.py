@@ -11,6 +11,7 @@ from datetime import datetime
 
 import asyncpg
 import msgspec
+from asyncpg.pool import PoolConnectionProxy
 
 from vidjobs.common.runtime import Runtime
 from vidjobs.gateway import sealing
@@ -103,16 +104,17 @@ def opened(ring: Keyring, kind: Kind, row_id: str, sealed: str | None, plain: st
     return plain or None
 
 
-async def _rotate(conn: asyncpg.Connection, ring: Keyring, kind: Kind, row_id: str, lock_args: tuple[str, ...],
-                  overlap_s: int) -> Issued | None:
+async def _rotate(conn: PoolConnectionProxy[asyncpg.Record], ring: Keyring, kind: Kind, row_id: str,
+                  lock_args: tuple[str, ...], overlap_s: int) -> Issued | None:
     row = await conn.fetchrow(kind.lock, *lock_args)
     if row is None:
         return None
     current = opened(ring, kind, row_id, row["sealed"], row["plain"])
-    keep = current is not None and overlap_s > 0
-    previous = ring.seal(current, place(kind.previous, row_id)) if keep else None
+    # The replaced secret keeps signing only for an overlap asked for.
+    previous = ring.seal(current, place(kind.previous, row_id)) if current is not None and overlap_s > 0 else None
     secret, sealed = sealed_new(ring, kind, row_id)
     stored = await conn.fetchrow(kind.store, row_id, sealed, previous, float(overlap_s))
+    assert stored is not None  # the row is locked since it was read
     return Issued(secret=secret, created_at=stored["created_at"], previous_expires_at=stored["previous_expires_at"])
 
 
@@ -138,11 +140,13 @@ async def account_secret_held(pool: asyncpg.Pool, account_id: str) -> Held:
         "SELECT webhook_secret_created_at AS created_at, CASE WHEN webhook_previous_secret_expires_at > "
         "clock_timestamp() THEN webhook_previous_secret_expires_at END AS previous_expires_at "
         "FROM accounts WHERE id = $1", account_id)
+    if row is None:
+        raise LookupError(f"no account {account_id}")
     return Held(created_at=row["created_at"], previous_expires_at=row["previous_expires_at"])
 
 
-async def has_account_secret(pool: asyncpg.Pool, account_id: str) -> bool:
-    return bool(await pool.fetchval(
+async def has_account_secret(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> bool:
+    return bool(await conn.fetchval(
         "SELECT webhook_secret_sealed IS NOT NULL OR webhook_secret <> '' FROM accounts WHERE id = $1", account_id))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vidjobs.common import netguard
 from vidjobs.common.dns import BoundedResolver
-from vidjobs.gateway.errors import invalid
+from vidjobs.gateway.apierrors import invalid
 
 ALLOW_SETTING = "VIDJOBS_WEBHOOK_ALLOW_HOSTS"
 

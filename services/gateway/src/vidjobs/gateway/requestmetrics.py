@@ -8,7 +8,8 @@ import logging
 import time
 
 from aiohttp import web
-from prometheus_client import Counter, Gauge, Histogram
+from aiohttp.typedefs import Handler
+from prometheus_client import Counter, Histogram
 
 from vidjobs.gateway.state import ACCOUNT
 
@@ -21,9 +22,6 @@ LATENCY = Histogram(
     ["route", "method"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60, 600),
 )
 
-# Per gateway process (each holds its own streams): sum across replicas.
-STREAMS_OPEN = Gauge("vidjobs_sse_streams_open", "Server-Sent Event streams this gateway is holding open")
-
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
@@ -32,7 +30,7 @@ def route_label(request: web.Request) -> str:
 
 
 @web.middleware
-async def metrics_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     status = 500
     try:

@@ -1,4 +1,5 @@
-"""`POST /v1/webhooks/{provider}`: verify, check it names a render of ours, store raw in the inbox, answer.
+"""`POST /v1/webhooks/{provider}`, a provider's callback: verify, parse, check it names a render of ours, store it
+in the inbox (raw, and the parsed signal the poller acts on, so a callback is parsed once), answer.
 Processing happens elsewhere (the poller reads the inbox), so a slow or failing step never makes a provider
 retry a delivery we already hold.
 
@@ -18,15 +19,16 @@ from prometheus_client import Counter
 
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.gateway import inbox
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.bodies import WebhookAck
 from vidjobs.gateway.decoding import read_body
-from vidjobs.gateway.errors import ApiError, ErrorOut, GatewayCode, not_found
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import Gateway, gateway
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal
 
-log = logging.getLogger("vidjobs.gateway.webhooks")
+log = logging.getLogger("vidjobs.gateway.callbacks")
 
+# The metric's name predates "callbacks" as the word for what providers send; dashboards read it as it is.
 CALLBACKS = Counter("vidjobs_webhooks_total", "Provider callbacks received, by what became of them",
                     ["provider", "outcome"])
 
@@ -36,7 +38,7 @@ def _verified(provider: str, adapter: ProviderAdapter, request: web.Request, raw
         return adapter.verify_callback(request.headers, raw)
     except WebhookRejected as exc:
         CALLBACKS.labels(provider, "rejected").inc()
-        log.warning("webhook rejected", extra={"provider": provider, "why": str(exc)})
+        log.warning("callback rejected", extra={"provider": provider, "why": str(exc)})
         raise ApiError(401, GatewayCode.UNAUTHORIZED, "webhook signature could not be verified") from exc
 
 
@@ -45,7 +47,7 @@ def _parsed(provider: str, adapter: ProviderAdapter, raw: bytes) -> ProviderSign
         return adapter.parse_callback(raw)
     except ProviderError as exc:
         CALLBACKS.labels(provider, "malformed").inc()
-        log.warning("webhook not understood", extra={"provider": provider, "why": exc.message})
+        log.warning("callback not understood", extra={"provider": provider, "why": exc.message})
         raise ApiError(400, ErrorCode.INVALID_INPUT, f"not a {provider} callback we understand") from exc
 
 
@@ -57,7 +59,7 @@ def _within_rate(gw: Gateway, provider: str) -> None:
                        retryable=True, headers={"Retry-After": str(wait)})
 
 
-async def receive_webhook(request: web.Request) -> web.Response:
+async def receive_callback(request: web.Request) -> web.Response:
     gw = gateway(request)
     provider = request.match_info["provider"]
     adapter = gw.adapters.get(provider)
@@ -73,13 +75,13 @@ async def receive_webhook(request: web.Request) -> web.Response:
             log.info("callback for no render of ours", extra={"provider": provider,
                                                                "provider_job_id": signal.provider_job_id[:64]})
             return json_response(WebhookAck(received=True, duplicate=False, stored=False))
-        stored = await inbox.store(conn, provider, webhook_id, raw)
+        stored = await inbox.store(conn, provider, webhook_id, raw, signal)
     CALLBACKS.labels(provider, "stored" if stored else "duplicate").inc()
     return json_response(WebhookAck(received=True, duplicate=not stored))
 
 
 ROUTES = [
-    Route("POST", "/v1/webhooks/{provider}", receive_webhook, "receive_webhook",
+    Route("POST", "/v1/webhooks/{provider}", receive_callback, "receive_webhook",
           "A provider's callback (signed by the provider, not by an API key)", auth=False,
           body="application/json",
           responses={200: WebhookAck, 400: ErrorOut, 401: ErrorOut, 404: ErrorOut, 413: ErrorOut, 429: ErrorOut}),
