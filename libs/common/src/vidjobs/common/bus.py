@@ -304,7 +304,7 @@ async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
         return
     except Redeliver as again:
         if again.counts:
-            await _retry(js, spec, msg, event, tries, again)
+            await _redeliver(js, spec, msg, event, tries, again)
             return
         metrics.MESSAGES.labels(spec.durable, "deferred").inc()
         await _defer(js, msg, tries, again.delay, streak=0)
@@ -350,8 +350,8 @@ async def _spend(js: JetStreamContext, msg: Msg, tries: Tries, delay: float) -> 
     await msg.nak(delay=max(delay, 0.0))
 
 
-async def _retry(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Event, tries: Tries,
-                 again: Redeliver) -> None:
+async def _redeliver(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Event, tries: Tries,
+                     again: Redeliver) -> None:
     """A handling that failed in a way its handler expected: one try spent, redelivered after its delay."""
     if tries.before + 1 >= spec.max_deliver:
         await _dead_letter(js, spec, msg, event, f"gave up: {again}")
