@@ -20,7 +20,7 @@ import msgspec
 from aiohttp.test_utils import TestClient, TestServer
 
 from vidjobs.cli.embedded import free_port
-from vidjobs.common import changes, jobs
+from vidjobs.common import changes, creation
 from vidjobs.common.jobs import JobRequest, JobRow
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.settings import Settings
@@ -179,8 +179,9 @@ async def completed_job(h: Harness, account_id: str, *, video: bytes = b"\x00\x0
                         ) -> JobRow:
     """A job that rendered and whose files are in storage."""
     async with h.pool.acquire() as conn, conn.transaction():
-        job = await jobs.create(conn, account_id=account_id, request=JobRequest(model="fake/default", prompt="done"),
-                                estimated_credits=10, recovery_delay_s=3600)
+        job = await creation.create(conn, account_id=account_id,
+                                    request=JobRequest(model="fake/default", prompt="done"),
+                                    estimated_credits=10, recovery_delay_s=3600)
     outputs = await store_outputs(h, account_id, job.id, video=video)
     return await drive(h.pool, job.id, JobStatus.SUBMITTED, JobStatus.DOWNLOADING, JobStatus.COMPLETED,
                        update=JobUpdate(actual_credits=10), outputs=outputs)

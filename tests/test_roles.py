@@ -29,7 +29,7 @@ from vidjobs.common.grants import GRANTS, OPERATOR_ONLY, OWNERS, SERVICES, Colum
 # Statements a service's imports bring along that the service never runs, so its role need not cover them.
 REACHABLE_NOT_RUN: dict[str, dict[tuple[str, Privilege], str]] = {
     service: {
-        ("jobs", Privilege.INSERT): "libs/common/jobs.py creates jobs; only the gateway calls it",
+        ("jobs", Privilege.INSERT): "libs/common/creation.py creates jobs; only the gateway calls it",
         ("reserve_job_credit", Privilege.EXECUTE): "libs/common/credits.py: reserving is part of creating a job",
         ("credit_ledger", Privilege.SELECT): "libs/common/credits.py: the ledger is read by the gateway (entries)",
         ("account_daily_spend", Privilege.SELECT): "libs/common/credits.py: the gateway shows the day's spend",

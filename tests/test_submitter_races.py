@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import aiohttp
 import pytest
 
-from vidjobs.common import events, jobs
+from vidjobs.common import creation, events, jobs
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ProviderError, Redeliver
 from vidjobs.common.events import JobQueued, RecoveryDue
@@ -49,8 +49,8 @@ async def test_refused_submit_and_takeover_race(database_url, nats_url, tmp_path
             request = JobRequest(model="fake/default", prompt="fox", duration_s=1, seed=7,
                                  params={"scenario": "unavailable_then_succeed", "render_s": 0.1})
             async with rt.tx() as conn:
-                job = await jobs.create(conn, account_id="a", request=request, estimated_credits=10,
-                                        recovery_delay_s=60)
+                job = await creation.create(conn, account_id="a", request=request, estimated_credits=10,
+                                            recovery_delay_s=60)
             # The provider's first refusal was spent by an earlier call (e.g. one whose submitter was killed).
             adapter = adapter_for(adapters, "fake")
             with pytest.raises(ProviderError):

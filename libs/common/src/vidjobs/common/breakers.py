@@ -9,7 +9,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from vidjobs.common import jobs, outbox
+from vidjobs.common import outbox, waiting
 
 
 class BreakerState(enum.StrEnum):
@@ -47,5 +47,5 @@ async def reset(conn: asyncpg.Connection, provider: str) -> Breaker | None:
     )
     if row is None:
         return None
-    await outbox.add(conn, await jobs.slot_wakeup(conn, provider))
+    await outbox.add(conn, await waiting.slot_wakeup(conn, provider))
     return msgspec.convert(dict(row), Breaker)

@@ -14,7 +14,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from vidjobs.common import jobs, outbox
+from vidjobs.common import outbox, waiting
 from vidjobs.common.events import SlotFreed
 
 SUBMISSIONS = "submissions"
@@ -45,7 +45,7 @@ async def set_submissions(pool: asyncpg.Connection | asyncpg.Pool, *, paused: bo
             SUBMISSIONS, paused, reason,
         )
         if not paused:
-            await outbox.add(conn, [SlotFreed(provider=p) for p in await jobs.waiting_providers(conn)])
+            await outbox.add(conn, [SlotFreed(provider=p) for p in await waiting.waiting_providers(conn)])
     return Switch(**dict(row))
 
 

@@ -11,7 +11,7 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import jobs, ratecard
+from vidjobs.common import creation, ratecard
 from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
 from vidjobs.common.jobs import JobRequest, Lane
 from vidjobs.common.settings import Settings
@@ -94,7 +94,7 @@ async def _create_once(gw: Gateway, owner: Tenant, checked: Checked, key: str | 
         movable = fallbacks.within_quote(card, request, await _fallbacks(gw, owner, conn, checked), estimate,
                                          named=checked.fallbacks is not None)
         try:
-            created = await jobs.enqueue(conn, account_id=owner.account_id, request=request,
+            created = await creation.enqueue(conn, account_id=owner.account_id, request=request,
                                          estimated_credits=estimate, recovery_delay_s=gw.settings.recovery_delay_s,
                                          route=checked.route, rate_card_version=card.version,
                                          max_waiting=gw.settings.max_queued_jobs, metadata=body.metadata,

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import asyncpg
 import msgspec
 
-from vidjobs.common import jobs, outbox
+from vidjobs.common import outbox, waiting
 from vidjobs.common.breakers import BreakerState
 from vidjobs.common.errors import ErrorCode
 from vidjobs.common.settings import ProviderLimits, Settings
@@ -127,7 +127,7 @@ async def record_answer(
         )
         if reopened:
             # The jobs it held back are parked: hand them the provider's free slots now.
-            await outbox.add(conn, await jobs.slot_wakeup(conn, provider))
+            await outbox.add(conn, await waiting.slot_wakeup(conn, provider))
         return BreakerState.CLOSED
     row = await conn.fetchrow(
         """

@@ -20,7 +20,21 @@ import asyncpg
 import msgspec
 from prometheus_client import Counter
 
-from vidjobs.common import bus, estimates, events, faults, jobs, logs, metrics, outbox, tracing, uploads
+from vidjobs.common import (
+    bus,
+    estimates,
+    events,
+    faults,
+    jobs,
+    logs,
+    metrics,
+    outbox,
+    provider_reports,
+    recovery_checks,
+    tracing,
+    uploads,
+    waiting,
+)
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
@@ -83,7 +97,7 @@ async def sweep_queues(ctx: Context) -> None:
     Catches what no event announced: a wake-up lost with its message, a breaker's pause running out, a cap
     raised by a restart with new settings, the switch resumed from another process."""
     ttl = _claim_ttl(ctx)
-    for provider in await jobs.waiting_providers(ctx.rt.pool):
+    for provider in await waiting.waiting_providers(ctx.rt.pool):
         if await dispatch.has_room(ctx.rt.pool, provider, limits.limits_for(ctx.rt.settings, provider), ttl):
             if (pacing := await fill(ctx, provider)) is not None:
                 log.info("queue sweep met the provider's pacing", extra={"provider": provider, "why": pacing.reason})
@@ -182,7 +196,7 @@ async def handle(ctx: Context, event: events.SubmitEvent, delivery: Delivery) ->
 
 
 def _look_again_in(wait: Wait) -> float:
-    return min(max(wait.delay_s, 0.05), jobs.WAIT_LOOK_S)
+    return min(max(wait.delay_s, 0.05), waiting.WAIT_LOOK_S)
 
 
 async def fill(ctx: Context, provider: str) -> Wait | None:
@@ -281,7 +295,7 @@ async def _take_turn(
                                        fair=fair)
         if isinstance(choice, Wait):
             # Parked, the job costs nothing while it waits: the event that frees a slot hands it one.
-            await jobs.set_wait_reason(conn, job.id, choice.reason, park=not choice.pacing)
+            await waiting.set_wait_reason(conn, job.id, choice.reason, park=not choice.pacing)
             return choice
         if choice.job_id != job.id:
             return await _claim_head(conn, choice.job_id, ttl)
@@ -321,7 +335,7 @@ async def _submit(
             await limits.lock_provider(conn, job.provider)
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, _claim_request(job), err.to_job_error())
-            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider, job.account_id))
+            await outbox.add(conn, await waiting.slot_wakeup(conn, job.provider, job.account_id))
         return
     try:
         accepted = await _call_provider(ctx, adapter, req, claimed)
@@ -334,7 +348,7 @@ async def _submit(
             await _refused(ctx, conn, job, err)
             await submissions.record_refused(conn, req, err.to_job_error())
             await limits.record_answer(conn, job.provider, err.code, ctx.rt.settings)
-            await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider, job.account_id))  # the claim held one
+            await outbox.add(conn, await waiting.slot_wakeup(conn, job.provider, job.account_id))  # the claim held one
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
     await _record_patiently(ctx, job, adapter, req, accepted)
@@ -417,9 +431,9 @@ async def _accepted(
             ),
         )
         if moved is not None:
-            await jobs.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
+            await recovery_checks.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
         if moved is not None and accepted.queue_position is not None:
-            await jobs.record_queue_position(conn, job.id, accepted.queue_position)
+            await provider_reports.record_queue_position(conn, job.id, accepted.queue_position)
         if moved is None and await _orphaned(conn, job.id, accepted.provider_job_id):
             # Canceled, deleted or retried while the provider was answering: this render is nobody's; stop it.
             await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,
