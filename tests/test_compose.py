@@ -12,8 +12,8 @@ import yaml
 from tests.sqlscan import ROOT
 from vidjobs.common.grants import SERVICES, role
 from vidjobs.common.settings import load
+from vidjobs.common.signatures import decode_secret
 from vidjobs.gateway.sealing import Keyring
-from vidjobs.providers.webhooks import decode_secret
 
 COMPOSE = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())["services"]
 VIDJOBS = {name: spec for name, spec in COMPOSE.items() if spec.get("image") == "vidjobs:dev"}

@@ -24,6 +24,7 @@ from vidjobs.common import changes, creation
 from vidjobs.common.jobs import JobRequest, JobRow
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.settings import Settings
+from vidjobs.common.signatures import new_secret
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.gateway.accounts import create_account
@@ -31,7 +32,6 @@ from vidjobs.gateway.app import create_app
 from vidjobs.gateway.sealing import new_key as new_secrets_key
 from vidjobs.gateway.state import GATEWAY, Gateway
 from vidjobs.media import assets
-from vidjobs.providers.webhooks import new_secret
 
 JOB_BODY = {"model": "fake/default", "prompt": "a red fox in snow", "duration_s": 5, "aspect_ratio": "16:9",
             "resolution": "720p", "seed": 7, "negative_prompt": None, "input_image": None, "params": {}}

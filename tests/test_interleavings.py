@@ -43,6 +43,7 @@ from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, open_runtime
 from vidjobs.common.settings import Settings
+from vidjobs.common.signatures import new_secret
 from vidjobs.common.states import TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.fakeprovider.server import REFUSALS_PER_JOB, FakeProvider, RenderStatus, running_fake_provider
@@ -51,7 +52,6 @@ from vidjobs.poller import worker as poller
 from vidjobs.poller.signals import SignalContext, apply_signal
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from vidjobs.providers.registry import adapter_for, build_adapters
-from vidjobs.providers.webhooks import new_secret
 from vidjobs.reaper import recovery
 from vidjobs.storage.filesystem import FileStorage
 from vidjobs.submitter import worker as submitter
