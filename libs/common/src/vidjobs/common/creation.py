@@ -60,7 +60,9 @@ async def enqueue(
         estimated_credits, recovery_delay_s, route, rate_card_version, requestids.current(), metadata or {},
         webhook_url, webhook_events, fallback_models or [], max_wait_s, lane,
     )
+    assert row is not None, "INSERT ... RETURNING answers the row it inserted"
     job = row_to_job(row)
+    assert job.recover_at is not None, "a new job's first recovery check is set by the insert"
     await conn.execute(
         "INSERT INTO job_transitions (job_id, from_status, to_status, reason) VALUES ($1, NULL, $2, $3)",
         job_id, JobStatus.PENDING.value, "created",

@@ -101,6 +101,7 @@ async def settle(conn: asyncpg.Connection, *, job_id: str, note: str) -> Entry:
         row = await conn.fetchrow("SELECT * FROM settle_job_credit($1, $2)", job_id, note)
     except asyncpg.InsufficientPrivilegeError as exc:
         raise CreditRefused(exc.message) from exc
+    assert row is not None, "settle_job_credit answers one row or raises"
     return msgspec.convert(dict(row), Entry)
 
 
@@ -137,7 +138,7 @@ def settle_note(ending: str, job_id: str, estimated: int, charged: int, provider
     `rendered`: the provider had finished the render when the job ended."""
     reported = bool(provider_cost)  # a cost of 0 is no report: the estimate stands in
     source = "the provider's reported cost" if reported else "the estimate"
-    capped = " (capped at the estimate)" if reported and provider_cost > estimated else ""
+    capped = " (capped at the estimate)" if provider_cost and provider_cost > estimated else ""
     if ending == JobStatus.COMPLETED:
         return f"{job_id} completed: charged {charged} from {source}{capped}"
     if rendered:

@@ -15,7 +15,7 @@ from vidjobs.common.states import SQL_TERMINAL, TERMINAL
 
 async def reschedule_recovery(conn: asyncpg.Connection, job_id: str, delay_s: float) -> datetime | None:
     """Push a live job's next recovery check out by `delay_s` and stage its message."""
-    due = await conn.fetchval(
+    due: datetime | None = await conn.fetchval(
         f"""
         UPDATE jobs SET recover_at = clock_timestamp() + make_interval(secs => $2)
         WHERE id = $1 AND deleted_at IS NULL

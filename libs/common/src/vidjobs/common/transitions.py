@@ -99,10 +99,11 @@ def allowed_sources(to: JobStatus, expect: Collection[JobStatus] | None) -> list
     return sorted(s.value for s in chosen)
 
 
-def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
+def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[int | str | None]]:
     if guard is None:
         return "", []
-    clauses, values = [], []
+    clauses: list[str] = []
+    values: list[int | str | None] = []
     if guard.attempt is not UNSET:
         values.append(guard.attempt)
         clauses.append(f"AND attempt = ${first + len(values) - 1}")

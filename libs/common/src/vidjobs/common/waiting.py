@@ -67,6 +67,7 @@ async def queue_count(conn: asyncpg.Connection | asyncpg.Pool, account_id: str, 
     """How many of the account's jobs wait for a slot, and how many a new job in `lane` would queue behind
     (the partial index jobs_account_waiting alone)."""
     row = await conn.fetchrow(_QUEUE_COUNT, account_id, lane)
+    assert row is not None, "an aggregate without GROUP BY answers one row"
     return QueueCount(row["waiting"], row["ahead"])
 
 

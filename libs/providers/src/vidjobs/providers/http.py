@@ -32,6 +32,7 @@ def retry_after(value: str | None) -> float | None:
     unreadable."""
     if not value or len(value) > 64:
         return None
+    seconds: float | None
     try:
         seconds = float(value)
     except ValueError:
