@@ -30,7 +30,6 @@ from vidjobs.common.runtime import migrate_database, open_runtime
 # Statements a service's imports bring along that the service never runs, so its role need not cover them.
 REACHABLE_NOT_RUN: dict[str, dict[tuple[str, Privilege], str]] = {
     service: {
-        ("jobs", Privilege.INSERT): "libs/common/creation.py creates jobs; only the gateway calls it",
         ("reserve_job_credit", Privilege.EXECUTE): "libs/common/credits.py: reserving is part of creating a job",
         ("credit_ledger", Privilege.SELECT): "libs/common/credits.py: the ledger is read by the gateway (entries)",
         ("account_daily_spend", Privilege.SELECT): "libs/common/credits.py: the gateway shows the day's spend",
