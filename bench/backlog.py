@@ -7,7 +7,7 @@ For each size, on an embedded stack of its own (as `vidjobs up` builds it) with 
 `--quota` renders at once and `--quota` submissions a second:
 1. `--quota` renders that never finish take every slot; creates and a waiting job's GET are timed against the empty
    queue, and the stack's idle CPU is read;
-2. the backlog is queued across `--accounts` accounts, through the same `jobs.enqueue` a create runs (its
+2. the backlog is queued across `--accounts` accounts, through the same `creation.enqueue` a create runs (its
    reservation, audit row and messages), and allowed to settle past every job's first recovery check;
 3. CPU by process is read over `--measure-s` while nothing can move (every slot held), beside JetStream's
    bytes and the rows each waiting job holds, and creates and GETs are timed again;
@@ -131,7 +131,7 @@ async def timed_requests(session: aiohttp.ClientSession, base: str, key: str, n:
 
 async def enqueue_backlog(database_url: str, accounts: list[tuple[str, str]], size: int) -> None:
     """`size` waiting jobs, round robin over the accounts, as a create queues them."""
-    from vidjobs.common import db, jobs
+    from vidjobs.common import creation, db
     from vidjobs.common.jobs import JobRequest
 
     request = JobRequest(model=QUICK["model"], prompt=QUICK["prompt"], duration_s=1, seed=7, params={"render_s": 1})
@@ -144,8 +144,8 @@ async def enqueue_backlog(database_url: str, accounts: list[tuple[str, str]], si
         async with pool.acquire() as conn:
             for n in range(lane, size, ENQUEUE_CONNECTIONS):
                 async with conn.transaction():
-                    await jobs.enqueue(conn, account_id=accounts[n % len(accounts)][0], request=request,
-                                       estimated_credits=10, recovery_delay_s=60.0)
+                    await creation.enqueue(conn, account_id=accounts[n % len(accounts)][0], request=request,
+                                           estimated_credits=10, recovery_delay_s=60.0)
                 done += 1
                 if done % 5000 == 0:
                     say(f"  {done}/{size} queued")

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.dispatch import drop_database, scratch_database  # noqa: E402
 from vidjobs.common import db, estimates, jobs  # noqa: E402
 from vidjobs.common.settings import ProviderLimits, Settings  # noqa: E402
+from vidjobs.common.waiting import queue_count  # noqa: E402
 from vidjobs.gateway import tenant  # noqa: E402
 from vidjobs.poller import schedule  # noqa: E402
 from vidjobs.reaper import retention, sweep  # noqa: E402
@@ -165,7 +166,7 @@ async def operations(conn: asyncpg.Connection) -> dict[str, Operation]:
         "job GET (waiting, with its place)": lambda c: c.fetchrow(tenant._ONE_JOB, waiting.id, HEAVY),
         "list page (newest 20)": lambda c: page(c, None),
         "list page (halfway down)": lambda c: page(c, (middle["created_at"], middle["id"])),
-        "queue count at create": lambda c: jobs.queue_count(c, HEAVY, jobs.Lane.INTERACTIVE),
+        "queue count at create": lambda c: queue_count(c, HEAVY, jobs.Lane.INTERACTIVE),
         "due-poll scan": rolled_back(lambda c: schedule.take_due(c, 100)),
         "recovery sweep": lambda c: c.fetch(sweep.OVERDUE_SQL, sweep.OVERDUE_S, 500),
         "retention sweep": rolled_back(lambda c: c.fetch(retention._DUE, 30 * 86400.0, retention.BATCH)),

@@ -19,9 +19,9 @@ from vidjobs.cli.supervisor import Supervisor
 from vidjobs.cli.up import allow_downloads_from, wait_ready
 from vidjobs.common import db
 from vidjobs.common.settings import Settings
+from vidjobs.common.signatures import new_secret
 from vidjobs.common.states import TERMINAL, JobStatus, is_legal
 from vidjobs.gateway.sealing import new_key as new_secrets_key
-from vidjobs.providers.webhooks import new_secret
 
 
 class Stack:

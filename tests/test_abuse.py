@@ -24,8 +24,8 @@ from tests.stack import Stack, host_port, running_stack, stack_settings
 from tests.standins.replicate import running_replicate_standin
 from tests.support import wait_until
 from vidjobs.common import bus
+from vidjobs.common.signatures import new_secret, signed_headers
 from vidjobs.gateway.accounts import add_api_key, create_account, new_api_key
-from vidjobs.providers.webhooks import new_secret, signed_headers
 
 STREAMS_PER_KEY = 20
 STREAMS_PER_ACCOUNT = 30

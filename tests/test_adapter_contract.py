@@ -23,11 +23,11 @@ from tests.standins.runway import running_runway
 from tests.standins.server import serving
 from tests.standins.veo import running_veo
 from vidjobs.cli.embedded import free_port
+from vidjobs.common import signatures
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import Settings
 from vidjobs.fakeprovider.server import running_fake_provider
-from vidjobs.providers import webhooks
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from vidjobs.providers.fake.adapter import FakeAdapter
 from vidjobs.providers.fal import FalAdapter
@@ -38,7 +38,7 @@ from vidjobs.providers.runway import RunwayAdapter
 from vidjobs.providers.veo import VeoAdapter
 
 KEY = "contract-key"
-SECRET = webhooks.new_secret()
+SECRET = signatures.new_secret()
 WAITING = (ProviderState.QUEUED, ProviderState.RUNNING)
 
 
@@ -74,7 +74,7 @@ async def fake(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
             FakeAdapter(http, server.url, SECRET),
             lambda s: attempt("fake/default", f"a fox {s}", duration_s=2, params={"scenario": s, "render_s": 0.3}),
             plays(fail="fail_always", rate_limit="rate_limit_then_succeed", unavailable="unavailable_then_succeed"),
-            ProviderState.CANCELED, lambda body: webhooks.signed_headers(SECRET, body),
+            ProviderState.CANCELED, lambda body: signatures.signed_headers(SECRET, body),
             json.dumps({"type": "render.succeeded", "data": {"id": "r_1", "status": "succeeded"}}).encode(),
         )
 
@@ -86,7 +86,7 @@ async def replicate(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
             ReplicateAdapter(http, standin.url, KEY, SECRET),
             lambda s: attempt("replicate/kwaivgi/kling-v2.0", f"a fox standin:{s}", duration_s=5),
             plays(fail="oom"),
-            ProviderState.CANCELED, lambda body: webhooks.signed_headers(SECRET, body),
+            ProviderState.CANCELED, lambda body: signatures.signed_headers(SECRET, body),
             json.dumps({"id": "p1", "status": "processing"}).encode(),
         )
 

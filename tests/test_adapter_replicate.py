@@ -16,11 +16,11 @@ from tests.stack import host_port, running_stack, stack_settings
 from tests.standins.replicate import ReplicateStandin, payload, running_replicate_standin
 from tests.support import wait_until
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
+from vidjobs.common.signatures import new_secret, signed_headers
 from vidjobs.gateway.bodies import Model as GatewayModelName
 from vidjobs.providers import replicate
 from vidjobs.providers.base import ProviderState
 from vidjobs.providers.replicate import ReplicateAdapter
-from vidjobs.providers.webhooks import new_secret, signed_headers
 
 TOKEN = "r8_test_3b8f0c1d"
 SECRET = new_secret()

@@ -24,8 +24,8 @@ from tests.stack import Stack, running_stack, stack_settings
 from tests.standins.server import serving
 from tests.support import wait_until
 from vidjobs.common import db
+from vidjobs.common.signatures import new_secret
 from vidjobs.gateway.accounts import create_account
-from vidjobs.providers.webhooks import new_secret
 
 
 def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:

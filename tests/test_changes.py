@@ -10,7 +10,7 @@ import pytest
 from nats.js.api import StreamConfig
 
 from tests.stack import stack_settings
-from vidjobs.common import bus, events, jobs
+from vidjobs.common import bus, creation, events
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.runtime import open_runtime
 from vidjobs.common.states import JobStatus
@@ -21,8 +21,8 @@ async def _pending_job(rt) -> str:
     await rt.pool.execute("INSERT INTO accounts (id, name, credits_balance) VALUES ('acct_c', 'c', 1000) "
                           "ON CONFLICT DO NOTHING")
     async with rt.tx() as conn:
-        job = await jobs.create(conn, account_id="acct_c", request=JobRequest(model="fake/default", prompt="a fox"),
-                                estimated_credits=10, recovery_delay_s=60)
+        job = await creation.create(conn, account_id="acct_c", request=JobRequest(model="fake/default", prompt="a fox"),
+                                    estimated_credits=10, recovery_delay_s=60)
     return job.id
 
 

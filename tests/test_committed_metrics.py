@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from tests.stack import stack_settings
-from vidjobs.common import jobs
+from vidjobs.common import creation
 from vidjobs.common.errors import ErrorCode, JobError, MediaError
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.outcomes import fail_or_retry
@@ -32,8 +32,9 @@ async def _pending_job(rt):
     await rt.pool.execute("INSERT INTO accounts (id, name, credits_balance) VALUES ('acct_m', 'm', 1000) "
                           "ON CONFLICT DO NOTHING")
     async with rt.tx() as conn:
-        return await jobs.create(conn, account_id="acct_m", request=JobRequest(model="fake/default", prompt="a fox"),
-                                 estimated_credits=10, recovery_delay_s=60)
+        return await creation.create(conn, account_id="acct_m",
+                                     request=JobRequest(model="fake/default", prompt="a fox"),
+                                     estimated_credits=10, recovery_delay_s=60)
 
 
 async def _refuse(rt, job) -> None:

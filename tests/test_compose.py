@@ -14,8 +14,8 @@ from tests.sqlscan import ROOT
 from tests.workspace import member
 from vidjobs.common.grants import SERVICES, role
 from vidjobs.common.settings import load
+from vidjobs.common.signatures import decode_secret
 from vidjobs.gateway.sealing import Keyring
-from vidjobs.providers.webhooks import decode_secret
 
 COMPOSE = yaml.safe_load((ROOT / "deploy/compose.yaml").read_text())["services"]
 VIDJOBS = {name: spec for name, spec in COMPOSE.items() if spec.get("image", "").startswith("vidjobs-")}

@@ -20,10 +20,11 @@ import msgspec
 from aiohttp.test_utils import TestClient, TestServer
 
 from vidjobs.cli.embedded import free_port
-from vidjobs.common import changes, jobs
+from vidjobs.common import changes, creation
 from vidjobs.common.jobs import JobRequest, JobRow
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.settings import Settings
+from vidjobs.common.signatures import new_secret
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.gateway.accounts import create_account
@@ -31,7 +32,6 @@ from vidjobs.gateway.app import create_app
 from vidjobs.gateway.sealing import new_key as new_secrets_key
 from vidjobs.gateway.state import GATEWAY, Gateway
 from vidjobs.media import assets
-from vidjobs.providers.webhooks import new_secret
 
 JOB_BODY = {"model": "fake/default", "prompt": "a red fox in snow", "duration_s": 5, "aspect_ratio": "16:9",
             "resolution": "720p", "seed": 7, "negative_prompt": None, "input_image": None, "params": {}}
@@ -179,8 +179,9 @@ async def completed_job(h: Harness, account_id: str, *, video: bytes = b"\x00\x0
                         ) -> JobRow:
     """A job that rendered and whose files are in storage."""
     async with h.pool.acquire() as conn, conn.transaction():
-        job = await jobs.create(conn, account_id=account_id, request=JobRequest(model="fake/default", prompt="done"),
-                                estimated_credits=10, recovery_delay_s=3600)
+        job = await creation.create(conn, account_id=account_id,
+                                    request=JobRequest(model="fake/default", prompt="done"),
+                                    estimated_credits=10, recovery_delay_s=3600)
     outputs = await store_outputs(h, account_id, job.id, video=video)
     return await drive(h.pool, job.id, JobStatus.SUBMITTED, JobStatus.DOWNLOADING, JobStatus.COMPLETED,
                        update=JobUpdate(actual_credits=10), outputs=outputs)

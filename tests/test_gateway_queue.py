@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from tests.test_gateway_harness import auth, drive, gateway_settings, read_event, running_gateway
-from vidjobs.common import jobs
+from vidjobs.common import provider_reports
 from vidjobs.common.states import JobStatus
 
 
@@ -67,7 +67,7 @@ async def test_only_waiting_jobs_have_a_place_and_a_submitted_one_shows_the_prov
 
     await drive(h.pool, ids[0], JobStatus.SUBMITTED)
     async with h.pool.acquire() as conn, conn.transaction():
-        await jobs.record_queue_position(conn, ids[0], 7)  # as fal reports its own queue
+        await provider_reports.record_queue_position(conn, ids[0], 7)  # as fal reports its own queue
     await drive(h.pool, ids[1], JobStatus.SUBMITTED, JobStatus.PROCESSING)
 
     assert await positions(h, key, ids) == [7, None, 1]

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support import wait_until
 from tests.test_gateway_harness import assert_error, auth, drive, gateway_settings, read_event, running_gateway
-from vidjobs.common import changes, events, jobs
+from vidjobs.common import changes, deletion, events
 from vidjobs.common.states import JobStatus
 from vidjobs.gateway import stream
 
@@ -70,7 +70,7 @@ async def test_deleting_the_job_closes_its_stream(h):
 
     # As Tenant.delete does it: the change hints go out once the deletion commits.
     async with changes.after_commit(), h.pool.acquire() as conn, conn.transaction():
-        await jobs.mark_deleted(conn, job["id"], account_id)
+        await deletion.soft_delete(conn, job["id"], account_id)
     h.gw.rt.relay.poke()
 
     assert await asyncio.wait_for(read_event(resp), 10) is None

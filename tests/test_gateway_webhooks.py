@@ -19,12 +19,11 @@ from tests.test_gateway_harness import (
     raw_request,
     running_gateway,
 )
-from vidjobs.common import bus, events
+from vidjobs.common import bus, events, signatures
 from vidjobs.common.events import InboxReceived
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
 from vidjobs.gateway import inbox
-from vidjobs.providers import webhooks
 
 
 def callback(job_id: str | None, *, render_id: str = "rnd_1", **extra: object) -> bytes:
@@ -63,20 +62,20 @@ async def _nothing_stored(h) -> bool:
 @pytest.mark.parametrize("tamper", ["signature", "body", "secret", "missing", "stale", "future"])
 async def test_an_unverifiable_delivery_is_401_and_stores_nothing(h, tamper):
     secret = h.settings.fake_webhook_secret
-    headers = webhooks.signed_headers(secret, BODY)
+    headers = signatures.signed_headers(secret, BODY)
     body = BODY
     if tamper == "signature":
         headers["webhook-signature"] = "v1," + "A" * 44
     elif tamper == "body":
         body = BODY.replace(b"succeeded", b"failed")
     elif tamper == "secret":
-        headers = webhooks.signed_headers(webhooks.new_secret(), BODY)
+        headers = signatures.signed_headers(signatures.new_secret(), BODY)
     elif tamper == "missing":
         headers = {}
     elif tamper == "stale":
-        headers = webhooks.signed_headers(secret, BODY, timestamp=int(time.time()) - 3600)
+        headers = signatures.signed_headers(secret, BODY, timestamp=int(time.time()) - 3600)
     elif tamper == "future":
-        headers = webhooks.signed_headers(secret, BODY, timestamp=int(time.time()) + 3600)
+        headers = signatures.signed_headers(secret, BODY, timestamp=int(time.time()) + 3600)
 
     status, answer = await _post(h, body, headers)
 
@@ -95,7 +94,7 @@ async def _post_raw(h, provider: str, headers: dict[str, bytes], body: bytes = B
 async def test_a_header_that_is_not_ascii_is_401_not_a_fault(h, caplog, header, value):
     """Header bytes outside ASCII reach the verifier as text it cannot encode back; a sender that writes
     them is refused like any other unverifiable one."""
-    headers = {k: v.encode() for k, v in webhooks.signed_headers(h.settings.fake_webhook_secret, BODY).items()}
+    headers = {k: v.encode() for k, v in signatures.signed_headers(h.settings.fake_webhook_secret, BODY).items()}
     headers[header] = value
 
     answer = await _post_raw(h, "fake", headers)
@@ -127,7 +126,7 @@ async def test_a_fal_header_that_is_not_ascii_is_401_not_a_fault(tmp_path, datab
 
 
 async def test_unknown_provider_is_404(h):
-    status, answer = await _post(h, BODY, webhooks.signed_headers(h.settings.fake_webhook_secret, BODY), "acme")
+    status, answer = await _post(h, BODY, signatures.signed_headers(h.settings.fake_webhook_secret, BODY), "acme")
     assert status == 404
     assert_error(answer, "not_found")
     assert await _nothing_stored(h)
@@ -135,9 +134,9 @@ async def test_unknown_provider_is_404(h):
 
 async def test_a_verified_delivery_is_stored_once_however_often_it_arrives(h, ours):
     secret = h.settings.fake_webhook_secret
-    msg_id = webhooks.new_message_id()
+    msg_id = signatures.new_message_id()
     # A provider's retries keep the webhook-id and re-sign with a fresh timestamp; some arrive together.
-    deliveries = [webhooks.signed_headers(secret, ours, msg_id=msg_id, timestamp=int(time.time()) - i)
+    deliveries = [signatures.signed_headers(secret, ours, msg_id=msg_id, timestamp=int(time.time()) - i)
                   for i in range(4)]
 
     first = await _post(h, ours, deliveries[0])
@@ -156,7 +155,7 @@ async def test_a_verified_delivery_naming_no_render_of_ours_is_acknowledged_and_
     body = callback(job_id)
     jobs_outbox = await h.count("SELECT count(*) FROM outbox")
 
-    status, answer = await _post(h, body, webhooks.signed_headers(h.settings.fake_webhook_secret, body))
+    status, answer = await _post(h, body, signatures.signed_headers(h.settings.fake_webhook_secret, body))
 
     assert (status, answer) == (200, {"received": True, "duplicate": False, "stored": False})
     assert await h.count("SELECT count(*) FROM webhook_inbox") == 0
@@ -165,7 +164,7 @@ async def test_a_verified_delivery_naming_no_render_of_ours_is_acknowledged_and_
 
 @pytest.mark.parametrize("body", [b"{}", b"[1, 2]", json.dumps({"type": "x", "data": {"id": 7}}).encode()])
 async def test_a_verified_delivery_that_is_no_callback_is_400_and_stores_nothing(h, body):
-    status, answer = await _post(h, body, webhooks.signed_headers(h.settings.fake_webhook_secret, body))
+    status, answer = await _post(h, body, signatures.signed_headers(h.settings.fake_webhook_secret, body))
     assert status == 400
     assert_error(answer, "invalid_input", "fake callback")
     assert await _nothing_stored(h)
@@ -175,18 +174,18 @@ async def test_a_callback_body_may_be_far_larger_than_an_api_body(h):
     _, job = await h.post_job(await h.key())
     body = callback(job["id"], logs="x" * (1024 * 1024))  # a genuine provider's callback may carry its logs
     assert len(body) > 16 * h.settings.max_body_bytes
-    status, answer = await _post(h, body, webhooks.signed_headers(h.settings.fake_webhook_secret, body))
+    status, answer = await _post(h, body, signatures.signed_headers(h.settings.fake_webhook_secret, body))
     assert (status, answer["stored"]) == (200, True)
 
     too_big = callback(job["id"], logs="x" * h.settings.webhook_max_body_bytes)
-    status, answer = await _post(h, too_big, webhooks.signed_headers(h.settings.fake_webhook_secret, too_big))
+    status, answer = await _post(h, too_big, signatures.signed_headers(h.settings.fake_webhook_secret, too_big))
     assert status == 413
     assert_error(answer, "payload_too_large", "callback")
 
 
 async def test_a_stored_delivery_is_announced_on_the_inbox_subject(h, nats_url, ours):
     BODY = ours  # noqa: N806 - the callback this test sends
-    status, _ = await _post(h, BODY, webhooks.signed_headers(h.settings.fake_webhook_secret, BODY))
+    status, _ = await _post(h, BODY, signatures.signed_headers(h.settings.fake_webhook_secret, BODY))
     assert status == 200
     inbox_id = await h.pool.fetchval("SELECT id FROM webhook_inbox")
 
@@ -213,13 +212,13 @@ async def test_callbacks_past_the_providers_rate_are_429_and_not_stored(tmp_path
     async with running_gateway(settings) as h:
         _, job = await h.post_job(await h.key())
         bodies = [callback(job["id"], render_id=f"rnd_{i}") for i in range(3)]
-        answers = [await _post(h, b, webhooks.signed_headers(settings.fake_webhook_secret, b)) for b in bodies]
+        answers = [await _post(h, b, signatures.signed_headers(settings.fake_webhook_secret, b)) for b in bodies]
 
         assert [status for status, _ in answers] == [200, 200, 429]
         assert_error(answers[2][1], "rate_limited", "fake callbacks")
         assert await h.count("SELECT count(*) FROM webhook_inbox") == 2
         # A forged delivery is refused before it can use up the rate genuine callbacks need.
-        forged = [await _post(h, bodies[0], webhooks.signed_headers(webhooks.new_secret(), bodies[0]))
+        forged = [await _post(h, bodies[0], signatures.signed_headers(signatures.new_secret(), bodies[0]))
                   for _ in range(5)]
         assert {status for status, _ in forged} == {401}
 

@@ -34,7 +34,7 @@ from hypothesis.control import currently_in_test_context
 
 from tests.stack import assert_legal_trail
 from tests.support import wait_until
-from vidjobs.common import bus, credits, events, jobs, outbox, renders
+from vidjobs.common import bus, creation, credits, deletion, events, jobs, outbox, renders
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, JobError, ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, InboxReceived, JobQueued, RecoveryDue
@@ -43,6 +43,7 @@ from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, open_runtime
 from vidjobs.common.settings import Settings
+from vidjobs.common.signatures import new_secret
 from vidjobs.common.states import TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.fakeprovider.server import REFUSALS_PER_JOB, FakeProvider, RenderStatus, running_fake_provider
@@ -51,7 +52,6 @@ from vidjobs.poller import worker as poller
 from vidjobs.poller.signals import SignalContext, apply_signal
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from vidjobs.providers.registry import adapter_for, build_adapters
-from vidjobs.providers.webhooks import new_secret
 from vidjobs.reaper import recovery
 from vidjobs.storage.filesystem import FileStorage
 from vidjobs.submitter import worker as submitter
@@ -250,8 +250,8 @@ async def new_run(world: World, scenario: str = "hang") -> Run:
     request = JobRequest(model="fake/default", prompt="a fox in snow", duration_s=1, seed=7,
                          params={"scenario": scenario, "render_s": 600})
     async with world.rt.tx() as conn:
-        job = await jobs.create(conn, account_id=account_id, request=request, estimated_credits=ESTIMATE,
-                                recovery_delay_s=world.rt.settings.recovery_delay_s)
+        job = await creation.create(conn, account_id=account_id, request=request, estimated_credits=ESTIMATE,
+                                    recovery_delay_s=world.rt.settings.recovery_delay_s)
     return Run(world=world, job_id=job.id, account_id=account_id)
 
 
@@ -287,7 +287,7 @@ async def run_op(run: Run, op: Op) -> None:
             await media_ends(run, op.ok)
         case Delete():
             async with run.world.rt.tx() as conn:
-                await jobs.mark_deleted(conn, run.job_id, run.account_id)
+                await deletion.soft_delete(conn, run.job_id, run.account_id)
         case Hold():
             run.held = await run.job()
         case Late():

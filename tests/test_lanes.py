@@ -14,7 +14,7 @@ import pytest
 
 from tests.stack import demo_key, running_stack, stack_settings
 from tests.test_gateway_harness import assert_error, auth, gateway_settings, read_event, running_gateway
-from vidjobs.common import jobs
+from vidjobs.common import waiting
 from vidjobs.common.jobs import Lane
 from vidjobs.common.settings import ProviderLimits
 from vidjobs.gateway import tenant
@@ -183,9 +183,9 @@ async def test_the_queues_reads_stay_index_probes_with_the_lane_in_the_indexes(p
 
     place = await _plan(pool, tenant._ONE_JOB, job["id"], job["account_id"])
     page = await _plan(pool, tenant.page_sql(tenant.JobFilter(), None)[0], job["account_id"], 21)
-    count = await _plan(pool, jobs._QUEUE_COUNT, job["account_id"], Lane.BATCH)
+    count = await _plan(pool, waiting._QUEUE_COUNT, job["account_id"], Lane.BATCH)
     head = await _plan(pool, dispatch._FAIR_HEAD, "fake", 45.0)
-    providers = await _plan(pool, jobs._WAITING_PROVIDERS)
+    providers = await _plan(pool, waiting._WAITING_PROVIDERS)
 
     # A job's place: one range of the account's index, up to the job's own (lane, created_at, id).
     assert any("ROW(lane, created_at, id) <=" in cond for cond in _reads(place, "jobs_account_waiting")), place

@@ -19,7 +19,7 @@ from aiohttp import web
 from PIL import Image
 
 from tests.support import wait_until
-from vidjobs.common import bus, jobs, outbox, renders
+from vidjobs.common import bus, creation, deletion, jobs, outbox, renders
 from vidjobs.common.errors import ErrorCode, MediaError
 from vidjobs.common.events import DownloadRequested
 from vidjobs.common.jobs import JobRequest, JobRow
@@ -264,8 +264,8 @@ async def downloading_job(rt: Runtime, output_url: str, *, request_download: boo
     await rt.pool.execute(
         "INSERT INTO accounts (id, name, credits_balance) VALUES ('acct_media', 'media', 1000) ON CONFLICT DO NOTHING")
     async with rt.tx() as conn:
-        job = await jobs.create(conn, account_id="acct_media", estimated_credits=10, recovery_delay_s=600,
-                                request=JobRequest(model="fake/default", prompt="a fox in snow", duration_s=1))
+        job = await creation.create(conn, account_id="acct_media", estimated_credits=10, recovery_delay_s=600,
+                                    request=JobRequest(model="fake/default", prompt="a fox in snow", duration_s=1))
         await transition(conn, job.id, JobStatus.SUBMITTED, reason="test: accepted",
                          update=JobUpdate(provider_job_id=f"p-{job.id}"))
         await transition(conn, job.id, JobStatus.DOWNLOADING, reason="test: render finished",
@@ -409,7 +409,7 @@ async def test_deleting_a_job_removes_its_objects(settings: Settings, origin: Or
         job = await wait_status(rt, job_id, JobStatus.COMPLETED)
         stored = await renders.read(rt.pool, job_id)
         async with rt.tx() as conn:
-            assert await jobs.mark_deleted(conn, job_id, job.account_id)
+            assert await deletion.soft_delete(conn, job_id, job.account_id)
 
         async def all_marked() -> bool:
             return not await rt.pool.fetchval(

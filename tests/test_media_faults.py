@@ -14,7 +14,7 @@ from tests.faults.scenarios.media_faults import kill_whenever_it_decodes, scratc
 from tests.stack import Stack, running_stack, stack_settings
 from tests.support import wait_until
 from tests.test_poison import _dead_letters
-from vidjobs.common import events, jobs
+from vidjobs.common import creation, events
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import GiveUp
 from vidjobs.common.events import DownloadRequested
@@ -91,8 +91,9 @@ async def test_giving_up_on_a_poison_keeps_its_lease_so_no_copy_starts_before_it
     async with pool.acquire() as conn:
         account_id, _ = await create_account(conn, "poison", credits=1000, concurrency=2)
         async with conn.transaction():
-            job = await jobs.create(conn, account_id=account_id, request=JobRequest(model="fake/default", prompt="p"),
-                                    estimated_credits=10, recovery_delay_s=3600)
+            job = await creation.create(conn, account_id=account_id,
+                                        request=JobRequest(model="fake/default", prompt="p"),
+                                        estimated_credits=10, recovery_delay_s=3600)
         for to in (JobStatus.SUBMITTED, JobStatus.DOWNLOADING):
             assert await transition(conn, job.id, to, reason="test") is not None
         # A copier died mid-decode once more than the limit allows, and its lease has run out.

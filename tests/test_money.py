@@ -12,7 +12,7 @@ import pytest
 
 from tests.stack import running_stack, stack_settings
 from tests.test_gateway_harness import assert_error, drive, gateway_settings, running_gateway
-from vidjobs.common import jobs, ratecard
+from vidjobs.common import jobs, provider_reports, ratecard
 from vidjobs.common.ratecard import Price, RateCardIn
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
@@ -208,8 +208,8 @@ async def _report_cost(h, job_id: str, credits_owed: int) -> None:
     """What the poller stores when a signal carries the provider's bill for the job's current render."""
     job = await jobs.fetch(h.pool, job_id)
     async with h.pool.acquire() as conn:
-        await jobs.record_provider_cost(conn, job_id, credits_owed, attempt=job.attempt,
-                                        provider_job_id=job.provider_job_id)
+        await provider_reports.record_provider_cost(conn, job_id, credits_owed, attempt=job.attempt,
+                                                    provider_job_id=job.provider_job_id)
 
 
 async def _charge_entry(h, account_id: str, job_id: str) -> asyncpg.Record:

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from tests.s3server import TEST_BUCKET
-from vidjobs.common import jobs
+from vidjobs.common import creation, deletion
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.states import JobStatus
@@ -38,8 +38,8 @@ async def storage(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
 
 
 async def new_job(conn: asyncpg.Connection) -> str:
-    job = await jobs.create(conn, account_id=ACCOUNT, estimated_credits=1, recovery_delay_s=600,
-                            request=JobRequest(model="fake/default", prompt="a fox", duration_s=1))
+    job = await creation.create(conn, account_id=ACCOUNT, estimated_credits=1, recovery_delay_s=600,
+                                request=JobRequest(model="fake/default", prompt="a fox", duration_s=1))
     return job.id
 
 
@@ -65,7 +65,7 @@ async def test_the_sweep_removes_exactly_the_orphans(pool: asyncpg.Pool, storage
         done, recorded = await completed_job(conn, storage)
         live, canceled, deleted = await new_job(conn), await new_job(conn), await new_job(conn)
         await transition(conn, canceled, JobStatus.CANCELED, reason="test")
-        await jobs.mark_deleted(conn, deleted, ACCOUNT)
+        await deletion.soft_delete(conn, deleted, ACCOUNT)
     keep = {*recorded, job_prefix(ACCOUNT, live) + "video.mp4", f"accounts/{ACCOUNT}/notes.txt"}
     orphaned = {
         job_prefix(ACCOUNT, done) + "video.old.mp4",  # not among the completed job's assets

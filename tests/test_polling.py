@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 
 from tests.stack import running_stack, stack_settings
-from vidjobs.common import jobs
+from vidjobs.common import creation
 from vidjobs.common.jobs import JobRequest
 from vidjobs.poller import schedule
 
@@ -15,8 +15,8 @@ async def _job(pool: asyncpg.Pool) -> str:
     await pool.execute("INSERT INTO accounts (id, name, credits_balance) VALUES ('acct_p', 'p', 1000) "
                        "ON CONFLICT DO NOTHING")
     async with pool.acquire() as conn, conn.transaction():
-        job = await jobs.create(conn, account_id="acct_p", request=JobRequest(model="fake-poll/x", prompt="p"),
-                                estimated_credits=1, recovery_delay_s=60)
+        job = await creation.create(conn, account_id="acct_p", request=JobRequest(model="fake-poll/x", prompt="p"),
+                                    estimated_credits=1, recovery_delay_s=60)
     return job.id
 
 

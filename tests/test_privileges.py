@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import asyncpg
 import pytest
 
-from vidjobs.common import credits, db, grants, ids, jobs
+from vidjobs.common import creation, credits, db, grants, ids
 from vidjobs.common.credits import CreditRefused
 from vidjobs.common.errors import QuotaExhausted, StoreError
 from vidjobs.common.grants import GRANTS, SERVICES
@@ -47,8 +47,8 @@ async def _account(pool: asyncpg.Pool) -> str:
 
 async def _job(pool: asyncpg.Pool, account_id: str) -> str:
     async with pool.acquire() as conn, conn.transaction():
-        job = await jobs.create(conn, account_id=account_id, request=JobRequest(model="fake/default", prompt="p"),
-                                estimated_credits=ESTIMATE, recovery_delay_s=600)
+        job = await creation.create(conn, account_id=account_id, request=JobRequest(model="fake/default", prompt="p"),
+                                    estimated_credits=ESTIMATE, recovery_delay_s=600)
     return job.id
 
 

@@ -13,14 +13,14 @@ import aiohttp
 import pytest
 
 from tests.test_gateway_harness import auth, gateway_settings, running_gateway
+from vidjobs.common import signatures
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings
-from vidjobs.providers import webhooks
 from vidjobs.providers.registry import API_KEY_SETTINGS, KEYED_DOWNLOADS, build_adapters, offered, require_api_keys
 
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
 EVERY = ",".join(API_KEY_SETTINGS)
-SECRET = webhooks.new_secret()
+SECRET = signatures.new_secret()
 
 
 async def _names(settings: Settings) -> set[str]:
@@ -76,9 +76,9 @@ async def test_the_gateway_takes_jobs_and_callbacks_with_no_provider_key(tmp_pat
 
         body = (PAYLOADS / "replicate" / "prediction_succeeded.json").read_bytes()
         signed = await h.client.post("/v1/webhooks/replicate", data=body,
-                                     headers={**webhooks.signed_headers(SECRET, body), **auth(key)})
+                                     headers={**signatures.signed_headers(SECRET, body), **auth(key)})
         forged = await h.client.post("/v1/webhooks/replicate", data=body,
-                                     headers=webhooks.signed_headers(webhooks.new_secret(), body))
+                                     headers=signatures.signed_headers(signatures.new_secret(), body))
         assert (signed.status, forged.status) == (200, 401), await signed.text()
 
 

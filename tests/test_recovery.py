@@ -11,7 +11,7 @@ import asyncpg
 import nats
 import pytest
 
-from vidjobs.common import bus, events, jobs
+from vidjobs.common import bus, creation, deletion, events, jobs
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import Redeliver
 from vidjobs.common.events import RECOVERY, JobQueued, RecoveryDue
@@ -41,8 +41,8 @@ async def ctx(pool: asyncpg.Pool) -> AsyncIterator[Context]:
 async def _rendering_job(pool: asyncpg.Pool, *, due_in_s: float = -1) -> jobs.JobRow:
     """A submitted job whose recovery check is due (or not yet), as a provider that went quiet leaves it."""
     async with pool.acquire() as conn, conn.transaction():
-        job = await jobs.create(conn, account_id="acct_r", request=JobRequest(model="fake/default", prompt="p"),
-                                estimated_credits=10, recovery_delay_s=60)
+        job = await creation.create(conn, account_id="acct_r", request=JobRequest(model="fake/default", prompt="p"),
+                                    estimated_credits=10, recovery_delay_s=60)
         await transition(conn, job.id, JobStatus.SUBMITTED, reason="accepted",
                          update=JobUpdate(provider_job_id=f"rnd_{job.id}"))
         await conn.execute("UPDATE jobs SET recover_at = now() + make_interval(secs => $2) WHERE id = $1",
@@ -130,7 +130,7 @@ async def test_a_job_deleted_meanwhile_is_left_alone(ctx, pool):
     job = await _rendering_job(pool)
     check = _check(job)
     async with pool.acquire() as conn, conn.transaction():
-        assert await jobs.mark_deleted(conn, job.id, job.account_id)
+        assert await deletion.soft_delete(conn, job.id, job.account_id)
 
     await on_recovery_due(ctx, check, DELIVERY)
 
@@ -202,8 +202,8 @@ async def test_the_next_check_is_not_held_up_by_the_previous_lease(ctx, pool):
 async def _never_looked_at(pool: asyncpg.Pool) -> jobs.JobRow:
     """A job queued a while ago whose first message the submitter has not reached: its check is due."""
     async with pool.acquire() as conn, conn.transaction():
-        job = await jobs.create(conn, account_id="acct_r", request=JobRequest(model="fake/default", prompt="p"),
-                                estimated_credits=10, recovery_delay_s=-1)
+        job = await creation.create(conn, account_id="acct_r", request=JobRequest(model="fake/default", prompt="p"),
+                                    estimated_credits=10, recovery_delay_s=-1)
         await conn.execute("DELETE FROM outbox")
         return await jobs.fetch(conn, job.id)
 

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from tests.test_gateway_harness import completed_job, drive, gateway_settings, running_gateway
-from vidjobs.common import db, jobs
+from vidjobs.common import creation, db
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.states import JobStatus
 
@@ -37,8 +37,8 @@ async def _record(pool: asyncpg.Pool, job_id: str, account_id: str, kind: str, k
 async def test_a_read_shows_the_files_media_recorded_and_follows_a_redone_thumbnail(h):
     account_id, key = await h.account()
     async with h.pool.acquire() as conn, conn.transaction():
-        job = await jobs.create(conn, account_id=account_id, estimated_credits=10, recovery_delay_s=3600,
-                                request=JobRequest(model="fake/default", prompt="one record"))
+        job = await creation.create(conn, account_id=account_id, estimated_credits=10, recovery_delay_s=3600,
+                                    request=JobRequest(model="fake/default", prompt="one record"))
     prefix = f"accounts/{account_id}/jobs/{job.id}/"
     video, thumb, redone = b"\x00\x00\x00\x18ftypmp42" + bytes(2048), b"\xff\xd8first", b"\xff\xd8second!"
     await h.gw.storage.put_bytes(prefix + "video.mp4", video, "video/mp4")

@@ -25,11 +25,11 @@ from tests.test_app_webhooks import client_app
 from vidjobs.common import db, grants
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.grants import GRANTS, OPERATOR_ONLY, OWNERS, SERVICES, Column, Grant, Privilege, privilege_of
+from vidjobs.common.runtime import migrate_database, open_runtime
 
 # Statements a service's imports bring along that the service never runs, so its role need not cover them.
 REACHABLE_NOT_RUN: dict[str, dict[tuple[str, Privilege], str]] = {
     service: {
-        ("jobs", Privilege.INSERT): "libs/common/jobs.py creates jobs; only the gateway calls it",
         ("reserve_job_credit", Privilege.EXECUTE): "libs/common/credits.py: reserving is part of creating a job",
         ("credit_ledger", Privilege.SELECT): "libs/common/credits.py: the ledger is read by the gateway (entries)",
         ("account_daily_spend", Privilege.SELECT): "libs/common/credits.py: the gateway shows the day's spend",
@@ -160,6 +160,27 @@ async def test_a_service_role_cannot_apply_pending_migrations(logins, empty_data
     empty = _as_user(empty_database_url, urlsplit(logins["gateway"]).username or "")
     with pytest.raises(ConfigError, match="vidjobs migrate"):
         await db.migrate(empty)
+
+
+async def test_opening_a_runtime_changes_no_schema(tmp_path, empty_database_url, nats_url):
+    """The schema's owner opens a runtime on an empty database: it is refused, naming the command that
+    migrates, and the database is left as it was; once `migrate_database` has run, it opens."""
+    settings = stack_settings(tmp_path, empty_database_url, nats_url)
+    with pytest.raises(ConfigError, match="vidjobs migrate"):
+        async with open_runtime("test", settings):
+            pass
+    conn = await asyncpg.connect(empty_database_url)
+    try:
+        untouched = await db.schema(conn)
+        tables = await conn.fetchval("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")
+    finally:
+        await conn.close()
+    assert (untouched.applied, tables) == ([], 0)
+
+    applied = await migrate_database(settings)
+    async with open_runtime("test", settings) as rt, rt.pool.acquire() as conn:
+        current = await db.schema(db.lent(conn))
+    assert applied and current.current
 
 
 async def test_the_lifecycle_runs_with_every_service_on_its_own_role(tmp_path, database_url, nats_url, logins):

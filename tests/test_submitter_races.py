@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import aiohttp
 import pytest
 
-from vidjobs.common import events, jobs
+from vidjobs.common import creation, events, jobs
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ProviderError, Redeliver
 from vidjobs.common.events import JobQueued, RecoveryDue
@@ -24,9 +24,9 @@ from vidjobs.common.jobs import JobRequest
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import open_runtime
 from vidjobs.common.settings import Settings
+from vidjobs.common.signatures import new_secret
 from vidjobs.fakeprovider.server import running_fake_provider
 from vidjobs.providers.registry import adapter_for, build_adapters
-from vidjobs.providers.webhooks import new_secret
 from vidjobs.reaper import recovery
 from vidjobs.storage.filesystem import FileStorage
 from vidjobs.submitter import worker as submitter
@@ -49,8 +49,8 @@ async def test_refused_submit_and_takeover_race(database_url, nats_url, tmp_path
             request = JobRequest(model="fake/default", prompt="fox", duration_s=1, seed=7,
                                  params={"scenario": "unavailable_then_succeed", "render_s": 0.1})
             async with rt.tx() as conn:
-                job = await jobs.create(conn, account_id="a", request=request, estimated_credits=10,
-                                        recovery_delay_s=60)
+                job = await creation.create(conn, account_id="a", request=request, estimated_credits=10,
+                                            recovery_delay_s=60)
             # The provider's first refusal was spent by an earlier call (e.g. one whose submitter was killed).
             adapter = adapter_for(adapters, "fake")
             with pytest.raises(ProviderError):

@@ -41,7 +41,7 @@ DB_ATTRIBUTES = {"pool", "fetch", "fetchrow", "fetchval", "fetchmany", "execute"
 # Data functions that take an account id (or none) from their caller: only the Tenant may call them, with
 # its own. Named by where they are defined; any import or attribute path that reaches them is caught.
 UNSCOPED = {
-    "vidjobs.common.jobs.fetch", "vidjobs.common.jobs.mark_deleted", "vidjobs.common.uploads.owned",
+    "vidjobs.common.jobs.fetch", "vidjobs.common.deletion.soft_delete", "vidjobs.common.uploads.owned",
     "vidjobs.common.uploads.insert", "vidjobs.common.credits.entries", "vidjobs.common.credits.committed_on",
     "vidjobs.common.transitions.transition", "vidjobs.gateway.accounts.fetch", "vidjobs.gateway.accounts.by_key",
     "vidjobs.gateway.accounts.active_jobs", "vidjobs.gateway.state.ACCOUNT", "vidjobs.gateway.store",
@@ -110,7 +110,7 @@ def violations(source: str, filename: str = "<module>") -> list[str]:
 
 def test_the_check_catches_each_way_around_the_tenant():
     planted = """
-from vidjobs.common import jobs, uploads as up
+from vidjobs.common import deletion, uploads as up
 from vidjobs.common.jobs import fetch
 import vidjobs.common.credits
 from vidjobs.gateway.state import ACCOUNT
@@ -120,12 +120,12 @@ async def handler(request):
     await gw.rt.pool.fetchrow("SELECT * FROM jobs")
     async with gw.rt.tx() as conn:
         await conn.execute("DELETE FROM jobs")
-    await jobs.mark_deleted(conn, "job_1", request[ACCOUNT].id)
+    await deletion.soft_delete(conn, "job_1", request[ACCOUNT].id)
     await up.owned(None, "acct", "upl_1")
     await vidjobs.common.credits.entries(None, "acct")
 """
     found = "\n".join(violations(planted))
-    for expected in [".pool", ".fetchrow", "rt.tx", ".execute", "vidjobs.common.jobs.fetch", "jobs.mark_deleted",
+    for expected in [".pool", ".fetchrow", "rt.tx", ".execute", "vidjobs.common.jobs.fetch", "deletion.soft_delete",
                      "uploads.owned", "credits.entries", "state.ACCOUNT"]:
         assert expected in found, (expected, found)
     program = "from vidjobs.common.jobs import JobRequest\nasync def h(t):\n    return await t.job('x')\n"

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from vidjobs.common import jobs, transitions
+from vidjobs.common import creation, deletion, jobs, transitions
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.states import LEGAL, JobStatus
 
@@ -20,10 +20,10 @@ async def _account(pool, account_id: str = "acct_t") -> str:
 async def _job(pool) -> jobs.JobRow:
     account = await _account(pool)
     async with pool.acquire() as conn, conn.transaction():
-        return await jobs.create(
-            conn, account_id=account, request=JobRequest(model="fake/default", prompt="a fox"),
-            estimated_credits=10, recovery_delay_s=60,
-        )
+        return await creation.create(
+                conn, account_id=account, request=JobRequest(model="fake/default", prompt="a fox"),
+                estimated_credits=10, recovery_delay_s=60,
+            )
 
 
 async def test_create_writes_audit_and_outbox(pool):
@@ -112,8 +112,8 @@ async def test_cancel_and_delete_give_the_reservation_back(pool):
     assert await _credits(pool) == (100, 20)
     async with pool.acquire() as conn, conn.transaction():
         await transitions.transition(conn, canceled.id, JobStatus.CANCELED, reason="owner")
-        assert await jobs.mark_deleted(conn, deleted.id, deleted.account_id)
-        assert not await jobs.mark_deleted(conn, deleted.id, deleted.account_id)
+        assert await deletion.soft_delete(conn, deleted.id, deleted.account_id)
+        assert not await deletion.soft_delete(conn, deleted.id, deleted.account_id)
     assert await _credits(pool) == (100, 0)
 
 

@@ -13,7 +13,7 @@ import nats
 
 from tests.stack import demo_key, running_stack, stack_settings
 from tests.support import wait_until
-from vidjobs.common import events, jobs
+from vidjobs.common import creation, events, jobs, waiting
 from vidjobs.common.bus import WORK_STREAM
 from vidjobs.common.events import SlotFreed
 from vidjobs.common.jobs import JobRequest
@@ -112,8 +112,8 @@ async def _slot_wakeups(pool: asyncpg.Pool) -> list[str]:
 
 async def _create(conn: asyncpg.Connection, account_id: str, model: str, prompt: str) -> jobs.JobRow:
     async with conn.transaction():
-        return await jobs.create(conn, account_id=account_id, estimated_credits=10,
-                                 request=JobRequest(model=model, prompt=prompt), recovery_delay_s=3600)
+        return await creation.create(conn, account_id=account_id, estimated_credits=10,
+                                     request=JobRequest(model=model, prompt=prompt), recovery_delay_s=3600)
 
 
 async def test_a_freed_slot_wakes_the_queues_where_a_job_waits_for_it(pool):
@@ -150,10 +150,10 @@ async def test_parking_stops_the_recovery_checks_until_the_job_is_submitted(pool
         account_id, _ = await create_account(conn, "parking", credits=10_000, concurrency=1)
         job = await _create(conn, account_id, "fake/default", "parks")
         async with conn.transaction():
-            await jobs.set_wait_reason(conn, job.id, "fake already has 1 renders in flight, its limit", park=True)
+            await waiting.set_wait_reason(conn, job.id, "fake already has 1 renders in flight, its limit", park=True)
         parked = await jobs.fetch(conn, job.id)
         async with conn.transaction():
-            await jobs.set_wait_reason(conn, job.id, "pacing submissions", park=False)
+            await waiting.set_wait_reason(conn, job.id, "pacing submissions", park=False)
         paced = await jobs.fetch(conn, job.id)
 
     assert parked is not None and parked.recover_at is None and parked.wait_reason.startswith("fake already")

@@ -14,12 +14,12 @@ import pytest
 from aiohttp import web
 
 from tests.test_gateway_harness import Harness, assert_error, auth, gateway_settings, running_gateway
+from vidjobs.common import signatures
 from vidjobs.common.errors import ConfigError, WebhookRejected
 from vidjobs.gateway import sealing
 from vidjobs.gateway.app import create_app
 from vidjobs.gateway.appwebhooks import secrets
 from vidjobs.gateway.sealing import Keyring
-from vidjobs.providers import webhooks
 
 # A public address written out, so no name needs resolving; nothing there need answer.
 HOOK = "https://93.184.215.14/hooks"
@@ -27,18 +27,18 @@ ACCOUNT_SECRET = "/v1/account/webhook-secret"
 
 
 def test_a_delivery_signed_with_two_secrets_verifies_with_either_and_names_them_in_order():
-    new, old, other = webhooks.new_secret(), webhooks.new_secret(), webhooks.new_secret()
+    new, old, other = signatures.new_secret(), signatures.new_secret(), signatures.new_secret()
     body = b'{"type": "job.completed"}'
 
-    headers = webhooks.signed_headers([new, old], body, msg_id="msg_1")
+    headers = signatures.signed_headers([new, old], body, msg_id="msg_1")
 
-    assert headers["webhook-signature"].split() == [webhooks.sign(s, "msg_1", int(headers["webhook-timestamp"]), body)
+    assert headers["webhook-signature"].split() == [signatures.sign(s, "msg_1", int(headers["webhook-timestamp"]), body)
                                                     for s in (new, old)]
-    assert webhooks.verify(new, headers, body) == webhooks.verify(old, headers, body) == "msg_1"
+    assert signatures.verify(new, headers, body) == signatures.verify(old, headers, body) == "msg_1"
     with pytest.raises(WebhookRejected):
-        webhooks.verify(other, headers, body)
+        signatures.verify(other, headers, body)
     with pytest.raises(ConfigError):
-        webhooks.signed_headers([], body)
+        signatures.signed_headers([], body)
 
 
 @pytest.fixture

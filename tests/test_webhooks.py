@@ -7,9 +7,9 @@ import time
 
 import pytest
 
+from vidjobs.common import signatures
 from vidjobs.common.errors import ConfigError, WebhookRejected
-from vidjobs.providers import webhooks
-from vidjobs.providers.webhooks import new_secret, sign, signed_headers, verify
+from vidjobs.common.signatures import new_secret, sign, signed_headers, verify
 
 BODY = b'{"type": "render.succeeded", "data": {"id": "rnd_1"}}'
 
@@ -110,10 +110,10 @@ def test_new_secrets_are_random_whsec_keys():
     first, second = new_secret(), new_secret()
     assert first != second and first.startswith("whsec_")
     assert len(base64.b64decode(first.removeprefix("whsec_"))) == 32
-    assert webhooks.decode_secret(first) == base64.b64decode(first.removeprefix("whsec_"))
+    assert signatures.decode_secret(first) == base64.b64decode(first.removeprefix("whsec_"))
 
 
 @pytest.mark.parametrize("bad", ["whsec_not base64!", "whsec_"])
 def test_a_malformed_secret_is_a_configuration_error(bad):
     with pytest.raises(ConfigError):
-        webhooks.decode_secret(bad)
+        signatures.decode_secret(bad)

@@ -5,7 +5,7 @@ come out intact: every job still pending at its first attempt, never submitted, 
 and holding no message.
 
 Its size is VIDJOBS_FAULTS_BACKLOG (`python -m tests.faults --backlog N` sets it), DEFAULT_SIZE when unset;
-0 runs a scenario without one. The jobs are queued as a create queues them (`jobs.enqueue`: the credit
+0 runs a scenario without one. The jobs are queued as a create queues them (`creation.enqueue`: the credit
 reservation, the audit row, the submit message and the first recovery check), after the stack is up and
 before the workload begins, and each has had its one pass through the submitter (it is parked) before the
 scenario goes on."""
@@ -23,7 +23,7 @@ import asyncpg
 from tests.faults.collector import provider_counters, status_counts
 from tests.faults.jsapi import jetstream, submitter_consumer
 from tests.faults.report import Row
-from vidjobs.common import db, jobs
+from vidjobs.common import creation, db
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import ProviderLimits, Settings
 from vidjobs.common.states import SQL_PENDING
@@ -85,8 +85,8 @@ async def _enqueue(database_url: str, accounts: list[str], size: int, recovery_d
         async with pool.acquire() as conn:
             for n in range(first, size, ENQUEUE_CONNECTIONS):
                 async with conn.transaction():
-                    made = await jobs.enqueue(conn, account_id=accounts[n % len(accounts)], request=REQUEST,
-                                              estimated_credits=10, recovery_delay_s=recovery_delay_s)
+                    made = await creation.enqueue(conn, account_id=accounts[n % len(accounts)], request=REQUEST,
+                                                  estimated_credits=10, recovery_delay_s=recovery_delay_s)
                 ids.append(made.job.id)
 
     try:

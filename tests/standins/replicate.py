@@ -46,8 +46,8 @@ from aiohttp import web
 
 from tests.standins import server
 from tests.standins.server import CallingStandin, Render, bearer_door, listening, now, payloads, scenario_in
+from vidjobs.common import signatures
 from vidjobs.fakeprovider.render import ClipSpec, clip_size, render_mp4
-from vidjobs.providers import webhooks
 
 RETRY_AFTER_S = 1
 
@@ -96,7 +96,7 @@ class Prediction(Render):
 class ReplicateStandin(CallingStandin):
     def __init__(self, *, api_token: str, webhook_secret: str, step_s: float = 0.2, webhook_attempts: int = 3):
         super().__init__()
-        webhooks.decode_secret(webhook_secret)
+        signatures.decode_secret(webhook_secret)
         self.api_token = api_token
         self.webhook_secret = webhook_secret
         self.step_s = step_s  # each state lasts this long
@@ -183,10 +183,10 @@ class ReplicateStandin(CallingStandin):
             return
         body = json.dumps(self.view(pred)).encode()
         # Signed afresh for each try under one message id; retried with backoff on 429, 5xx and no answer.
-        msg_id = webhooks.new_message_id()
+        msg_id = signatures.new_message_id()
         delivery = self.deliver(
             pred.webhook, body, attempts=self.webhook_attempts,
-            headers=lambda: webhooks.signed_headers(self.webhook_secret, body, msg_id=msg_id),
+            headers=lambda: signatures.signed_headers(self.webhook_secret, body, msg_id=msg_id),
             taken=lambda outcome: isinstance(outcome, int) and outcome < 500 and outcome != 429,
             pause=lambda attempt: 0.2 * 2**attempt)
         self.spawn(delivery, f"webhook-{pred.id}-{event}")

@@ -26,8 +26,8 @@ from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port, requ
 from vidjobs.cli.supervisor import Supervisor
 from vidjobs.common import db
 from vidjobs.common.settings import Settings
+from vidjobs.common.signatures import new_secret
 from vidjobs.gateway.sealing import new_key as new_secrets_key
-from vidjobs.providers.webhooks import new_secret
 
 
 def say(message: str) -> None:

@@ -20,7 +20,7 @@ from datetime import datetime
 import asyncpg
 import msgspec
 
-from vidjobs.common import jobs, outbox
+from vidjobs.common import outbox, waiting
 from vidjobs.common.errors import ErrorCode
 from vidjobs.common.settings import Settings
 
@@ -143,7 +143,7 @@ async def _close(conn: asyncpg.Connection, provider: str, *, always: bool) -> Br
         return None
     fields = dict(row)
     if always or fields.pop("was") != BreakerState.CLOSED:
-        await outbox.add(conn, await jobs.slot_wakeup(conn, provider))
+        await outbox.add(conn, await waiting.slot_wakeup(conn, provider))
     return msgspec.convert(fields, Breaker)
 
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 import nats
@@ -166,7 +166,7 @@ class Tries:
                    streak=int(headers.get(STREAK_HEADER, 0)), not_before=not_before)
 
 
-def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
+def consumer_config(spec: ConsumerSpec[E]) -> ConsumerConfig:
     return ConsumerConfig(
         durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=spec.ack_wait_s,
         max_deliver=spec.max_deliver + BACKSTOP_SLACK, max_ack_pending=spec.max_ack_pending or spec.concurrency * 4,
@@ -174,7 +174,7 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
     )
 
 
-async def _subscribe(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event) -> Any:
+async def _subscribe(js: JetStreamContext, spec: ConsumerSpec[E], stop: asyncio.Event) -> Any:
     """The pull subscription, waiting out a JetStream that is electing a leader or not there yet. The
     consumer is created or brought up to this spec (an older deployment's keeps its durable state)."""
     failures = 0
@@ -193,7 +193,7 @@ async def _subscribe(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Eve
             await asyncio.sleep(min(0.25 * 2 ** failures, 5.0))
 
 
-async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event) -> None:
+async def consume(js: JetStreamContext, spec: ConsumerSpec[E], stop: asyncio.Event) -> None:
     pulls = spec.pulls or Pulls()
     try:
         await _pull_loop(js, spec, stop, pulls)
@@ -201,7 +201,7 @@ async def consume(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event)
         pulls.ended = True
 
 
-async def _pull_loop(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event, pulls: Pulls) -> None:
+async def _pull_loop(js: JetStreamContext, spec: ConsumerSpec[E], stop: asyncio.Event, pulls: Pulls) -> None:
     psub = await _subscribe(js, spec, stop)
     backstop = await js._nc.subscribe(f"{MAX_DELIVERIES_ADVISORY}.{WORK_STREAM}.{spec.durable}",
                                       cb=partial(_on_max_deliveries, js, spec))
@@ -216,9 +216,9 @@ async def _pull_loop(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Eve
             await backstop.unsubscribe()
 
 
-async def _pull(js: JetStreamContext, spec: ConsumerSpec, stop: asyncio.Event, pulls: Pulls, psub: Any) -> None:
+async def _pull(js: JetStreamContext, spec: ConsumerSpec[E], stop: asyncio.Event, pulls: Pulls, psub: Any) -> None:
     slots = asyncio.Semaphore(spec.concurrency)
-    inflight: set[asyncio.Task] = set()
+    inflight: set[asyncio.Task[None]] = set()
     while not stop.is_set():
         await slots.acquire()
         free = 1
@@ -253,7 +253,7 @@ async def _heartbeat(msg: Msg, every: float) -> None:
             await msg.in_progress()
 
 
-async def _handle(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, slots: asyncio.Semaphore) -> None:
+async def _handle(js: JetStreamContext, spec: ConsumerSpec[E], msg: Msg, slots: asyncio.Semaphore) -> None:
     started = time.perf_counter()
     try:
         with metrics.IN_HANDLING.labels(spec.durable).track_inprogress():
@@ -268,13 +268,15 @@ async def _handle(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, slots: asy
         metrics.HANDLE_SECONDS.labels(spec.durable).observe(time.perf_counter() - started)
 
 
-async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
+async def _dispatch(js: JetStreamContext, spec: ConsumerSpec[E], msg: Msg) -> None:
     tries = Tries.of(msg)
     if tries.not_before is not None and msg.metadata.num_delivered == 1 and tries.not_before > time.time():
         await msg.nak(delay=tries.not_before - time.time())  # a deferred copy, early: hold it back
         return
     try:
-        event = events.decode(msg.subject, msg.data)
+        # The consumer's subject carries E and nothing else (events.SUBJECT_EVENTS, checked when the spec was
+        # made), and decoding refuses any other event: what comes back is an E.
+        event = cast(E, events.decode(msg.subject, msg.data))
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError) as exc:
         log.error("poison message: cannot decode", extra={"consumer": spec.durable, "error": str(exc)})
         await _dead_letter(js, spec, msg, None, f"undecodable: {exc}")
@@ -298,7 +300,7 @@ async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
         return
     except Redeliver as again:
         if again.counts:
-            await _retry(js, spec, msg, event, tries, again)
+            await _redeliver(js, spec, msg, event, tries, again)
             return
         metrics.MESSAGES.labels(spec.durable, "deferred").inc()
         await _defer(js, msg, tries, again.delay, streak=0)
@@ -312,7 +314,7 @@ async def _dispatch(js: JetStreamContext, spec: ConsumerSpec, msg: Msg) -> None:
     metrics.MESSAGES.labels(spec.durable, "acked").inc()
 
 
-async def _failed(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Event, tries: Tries,
+async def _failed(js: JetStreamContext, spec: ConsumerSpec[E], msg: Msg, event: Event, tries: Tries,
                   exc: Exception) -> None:
     job_id = getattr(event, "job_id", None)
     if faults.is_infrastructure(exc):
@@ -344,8 +346,8 @@ async def _spend(js: JetStreamContext, msg: Msg, tries: Tries, delay: float) -> 
     await msg.nak(delay=max(delay, 0.0))
 
 
-async def _retry(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Event, tries: Tries,
-                 again: Redeliver) -> None:
+async def _redeliver(js: JetStreamContext, spec: ConsumerSpec[E], msg: Msg, event: Event, tries: Tries,
+                     again: Redeliver) -> None:
     """A handling that failed in a way its handler expected: one try spent, redelivered after its delay."""
     if tries.before + 1 >= spec.max_deliver:
         await _dead_letter(js, spec, msg, event, f"gave up: {again}")
@@ -369,12 +371,12 @@ async def _defer(js: JetStreamContext, msg: Msg, tries: Tries, delay: float, *, 
     await msg.ack()
 
 
-async def _dead_letter(js: JetStreamContext, spec: ConsumerSpec, msg: Msg, event: Event | None, why: str) -> None:
+async def _dead_letter(js: JetStreamContext, spec: ConsumerSpec[E], msg: Msg, event: Event | None, why: str) -> None:
     await _bury(js, spec, msg.data, msg.subject, msg.metadata.sequence.stream, event, why)
     await msg.term()
 
 
-async def _bury(js: JetStreamContext, spec: ConsumerSpec, data: bytes, subject: str, seq: int,
+async def _bury(js: JetStreamContext, spec: ConsumerSpec[E], data: bytes, subject: str, seq: int,
                 event: Event | None, why: str) -> None:
     """Keep the message for a person to inspect and fail its job. Both are idempotent: a dead letter is
     published once per stream sequence, and failing a job that already ended changes nothing."""
@@ -391,7 +393,7 @@ async def _bury(js: JetStreamContext, spec: ConsumerSpec, data: bytes, subject: 
 MAX_DELIVERIES_ADVISORY = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 
 
-async def _on_max_deliveries(js: JetStreamContext, spec: ConsumerSpec, advisory: Msg) -> None:
+async def _on_max_deliveries(js: JetStreamContext, spec: ConsumerSpec[E], advisory: Msg) -> None:
     """JetStream stopped delivering a message (the backstop under `Tries`): bury it and take it out of the
     work queue, where it would otherwise sit forever."""
     try:

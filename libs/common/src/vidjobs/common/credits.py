@@ -24,6 +24,7 @@ import asyncpg
 import msgspec
 
 from vidjobs.common.errors import QuotaExhausted, StoreError
+from vidjobs.common.jobs import JobRow
 from vidjobs.common.states import JobStatus
 
 
@@ -100,6 +101,7 @@ async def settle(conn: asyncpg.Connection, *, job_id: str, note: str) -> Entry:
         row = await conn.fetchrow("SELECT * FROM settle_job_credit($1, $2)", job_id, note)
     except asyncpg.InsufficientPrivilegeError as exc:
         raise CreditRefused(exc.message) from exc
+    assert row is not None, "settle_job_credit answers one row or raises"
     return msgspec.convert(dict(row), Entry)
 
 
@@ -136,7 +138,7 @@ def settle_note(ending: str, job_id: str, estimated: int, charged: int, provider
     `rendered`: the provider had finished the render when the job ended."""
     reported = bool(provider_cost)  # a cost of 0 is no report: the estimate stands in
     source = "the provider's reported cost" if reported else "the estimate"
-    capped = " (capped at the estimate)" if reported and provider_cost > estimated else ""
+    capped = " (capped at the estimate)" if provider_cost and provider_cost > estimated else ""
     if ending == JobStatus.COMPLETED:
         return f"{job_id} completed: charged {charged} from {source}{capped}"
     if rendered:
@@ -144,3 +146,24 @@ def settle_note(ending: str, job_id: str, estimated: int, charged: int, provider
     if charged:
         return f"{job_id} {ending}: the provider billed {provider_cost}, charged {charged}"
     return f"{job_id} {ending}: nothing billed, estimate of {estimated} released"
+
+
+def owed_sql(delivered: str, rendered: str = "false") -> str:
+    """SQL for what a job ending now owes, kept as its `actual_credits` beside its estimate. `delivered` and
+    `rendered` are SQL conditions. A delivered render, or one the provider finished before the owner ended
+    the job (`rendered`), costs the provider's reported cost where it gave one, else the estimate: a cost of
+    0 is no report, since nothing renders for free. Any other ending costs what the provider billed for the
+    attempt at hand, if anything. Never more than the estimate: the estimate is the quote the credit was
+    reserved for."""
+    return f"""GREATEST(0, LEAST(estimated_credits, CASE WHEN ({delivered}) OR ({rendered})
+        THEN COALESCE(NULLIF(provider_cost_credits, 0), estimated_credits)
+        ELSE COALESCE(provider_cost_credits, 0) END))"""
+
+
+async def settle_credit(conn: asyncpg.Connection, job: JobRow, ending: str, *, rendered: bool = False) -> None:
+    """A job just ended (`ending`: its terminal status, or "deleted"): release its reservation and charge its
+    `actual_credits`, with a ledger entry saying why. `rendered`: the provider had finished the render.
+    `job` is the row as this transaction just wrote it: the settlement reads the same figures."""
+    charged = max(0, min(job.actual_credits or 0, job.estimated_credits))
+    await settle(conn, job_id=job.id, note=settle_note(
+        ending, job.id, job.estimated_credits, charged, job.provider_cost_credits, rendered=rendered))

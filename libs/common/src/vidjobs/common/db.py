@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import msgspec
+from asyncpg.pool import PoolConnectionProxy
 
 from vidjobs.common import grants
 from vidjobs.common.errors import ConfigError
@@ -69,6 +70,13 @@ async def create_pool(
         command_timeout=timeouts.statement_s + 5,
         server_settings={**timeouts.server_settings(), "application_name": name},
     )
+
+
+def lent(conn: PoolConnectionProxy) -> asyncpg.Connection:
+    """A pool's connection as the Connection it stands for. The proxy forwards every Connection method to
+    the connection it holds until it goes back to the pool; asyncpg's stubs declare the two as unrelated
+    classes, so the one place that hands a pooled connection on as a Connection says so here."""
+    return cast(asyncpg.Connection, conn)
 
 
 def _migration_files() -> list[tuple[int, str, str]]:

@@ -44,7 +44,7 @@ def _letter(raw: RawStreamMsg) -> DeadLetter:
     assert raw.seq is not None and raw.time is not None
     return DeadLetter(
         id=raw.seq, consumer=(raw.subject or "").removeprefix(f"{DEAD_PREFIX}."), subject=subject,
-        event=None if event is None else type(event).__struct_config__.tag,
+        event=None if event is None else events.tag_of(event),
         job_id=getattr(event, "job_id", None), error=headers.get(REASON_HEADER, ""), at=raw.time,
         payload=data.decode(errors="replace"),
     )

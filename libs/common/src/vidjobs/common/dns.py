@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 DEFAULT_THREADS = 4
 DEFAULT_TIMEOUT_S = 5.0
 _NUMERIC = socket.NI_NUMERICHOST | socket.NI_NUMERICSERV
+_T = TypeVar("_T")
+
+# One answer of getaddrinfo: family, socket type, protocol, canonical name and the address. An IPv6 address
+# comes as (host, port, flow info, scope id), or as (int, bytes) from a Python built without IPv6.
+AddrInfo = tuple[socket.AddressFamily, socket.SocketKind, int, str,
+                 tuple[str, int] | tuple[str, int, int, int] | tuple[int, bytes]]
 
 
 class LookupTimeout(OSError):
@@ -47,9 +55,9 @@ class BoundedResolver(AbstractResolver):
     async def resolve(self, host: str, port: int = 0,
                       family: socket.AddressFamily = socket.AF_INET) -> list[ResolveResult]:
         infos = await self._lookup(host, port, family)
-        return [_result(host, info) for info in infos if _usable(info)]
+        return [result for info in infos if (result := _result(host, info)) is not None]
 
-    async def _lookup(self, host: str, port: int, family: socket.AddressFamily) -> list[tuple]:
+    async def _lookup(self, host: str, port: int, family: socket.AddressFamily) -> Sequence[AddrInfo]:
         try:
             async with asyncio.timeout(self.timeout_s):
                 await self._places.acquire()
@@ -60,7 +68,7 @@ class BoundedResolver(AbstractResolver):
         except TimeoutError as exc:
             raise LookupTimeout(f"{host} did not resolve within {self.timeout_s:g} s") from exc
 
-    def _thread_back(self, future: asyncio.Future) -> None:
+    def _thread_back(self, future: asyncio.Future[_T]) -> None:
         # The place is given back when the thread is, not when we stopped waiting for it; a lookup given up
         # on has its outcome read here, so nothing is left unretrieved.
         self._places.release()
@@ -71,12 +79,10 @@ class BoundedResolver(AbstractResolver):
         """Shared by every session of the process: nothing to release per session."""
 
 
-def _usable(info: tuple) -> bool:
-    family, _, _, _, address = info
-    return family == socket.AF_INET or (family == socket.AF_INET6 and len(address) >= 3)
-
-
-def _result(host: str, info: tuple) -> ResolveResult:
+def _result(host: str, info: AddrInfo) -> ResolveResult | None:
+    """The answer as aiohttp connects to it; None for one it cannot (the IPv6 form of a Python without IPv6)."""
     family, _, proto, _, address = info
-    return ResolveResult(hostname=host, host=address[0], port=address[1], family=family, proto=proto,
-                         flags=_NUMERIC)
+    ip, port = address[0], address[1]
+    if not (isinstance(ip, str) and isinstance(port, int) and family in (socket.AF_INET, socket.AF_INET6)):
+        return None
+    return ResolveResult(hostname=host, host=ip, port=port, family=family, proto=proto, flags=_NUMERIC)

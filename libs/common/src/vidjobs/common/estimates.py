@@ -242,6 +242,7 @@ async def read_account(conn: Conn, account_id: str) -> AccountLoad:
 
 async def read_measured(conn: Conn, model: str, settings: Settings) -> Measured:
     row = await conn.fetchrow(_MEASURED, model, settings.estimate_window_s, settings.estimate_samples)
+    assert row is not None, "an aggregate without GROUP BY answers one row"
     if not row["samples"]:
         return Measured(samples=0)
     return Measured(samples=row["samples"], hold_p50_s=row["hold_p50"], hold_p90_s=row["hold_p90"],

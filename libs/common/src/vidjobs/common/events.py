@@ -7,6 +7,7 @@ get defaults and existing field types never change, so an older consumer still r
 from __future__ import annotations
 
 from datetime import datetime
+from typing import get_args
 
 import msgspec
 
@@ -104,7 +105,8 @@ QUEUE_PREFIX = "vidjobs.queue"  # + account id: QueueMoved
 # What each work subject carries: its consumer decodes these and nothing else, so an event on the wrong
 # subject is a poison message at the door rather than an `assert` in a handler.
 SubmitEvent = JobQueued | SlotFreed
-SUBJECT_EVENTS: dict[str, type] = {
+# A value is an event class or a union of them (SubmitEvent): a form msgspec decodes to, not one `type`.
+SUBJECT_EVENTS: dict[str, object] = {
     SUBMIT: SubmitEvent,
     INBOX: InboxReceived,
     POLL: PollRequested,
@@ -123,8 +125,16 @@ Hint = JobChanged | QueueMoved  # core NATS, after commit (libs/common/changes.p
 Event = WorkEvent | Hint
 
 SUBJECT_OF: dict[type, str] = {
-    kind: subject for subject, union in SUBJECT_EVENTS.items() for kind in getattr(union, "__args__", (union,))
+    kind: subject for subject, form in SUBJECT_EVENTS.items() for kind in get_args(form) or (form,)
+    if isinstance(kind, type)
 }
+
+
+def tag_of(event: Event) -> str:
+    """The event's name on the wire (its Struct tag)."""
+    tag = type(event).__struct_config__.tag
+    assert isinstance(tag, str), "every event above is tagged with a name"
+    return tag
 
 
 def subject_for(event: Event) -> str:
@@ -136,7 +146,9 @@ def subject_for(event: Event) -> str:
 
 
 _encoder = msgspec.json.Encoder()
-_decoders = {subject: msgspec.json.Decoder(kind) for subject, kind in SUBJECT_EVENTS.items()}
+_decoders: dict[str, msgspec.json.Decoder[WorkEvent]] = {
+    subject: msgspec.json.Decoder(kind) for subject, kind in SUBJECT_EVENTS.items()
+}
 _change_decoder = msgspec.json.Decoder(JobChanged)
 
 

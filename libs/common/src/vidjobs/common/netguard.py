@@ -115,8 +115,8 @@ def _why_not_public_v6(addr: ipaddress.IPv6Address) -> str | None:
             return why
     kind, embedded, decides = _embedded_ipv4(addr)
     for v4 in embedded:
-        if why := why_not_public(v4):
-            return f"the {kind} form of {v4}, which is {why}"
+        if refused := why_not_public(v4):
+            return f"the {kind} form of {v4}, which is {refused}"
     if decides:
         return None  # the connection reaches the embedded IPv4 address, which is public
     for network, why in _REFUSED_V6[2:]:

@@ -52,7 +52,7 @@ def _candidates(model: str) -> list[str]:
 
 
 def price_of(card: RateCard, model: str, resolution: str) -> Price:
-    table = {(p.model, p.resolution): p for p in card.prices}
+    table: dict[tuple[str, str], Price] = {(p.model, p.resolution): p for p in card.prices}
     for candidate in _candidates(model):
         if (found := table.get((candidate, resolution))) is not None:
             return found
@@ -103,7 +103,7 @@ async def publish(conn: asyncpg.Connection, card: RateCardIn) -> int:
     async with conn.transaction():
         # Two operators publishing at once get consecutive versions, not a clash.
         await conn.execute("LOCK TABLE rate_cards IN SHARE ROW EXCLUSIVE MODE")
-        number = await conn.fetchval("SELECT COALESCE(max(version), 0) + 1 FROM rate_cards")
+        number: int = await conn.fetchval("SELECT COALESCE(max(version), 0) + 1 FROM rate_cards")
         await conn.execute("INSERT INTO rate_cards (version, credits_per_usd, note) VALUES ($1, $2, $3)",
                            number, card.credits_per_usd, card.note)
         await conn.executemany(

@@ -38,12 +38,12 @@ def current() -> str | None:
     return _current.get()
 
 
-def use(request_id: str | None) -> Token:
+def use(request_id: str | None) -> Token[str | None]:
     """Work from here on (in this task and the tasks it starts) is `request_id`'s; reset with the token."""
     return _current.set(request_id)
 
 
-def reset(token: Token) -> None:
+def reset(token: Token[str | None]) -> None:
     _current.reset(token)
 
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
-from vidjobs.common import jobs, outbox
+from vidjobs.common import jobs, outbox, recovery_checks, waiting
 from vidjobs.common.errors import ErrorCode, JobError, VidjobsError
 from vidjobs.common.events import DownloadRequested, JobQueued
 from vidjobs.common.jobs import JobRow
@@ -61,12 +61,12 @@ async def retry(conn: asyncpg.Connection, job: JobRow, *, recovery_delay_s: floa
                 raise CannotRescue(f"{job.id} moved on while this ran; look at it again")
             return "cut its backoff short and queued its next attempt"
         case JobStatus.PENDING:
-            if jobs.message_alive(job, now):
+            if waiting.message_alive(job, now):
                 why = job.wait_reason or "no reason given"
                 raise CannotRescue(f"{job.id} is not stuck: it waits for a slot ({why}) and its message looked "
                                    f"at it at {job.waited_at:%H:%M:%S} UTC")
             await outbox.add(conn, [JobQueued(job_id=job.id)])
-            await jobs.reschedule_recovery(conn, job.id, recovery_delay_s)
+            await recovery_checks.reschedule_recovery(conn, job.id, recovery_delay_s)
             return "queued it for a submission slot again"
         case JobStatus.DOWNLOADING:
             await outbox.add(conn, [DownloadRequested(job_id=job.id)])

@@ -11,7 +11,7 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 import uvloop
@@ -23,13 +23,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from vidjobs.common import bus, changes, db, faults, logs, tracing
 from vidjobs.common.dns import BoundedResolver
 from vidjobs.common.errors import ConfigError, ErrorCode, JobError
-from vidjobs.common.events import Event
+from vidjobs.common.events import Event, WorkEvent
 from vidjobs.common.outbox import Relay
 from vidjobs.common.settings import Settings, load
 from vidjobs.common.states import JobStatus, sources_of
 from vidjobs.common.transitions import JobUpdate, transition
 
 log = logging.getLogger("vidjobs.runtime")
+
+E = TypeVar("E", bound=WorkEvent)
 
 
 PROBE_TIMEOUT_S = 2.0
@@ -51,10 +53,10 @@ class Runtime:
     relay: Relay
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     failure: str | None = None  # why the service is going down, once a long-lived task stopped
-    tasks: list[asyncio.Task] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
     pulls: dict[str, bus.Pulls] = field(default_factory=dict)  # each consumer's pull loop, by durable name
 
-    def watch(self, work: Awaitable[None], name: str) -> asyncio.Task:
+    def watch(self, work: Awaitable[None], name: str) -> asyncio.Task[None]:
         """Run a long-lived task that must live as long as the service: if it ends before the service is
         asked to stop (crashed or not), the service fails, so that it is restarted rather than left
         half-alive."""
@@ -64,7 +66,7 @@ class Runtime:
         self.tasks.append(task)
         return task
 
-    def _ended(self, task: asyncio.Task) -> None:
+    def _ended(self, task: asyncio.Task[None]) -> None:
         if self.stop.is_set():
             return
         error = None if task.cancelled() else task.exception()
@@ -113,7 +115,7 @@ class Runtime:
         commits."""
         async with changes.after_commit(), self.pool.acquire() as conn:
             async with conn.transaction():
-                yield conn
+                yield db.lent(conn)
         self.relay.poke()
 
 
@@ -131,16 +133,46 @@ async def _wait_for_database(url: str, timeout_s: float = 60.0) -> None:
             await asyncio.sleep(0.5)
 
 
-@contextlib.asynccontextmanager
-async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) -> AsyncIterator[Runtime]:
+def _require_urls(settings: Settings) -> tuple[str, str]:
     if not settings.database_url or not settings.nats_url:
         raise ConfigError("VIDJOBS_DATABASE_URL and VIDJOBS_NATS_URL must be set (`vidjobs up` sets both)")
+    return settings.database_url, settings.nats_url
+
+
+async def migrate_database(settings: Settings) -> list[str]:
+    """What a service does before it opens its runtime: wait for the database, apply the migrations it lacks
+    and, on the schema owner's login, the service roles' grants (`db.migrate`); returns the names applied.
+    On a service's own role with nothing pending this only reads; with something pending it fails, naming
+    `vidjobs migrate`."""
+    database_url, _ = _require_urls(settings)
+    await _wait_for_database(database_url)
+    return await db.migrate(database_url)
+
+
+async def _require_current_schema(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        missing = (await db.schema(db.lent(conn))).missing
+    if missing:
+        raise ConfigError(f"the database lacks migrations {missing}: run `vidjobs migrate` (as the schema's "
+                          "owner) before starting a service")
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) -> AsyncIterator[Runtime]:
+    """Connect a service to the database and JetStream (creating the streams it consumes if they are missing)
+    and start its outbox relay. Changes no schema and no grant: a database that lacks a migration this code
+    needs is refused (`migrate_database` comes first)."""
+    database_url, nats_url = _require_urls(settings)
     BoundedResolver.configure(settings.dns_threads, settings.dns_timeout_s)
-    await _wait_for_database(settings.database_url)
-    await db.migrate(settings.database_url)
-    pool = await db.create_pool(settings.database_url, max_size=pool_size, timeouts=db.Timeouts.of(settings),
+    await _wait_for_database(database_url)
+    pool = await db.create_pool(database_url, max_size=pool_size, timeouts=db.Timeouts.of(settings),
                                 name=f"vidjobs-{name}")
-    nc, js = await bus.connect(settings.nats_url, name=f"vidjobs-{name}")
+    try:
+        await _require_current_schema(pool)
+        nc, js = await bus.connect(nats_url, name=f"vidjobs-{name}")
+    except BaseException:
+        await pool.close()
+        raise
     try:
         await bus.ensure_streams(js, replicas=settings.stream_replicas)
         changes.install(nc)
@@ -186,7 +218,7 @@ async def health_app(rt: Runtime) -> web.AppRunner:
     return runner
 
 
-def consumer(rt: Runtime, durable: str, subject: str, handler: bus.Handler, **options: Any) -> bus.ConsumerSpec:
+def consumer(rt: Runtime, durable: str, subject: str, handler: bus.Handler[E], **options: Any) -> bus.ConsumerSpec[E]:
     """A consumer with this deployment's ack wait and delivery budget; a message that exhausts the budget is
     dead-lettered and its job failed with `internal`, never left looping."""
     defaults: dict[str, Any] = {
@@ -231,6 +263,7 @@ WorkerMain = Callable[[Runtime], Awaitable[None]]
 
 
 async def _serve(name: str, settings: Settings, main: WorkerMain) -> int:
+    await migrate_database(settings)
     async with open_runtime(name, settings) as rt:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -7,6 +7,7 @@ Every service and the CLI read the same object, so a variable means the same thi
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -237,11 +238,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         return env
 
 
-def load(environ: dict[str, str] | None = None) -> Settings:
-    environ = os.environ if environ is None else environ
+def load(environ: Mapping[str, str] | None = None) -> Settings:
+    source: Mapping[str, str] = os.environ if environ is None else environ
     raw = {
         key[len(PREFIX) :].lower(): value
-        for key, value in environ.items()
+        for key, value in source.items()
         if key.startswith(PREFIX) and key not in _NOT_SETTINGS
     }
     for name in _JSON_FIELDS & raw.keys():

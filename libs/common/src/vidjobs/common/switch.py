@@ -7,14 +7,12 @@ claim a submission, so turning it off takes effect at once across replicas.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from datetime import datetime
 
 import asyncpg
 import msgspec
 
-from vidjobs.common import jobs, outbox
+from vidjobs.common import db, outbox, waiting
 from vidjobs.common.events import SlotFreed
 
 SUBMISSIONS = "submissions"
@@ -33,10 +31,13 @@ async def submissions(conn: asyncpg.Connection | asyncpg.Pool) -> Switch:
     return Switch(**dict(row))
 
 
-async def set_submissions(pool: asyncpg.Connection | asyncpg.Pool, *, paused: bool, reason: str = "") -> Switch:
+async def set_submissions(conn: asyncpg.Connection | asyncpg.Pool, *, paused: bool, reason: str = "") -> Switch:
     """Turn submissions off or on. Turned on, every provider with a job waiting is woken in the same
     transaction: parked jobs wait for exactly that."""
-    async with pool.acquire() if isinstance(pool, asyncpg.Pool) else _as_is(pool) as conn, conn.transaction():
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as lent:
+            return await set_submissions(db.lent(lent), paused=paused, reason=reason)
+    async with conn.transaction():
         row = await conn.fetchrow(
             """
             UPDATE platform_controls SET paused = $2, reason = $3, changed_at = now() WHERE name = $1
@@ -44,11 +45,7 @@ async def set_submissions(pool: asyncpg.Connection | asyncpg.Pool, *, paused: bo
             """,
             SUBMISSIONS, paused, reason,
         )
+        assert row is not None, "migration 0006 creates the submissions switch"
         if not paused:
-            await outbox.add(conn, [SlotFreed(provider=p) for p in await jobs.waiting_providers(conn)])
+            await outbox.add(conn, [SlotFreed(provider=p) for p in await waiting.waiting_providers(conn)])
     return Switch(**dict(row))
-
-
-@contextlib.asynccontextmanager
-async def _as_is(conn: asyncpg.Connection) -> AsyncIterator[asyncpg.Connection]:
-    yield conn

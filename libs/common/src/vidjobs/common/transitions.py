@@ -4,6 +4,9 @@ It checks the move against the table in `states`, updates the row only if it sti
 (`WHERE id = $1 AND status = ANY($2)`), appends the audit row and writes the outgoing events to the outbox,
 all in one transaction. No row back means another worker already made this move (or a later one): that is
 logged and answered with `None`, never raised, so redelivered messages are harmless.
+
+It reads the row through `jobs` and carries out a move's follow-ups through `credits` (the settlement) and
+`waiting` (the freed slot); none of those calls back into it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import asyncpg
 import msgspec
 
 from vidjobs.common import changes, metrics, outbox
+from vidjobs.common.credits import owed_sql, settle_credit
 from vidjobs.common.errors import JobError
 from vidjobs.common.events import AppEventDue, Event
-from vidjobs.common.jobs import JobRequest, JobRow, owed_sql, row_to_job, settle_credit, slot_wakeup
+from vidjobs.common.jobs import JobRequest, JobRow, row_to_job
 from vidjobs.common.states import (
     BILLED_ENDINGS,
     FOLLOW_UPS,
@@ -34,6 +38,7 @@ from vidjobs.common.states import (
     sources_of,
     sql,
 )
+from vidjobs.common.waiting import slot_wakeup
 
 log = logging.getLogger("vidjobs.transitions")
 
@@ -94,10 +99,11 @@ def allowed_sources(to: JobStatus, expect: Collection[JobStatus] | None) -> list
     return sorted(s.value for s in chosen)
 
 
-def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[Any]]:
+def _guard_sql(guard: Guard | None, first: int) -> tuple[str, list[int | str | None]]:
     if guard is None:
         return "", []
-    clauses, values = [], []
+    clauses: list[str] = []
+    values: list[int | str | None] = []
     if guard.attempt is not UNSET:
         values.append(guard.attempt)
         clauses.append(f"AND attempt = ${first + len(values) - 1}")

@@ -54,7 +54,8 @@ WHERE account_id = $1 AND created_at >= date_trunc('day', now() AT TIME ZONE 'UT
 
 
 async def count_today(conn: asyncpg.Connection | asyncpg.Pool, account_id: str) -> int:
-    return await conn.fetchval(_TODAY, account_id)
+    count: int = await conn.fetchval(_TODAY, account_id)
+    return count
 
 
 async def insert_capped(conn: asyncpg.Connection, upload: UploadRow, daily_cap: int) -> bool:

@@ -17,8 +17,8 @@ from yarl import URL
 from vidjobs.common import logs
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings, load
+from vidjobs.common.signatures import decode_secret
 from vidjobs.fakeprovider.server import running_fake_provider
-from vidjobs.providers.webhooks import decode_secret
 
 log = logging.getLogger("vidjobs.fake_provider")
 

@@ -37,9 +37,8 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import ids
+from vidjobs.common import ids, signatures
 from vidjobs.fakeprovider.render import ClipSpec, clip_size, inspect_image, render_mp4
-from vidjobs.providers import webhooks
 
 log = logging.getLogger("vidjobs.fake_provider")
 
@@ -257,7 +256,7 @@ class FakeProvider(BackgroundTasks):
     """All state of one fake provider: its renders, its counters and its in-flight background work."""
 
     def __init__(self, *, webhook_secret: str, callback_attempts: int = 4, callback_backoff_s: float = 0.25):
-        webhooks.decode_secret(webhook_secret)  # a bad secret fails at start, not at the first callback
+        signatures.decode_secret(webhook_secret)  # a bad secret fails at start, not at the first callback
         self.webhook_secret = webhook_secret
         self.callback_attempts = callback_attempts
         self.callback_backoff_s = callback_backoff_s
@@ -432,14 +431,14 @@ class FakeProvider(BackgroundTasks):
                              repeat: bool) -> None:
         if previous is not None:
             await asyncio.wait([previous])
-        msg_id = webhooks.new_message_id()
+        msg_id = signatures.new_message_id()
         if not repeat:
             await self._deliver(render_id, url, body, msg_id)
             return
         # The same event three times: a re-emission under a new id racing the original, then a late retry of
         # the original (same id), as a provider that lost track of its acks would send.
         await asyncio.gather(self._deliver(render_id, url, body, msg_id),
-                             self._deliver(render_id, url, body, webhooks.new_message_id()))
+                             self._deliver(render_id, url, body, signatures.new_message_id()))
         await asyncio.sleep(0.05)
         await self._deliver(render_id, url, body, msg_id)
 
@@ -447,7 +446,7 @@ class FakeProvider(BackgroundTasks):
         assert self.session is not None
         for attempt in range(1, self.callback_attempts + 1):
             headers = {"Content-Type": "application/json",
-                       **webhooks.signed_headers(self.webhook_secret, body, msg_id=msg_id)}
+                       **signatures.signed_headers(self.webhook_secret, body, msg_id=msg_id)}
             outcome = await self._post(url, body, headers)
             if isinstance(outcome, int) and outcome < 300:
                 _bump(self.counters.callbacks_by_render, render_id)

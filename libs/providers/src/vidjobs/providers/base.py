@@ -87,7 +87,11 @@ def formats(ratios: Iterable[str], resolutions: Iterable[str]) -> list[Format]:
 
 @runtime_checkable
 class ProviderAdapter(Protocol):
-    name: str
+    # Read-only: an adapter names itself once, for its class (HttpAdapter.name is a class variable).
+    @property
+    def name(self) -> str:
+        """The provider's name: the part of a job's model before the slash."""
+
     supports_callbacks: bool
 
     def validate(self, request: JobRequest) -> None:

@@ -15,9 +15,9 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import aiohttp
 import msgspec
 
+from vidjobs.common import signatures
 from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
-from vidjobs.providers import webhooks
 from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
 
 T = TypeVar("T")
@@ -32,6 +32,7 @@ def retry_after(value: str | None) -> float | None:
     unreadable."""
     if not value or len(value) > 64:
         return None
+    seconds: float | None
     try:
         seconds = float(value)
     except ValueError:
@@ -393,9 +394,9 @@ class SignedCallbacks:
 
     def __init__(self, webhook_secret: str, tolerance_s: float):
         if webhook_secret:
-            webhooks.decode_secret(webhook_secret)  # a malformed secret fails at start, not per callback
+            signatures.decode_secret(webhook_secret)  # a malformed secret fails at start, not per callback
         self.webhook_secret = webhook_secret
         self.tolerance_s = tolerance_s
 
     def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:
-        return webhooks.verify(self.webhook_secret, headers, body, tolerance_s=self.tolerance_s)
+        return signatures.verify(self.webhook_secret, headers, body, tolerance_s=self.tolerance_s)

@@ -10,9 +10,10 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from vidjobs.common import signatures
 from vidjobs.common.errors import ErrorCode, JobError, ProviderError
 from vidjobs.common.jobs import JobRequest
-from vidjobs.providers import checks, http, models, webhooks
+from vidjobs.providers import checks, http, models
 from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest, formats
 from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, SignedCallbacks, refusals
 
@@ -99,7 +100,7 @@ class ReplicateAdapter(SignedCallbacks, HttpAdapter):
     forgotten = "Replicate has no record of this prediction."
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_token: str, webhook_secret: str, *,
-                 tolerance_s: float = webhooks.DEFAULT_TOLERANCE_S):
+                 tolerance_s: float = signatures.DEFAULT_TOLERANCE_S):
         SignedCallbacks.__init__(self, webhook_secret, tolerance_s)
         HttpAdapter.__init__(self, session, base_url, api_token)
         # Without the signing secret no webhook could be trusted: ask for none and let polling find results.

@@ -17,7 +17,7 @@ from vidjobs.common import bus, events, netguard, tracing
 from vidjobs.common.bus import Delivery
 from vidjobs.common.estimates import Estimator
 from vidjobs.common.events import AppEventDue
-from vidjobs.common.runtime import Runtime, consumer, every, health_app, open_runtime
+from vidjobs.common.runtime import Runtime, consumer, every, health_app, migrate_database, open_runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway import (
     idempotency,
@@ -106,6 +106,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     storage = open_storage(settings)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(storage.close)
+        await migrate_database(settings)
         rt = await stack.enter_async_context(open_runtime("gateway", settings))
         session = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROVIDER_TIMEOUT_S),

@@ -16,7 +16,7 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import credits, estimates, jobs, outbox, ratecard, renders, uploads
+from vidjobs.common import creation, credits, deletion, estimates, jobs, outbox, ratecard, renders, uploads, waiting
 from vidjobs.common.credits import Entry
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.estimates import Estimate, Estimator
@@ -87,11 +87,11 @@ class AccountState(msgspec.Struct, frozen=True, kw_only=True):
     uploads_today: int  # image uploads today (UTC), as the daily cap counts them
 
 
-# A waiting job's place: libs/common/jobs.py queue_place_sql, the one definition of it; and its place at its
+# A waiting job's place: libs/common/waiting.py queue_place_sql, the one definition of it; and its place at its
 # provider, which its estimate starts from: estimates.place_sql.
 _ONE_JOB = f"""
 SELECT j.*,
-       CASE WHEN j.status = {SQL_PENDING} THEN {jobs.queue_place_sql("$2", "j.lane", "j.created_at", "j.id")}
+       CASE WHEN j.status = {SQL_PENDING} THEN {waiting.queue_place_sql("$2", "j.lane", "j.created_at", "j.id")}
        END AS waiting_position,
        CASE WHEN j.status = {SQL_PENDING} THEN {estimates.place_sql("j")} END AS provider_position,
        {renders.outputs_sql("j.id")} AS outputs
@@ -223,7 +223,7 @@ class Tenant:
             estimate = ratecard.estimate(card, order.request)
             movable = fallbacks.within_quote(card, order.request, await self._fallbacks(conn, order), estimate,
                                              named=order.fallbacks is not None)
-            created = await jobs.enqueue(conn, account_id=self.account_id, request=order.request,
+            created = await creation.enqueue(conn, account_id=self.account_id, request=order.request,
                                          estimated_credits=estimate, recovery_delay_s=settings.recovery_delay_s,
                                          route=order.route, rate_card_version=card.version,
                                          max_waiting=settings.max_queued_jobs, metadata=order.metadata,
@@ -300,7 +300,7 @@ class Tenant:
     async def delete(self, job_id: str) -> bool:
         """Hide the job from every read and have its assets removed; False if the account has no such job."""
         async with self._rt.tx() as conn:
-            return await jobs.mark_deleted(conn, job_id, self.account_id)
+            return await deletion.soft_delete(conn, job_id, self.account_id)
 
     # --- webhooks to the account's app -------------------------------------------------------------------
     async def add_endpoint(self, url: str, events: list[str], description: str, *, cap: int,

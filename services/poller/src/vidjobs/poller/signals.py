@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from vidjobs.common import jobs, outbox, ratecard
+from vidjobs.common import jobs, outbox, provider_reports, ratecard, recovery_checks
 from vidjobs.common.errors import ErrorCode, JobError, Redeliver
 from vidjobs.common.events import CancelRequested, DownloadRequested
 from vidjobs.common.jobs import JobRow
@@ -89,7 +89,7 @@ async def _adopt(
                          deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s)),
     )
     if moved is not None:
-        await jobs.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
+        await recovery_checks.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
         return moved.job
     current = await jobs.fetch(conn, job.id)
     assert current is not None
@@ -102,12 +102,12 @@ async def _apply(
     if sig.cost is not None:
         # Before the move it comes with, so the charge at the end of the job can read it.
         cost = await ratecard.provider_cost_credits(conn, job.rate_card_version, sig.cost)
-        await jobs.record_provider_cost(conn, job.id, cost, attempt=job.attempt,
-                                        provider_job_id=job.provider_job_id)
+        await provider_reports.record_provider_cost(conn, job.id, cost, attempt=job.attempt,
+                                                    provider_job_id=job.provider_job_id)
     match sig.state:
         case ProviderState.QUEUED:
             if sig.queue_position is not None and job.status is JobStatus.SUBMITTED:
-                await jobs.record_queue_position(conn, job.id, sig.queue_position)
+                await provider_reports.record_queue_position(conn, job.id, sig.queue_position)
         case ProviderState.RUNNING:
             await _running(conn, job, sig, source)
         case ProviderState.SUCCEEDED:
@@ -124,7 +124,7 @@ async def _running(conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, s
                          expect=[JobStatus.SUBMITTED], update=JobUpdate(progress=sig.progress),
                          guard=_same_render(job))
     elif sig.progress is not None:
-        await jobs.record_progress(conn, job.id, sig.progress)
+        await provider_reports.record_progress(conn, job.id, sig.progress)
 
 
 async def _succeeded(

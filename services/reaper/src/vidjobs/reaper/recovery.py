@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from vidjobs.common import events, jobs, logs, outbox, requestids
+from vidjobs.common import events, jobs, logs, outbox, recovery_checks, requestids, waiting
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, JobError, Redeliver
 from vidjobs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
@@ -71,9 +71,9 @@ async def recover(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: date
     log.info("recovering job", extra={"job_id": job.id, "status": job.status.value})
     match job.status:
         case JobStatus.PENDING:
-            if jobs.message_alive(job, now) or await _queued_behind_others(ctx, job):
+            if waiting.message_alive(job, now) or await _queued_behind_others(ctx, job):
                 # It waits for a slot and its own message is going round, or is still queued: one is enough.
-                await jobs.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now))
+                await recovery_checks.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now))
             else:
                 await _hand_off(ctx, conn, job, JobQueued(job_id=job.id), now)
         case JobStatus.RETRYING:
@@ -105,7 +105,7 @@ def _past(moment: datetime | None, now: datetime) -> bool:
 
 async def _hand_off(ctx: Context, conn: asyncpg.Connection, job: JobRow, event: events.Event, now: datetime) -> None:
     await outbox.add(conn, [event])
-    await jobs.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now))
+    await recovery_checks.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now))
 
 
 def _next_check_in(ctx: Context, job: JobRow, now: datetime) -> float:
@@ -118,7 +118,7 @@ def _next_check_in(ctx: Context, job: JobRow, now: datetime) -> float:
 
 async def _end_backoff(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: datetime) -> None:
     if job.retry_at is not None and job.retry_at > now:
-        await jobs.reschedule_recovery(conn, job.id, (job.retry_at - now).total_seconds())
+        await recovery_checks.reschedule_recovery(conn, job.id, (job.retry_at - now).total_seconds())
         return
     await next_attempt(conn, job, reason="backoff over", now=now, recovery_delay_s=ctx.rt.settings.recovery_delay_s)
 

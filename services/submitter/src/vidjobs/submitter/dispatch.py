@@ -75,7 +75,7 @@ waiting AS (        -- accounts with a job waiting for this provider: a skip sca
     FROM waiting w WHERE w.account_id IS NOT NULL
 ),
 heads AS (          -- each account's first job waiting for this provider that nobody is submitting: its
-                    -- queue's order (jobs.queue_place_sql), interactive lane first, read from the index's front
+                    -- queue's order (waiting.queue_place_sql), interactive lane first, read from the index's front
     SELECT h.id, w.account_id, h.created_at
     FROM waiting w CROSS JOIN LATERAL (
         SELECT j.id, j.created_at FROM jobs j

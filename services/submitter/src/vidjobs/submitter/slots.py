@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 import asyncpg
 import msgspec
 
-from vidjobs.common import breakers, jobs, switch
+from vidjobs.common import breakers, jobs, switch, waiting
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.settings import ProviderLimits
 from vidjobs.common.states import JobStatus
@@ -78,7 +78,7 @@ async def take(
         return None
     choice = await choose(conn, job, limits, claim_ttl_s, fair=fair)
     if isinstance(choice, Wait):
-        await jobs.set_wait_reason(conn, job.id, choice.reason, park=not choice.pacing)
+        await waiting.set_wait_reason(conn, job.id, choice.reason, park=not choice.pacing)
         return choice
     if choice.job_id != job.id:
         return await _claim_head(conn, choice.job_id, claim_ttl_s)

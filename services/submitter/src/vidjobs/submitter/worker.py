@@ -31,8 +31,11 @@ from vidjobs.common import (
     logs,
     metrics,
     outbox,
+    provider_reports,
+    recovery_checks,
     tracing,
     uploads,
+    waiting,
 )
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, ProviderError, Redeliver
@@ -104,7 +107,7 @@ async def sweep_queues(ctx: Context) -> None:
     Catches what no event announced: a wake-up lost with its message, a breaker's pause running out, a cap
     raised by a restart with new settings, the switch resumed from another process."""
     ttl = _claim_ttl(ctx)
-    for provider in await jobs.waiting_providers(ctx.rt.pool):
+    for provider in await waiting.waiting_providers(ctx.rt.pool):
         if await slots.has_room(ctx.rt.pool, provider, ctx.rt.settings.limits_for(provider), ttl):
             if (pacing := await fill(ctx, provider)) is not None:
                 log.info("queue sweep met the provider's pacing", extra={"provider": provider, "why": pacing.reason})
@@ -203,7 +206,7 @@ async def handle(ctx: Context, event: events.SubmitEvent, delivery: Delivery) ->
 
 
 def _look_again_in(wait: Wait) -> float:
-    return min(max(wait.delay_s, 0.05), jobs.WAIT_LOOK_S)
+    return min(max(wait.delay_s, 0.05), waiting.WAIT_LOOK_S)
 
 
 async def fill(ctx: Context, provider: str) -> Wait | None:
@@ -376,9 +379,9 @@ async def _accepted(
             ),
         )
         if moved is not None:
-            await jobs.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
+            await recovery_checks.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
         if moved is not None and accepted.queue_position is not None:
-            await jobs.record_queue_position(conn, job.id, accepted.queue_position)
+            await provider_reports.record_queue_position(conn, job.id, accepted.queue_position)
         if moved is None and await _orphaned(conn, job.id, accepted.provider_job_id):
             # Canceled, deleted or retried while the provider was answering: this render is nobody's; stop it.
             await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,
@@ -414,7 +417,7 @@ async def _refuse(ctx: Context, job: JobRow, err: ProviderError, where: Refusal)
         await submissions.record_refused(conn, submissions.request_for(job), err.to_job_error())
         if where is Refusal.BY_PROVIDER:
             await breakers.record_answer(conn, job.provider, err.code, ctx.rt.settings)
-        await outbox.add(conn, await jobs.slot_wakeup(conn, job.provider, job.account_id))
+        await outbox.add(conn, await waiting.slot_wakeup(conn, job.provider, job.account_id))
 
 
 async def _refused(ctx: Context, conn: asyncpg.Connection, job: JobRow, err: ProviderError) -> None:

@@ -13,9 +13,10 @@ from urllib.parse import quote
 import aiohttp
 import msgspec
 
+from vidjobs.common import signatures
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.jobs import JobRequest
-from vidjobs.providers import base, checks, http, webhooks
+from vidjobs.providers import base, checks, http
 from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
 from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, SignedCallbacks
 
@@ -119,7 +120,7 @@ class FakeAdapter(SignedCallbacks, HttpAdapter):
     forgotten = "The provider lost track of this render."  # it restarted
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, webhook_secret: str, *,
-                 tolerance_s: float = webhooks.DEFAULT_TOLERANCE_S):
+                 tolerance_s: float = signatures.DEFAULT_TOLERANCE_S):
         SignedCallbacks.__init__(self, webhook_secret, tolerance_s)
         HttpAdapter.__init__(self, session, base_url)
 

@@ -28,13 +28,12 @@ import asyncpg
 import msgspec
 from asyncpg.pool import PoolConnectionProxy
 
-from vidjobs.common import requestids
+from vidjobs.common import requestids, signatures
 from vidjobs.common.events import AppEventDue
 from vidjobs.common.runtime import Runtime
 from vidjobs.gateway.appwebhooks import claims, secrets
 from vidjobs.gateway.appwebhooks.claims import HOST_OF_URL, Delivery
 from vidjobs.gateway.appwebhooks.urls import UnsafeEndpoint
-from vidjobs.providers import webhooks
 from vidjobs.providers.http import retry_after
 
 log = logging.getLogger("vidjobs.gateway.appwebhooks")
@@ -182,7 +181,7 @@ class Deliverer:
             "outcome": status})
 
     async def _post(self, delivery: Delivery, body: bytes, keys: list[str]) -> Outcome:
-        headers = {**webhooks.signed_headers(keys, body, msg_id=delivery.id),
+        headers = {**signatures.signed_headers(keys, body, msg_id=delivery.id),
                    "Content-Type": "application/json", "User-Agent": "vidjobs-webhooks"}
         started = time.perf_counter()
         try:

@@ -13,10 +13,10 @@ import asyncpg
 import msgspec
 from asyncpg.pool import PoolConnectionProxy
 
+from vidjobs.common import signatures
 from vidjobs.common.runtime import Runtime
 from vidjobs.gateway import sealing
 from vidjobs.gateway.sealing import Keyring
-from vidjobs.providers import webhooks
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Held(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def new_secret() -> str:
-    return webhooks.new_secret()
+    return signatures.new_secret()
 
 
 def sealed_new(ring: Keyring, kind: Kind, row_id: str) -> tuple[str, str]:

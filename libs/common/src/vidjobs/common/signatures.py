@@ -1,4 +1,6 @@
-"""Standard Webhooks (standardwebhooks.com): signing and verifying provider callbacks.
+"""Standard Webhooks (standardwebhooks.com): the one signing scheme of both directions. Providers that speak
+it sign the callbacks they send us (checked by the adapters, vidjobs.providers.http.SignedCallbacks, and sent
+by the fake provider), and the gateway signs the webhooks it sends to an account's app with the same scheme.
 
 A secret is `whsec_` followed by the base64 of the key bytes. A delivery carries three headers: `webhook-id`
 (the same on every retry of one message, so a receiver can store it once), `webhook-timestamp` (unix seconds
