@@ -25,7 +25,7 @@ from tests.support import wait_until
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
-from vidjobs.fakeprovider.render import ClipSpec, encode
+from vidjobs.fakeprovider.clips import ClipSpec, encode
 
 CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None)
 if CHROMIUM is None and os.environ.get("CI"):

@@ -46,7 +46,7 @@ from aiohttp import web
 
 from tests.standins import server
 from tests.standins.server import CallingStandin, Render, bearer_door, listening, now, payloads, scenario_in
-from vidjobs.fakeprovider.render import ClipSpec, clip_size, render_mp4
+from vidjobs.fakeprovider.clips import ClipSpec, clip_size, render_mp4
 from vidjobs.providers import webhooks
 
 RETRY_AFTER_S = 1

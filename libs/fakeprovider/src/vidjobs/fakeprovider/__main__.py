@@ -17,7 +17,7 @@ from yarl import URL
 from vidjobs.common import logs
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings, load
-from vidjobs.fakeprovider.server import running_fake_provider
+from vidjobs.fakeprovider.serving import running_fake_provider
 from vidjobs.providers.webhooks import decode_secret
 
 log = logging.getLogger("vidjobs.fake_provider")
