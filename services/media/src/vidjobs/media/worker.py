@@ -57,6 +57,13 @@ class Media:
 
 async def main(rt: Runtime) -> None:
     scratch.remove_stale()
+    async with opened(rt) as media:
+        await serve(media)
+
+
+@contextlib.asynccontextmanager
+async def opened(rt: Runtime) -> AsyncIterator[Media]:
+    """The service's parts (storage, HTTP sessions, transcoder threads), closed when the block exits."""
     storage = open_storage(rt.settings)
     transcoder = ThreadPoolExecutor(max_workers=rt.settings.media_concurrency, thread_name_prefix="transcode")
     try:
@@ -67,8 +74,7 @@ async def main(rt: Runtime) -> None:
                     netguard.guarded_session(rt.settings.allowed_download_hosts(), timeout=SESSION_TIMEOUT) as fetch):
             copier = Copier(session=fetch, storage=storage, max_bytes=rt.settings.max_download_bytes,
                             transcoder=transcoder, preview=preview_spec(rt.settings))
-            media = Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
-            await serve(media)
+            yield Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
     finally:
         transcoder.shutdown(wait=True, cancel_futures=True)
         await storage.close()
