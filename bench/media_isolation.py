@@ -29,7 +29,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vidjobs.fakeprovider.render import ClipSpec, encode  # noqa: E402
+from vidjobs.fakeprovider.clips import ClipSpec, encode  # noqa: E402
 from vidjobs.media.download import fetch_to_file  # noqa: E402
 from vidjobs.media.pipeline import PreviewSpec, derive  # noqa: E402
 

@@ -27,7 +27,7 @@ from vidjobs.common import signatures
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import Settings
-from vidjobs.fakeprovider.server import running_fake_provider
+from vidjobs.fakeprovider.serving import running_fake_provider
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from vidjobs.providers.fake.adapter import FakeAdapter
 from vidjobs.providers.fal import FalAdapter

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any, get_type_hints
 
 import aiohttp
 import asyncpg
@@ -91,8 +93,52 @@ def refused(err: pytest.ExceptionInfo[ProviderError], code: ErrorCode, field: st
     assert err.value.message.startswith(field), err.value.message
 
 
-def test_it_is_a_provider_adapter(http):
-    assert isinstance(FalAdapter(http, "http://x", KEY, "http://x/jwks", prefetch_keys=False), ProviderAdapter)
+def _protocol_methods() -> list[str]:
+    return sorted(n for n, v in vars(ProviderAdapter).items() if not n.startswith("_") and callable(v))
+
+
+def _takes_every_call_of(spec: Callable[..., Any], impl: Callable[..., Any]) -> list[str]:
+    """Why `impl` could not stand where `spec` is called (empty if it can): the same parameters in the same
+    order and kinds with the same types, anything more optional, the same return type, async where it is."""
+    problems = []
+    if inspect.iscoroutinefunction(spec) != inspect.iscoroutinefunction(impl):
+        problems.append("async" if inspect.iscoroutinefunction(spec) else "not async")
+    want, have = inspect.signature(spec).parameters, inspect.signature(impl).parameters
+    if list(have)[: len(want)] != list(want):
+        problems.append(f"parameters {list(have)} do not start with {list(want)}")
+    problems += [f"{name} is {have[name].kind.description}" for name in want
+                 if name in have and have[name].kind != want[name].kind]
+    problems += [f"{name} is required" for name in list(have)[len(want):]
+                 if have[name].default is inspect.Parameter.empty
+                 and have[name].kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    want_types, have_types = get_type_hints(spec), get_type_hints(impl)
+    problems += [f"{name}: {have_types.get(name)} for {hint}" for name, hint in want_types.items()
+                 if have_types.get(name) != hint]
+    return problems
+
+
+def test_it_has_every_method_of_a_provider_adapter_with_a_signature_that_takes_its_calls(http):
+    fal = FalAdapter(http, "http://x", KEY, "http://x/jwks", prefetch_keys=False)
+    assert (fal.name, fal.supports_callbacks) == ("fal", True)
+    mismatched = {name: why for name in _protocol_methods()
+                  if (why := _takes_every_call_of(getattr(ProviderAdapter, name), getattr(FalAdapter, name)))}
+    assert not mismatched, mismatched
+    assert "status" in _protocol_methods() and "model_name" in inspect.signature(FalAdapter.status).parameters
+
+
+def test_the_signature_check_sees_a_method_that_would_not_take_the_protocols_calls():
+    """The check itself: each way of not fitting a method of the Protocol is caught."""
+    async def status(self: Any, provider_job_id: str) -> ProviderSignal: ...
+    def blocking(self: Any, provider_job_id: str) -> ProviderSignal: ...
+    async def renamed(self: Any, job_id: str) -> ProviderSignal: ...
+    async def needs_more(self: Any, provider_job_id: str, model_name: str) -> ProviderSignal: ...
+    async def wrong_type(self: Any, provider_job_id: int) -> ProviderSignal: ...
+    async def wrong_answer(self: Any, provider_job_id: str) -> str: ...
+
+    spec = ProviderAdapter.status
+    assert _takes_every_call_of(spec, status) == []
+    for impl in (blocking, renamed, needs_more, wrong_type, wrong_answer):
+        assert _takes_every_call_of(spec, impl), impl.__name__
 
 
 # --- validation: each model family takes its own documented inputs ------------------------------------------
@@ -247,32 +293,46 @@ async def test_an_unreachable_fal_is_unavailable_and_a_silent_one_times_out(http
     assert err.value.code is ErrorCode.TIMEOUT
 
 
-@pytest.mark.parametrize(("status", "body", "headers", "outcome"), [
+@pytest.mark.parametrize(("status", "body", "headers", "code"), [
     # The request's own failure, kept by fal as its result: the render failed.
     (504, "error_request_timeout", {"X-Fal-Error-Type": "request_timeout"}, ErrorCode.PROVIDER_UNAVAILABLE),
     (422, "error_validation", {}, ErrorCode.INVALID_INPUT),
-    # The fetch itself failing: raised, so the poll is tried again.
-    (503, None, {}, ProviderError),
-    (429, "error_rate_limited", {"Retry-After": "3"}, ProviderError),
-    (200, None, {}, ProviderError),  # a result that is not JSON
 ])
-async def test_a_completed_requests_result_tells_a_failed_render_from_a_failed_fetch(
-        http, status, body, headers, outcome):
+async def test_a_completed_requests_failed_result_is_a_failed_render(http, status, body, headers, code):
+    async with _completed_request_whose_result_answers(http, status, payload(body), headers) as fal:
+        signal = await fal.status(RID, model_name=VEO3)
+    assert signal.state is ProviderState.FAILED and signal.error is not None and signal.error.code is code
+
+
+@pytest.mark.parametrize(("status", "body", "headers", "code", "retry_after"), [
+    (503, None, {}, ErrorCode.PROVIDER_UNAVAILABLE, None),
+    (429, "error_rate_limited", {"Retry-After": "3"}, ErrorCode.RATE_LIMITED, 3.0),
+    (200, None, {}, ErrorCode.INTERNAL, None),  # a result that is not JSON
+])
+async def test_a_failed_fetch_of_a_completed_requests_result_is_raised_to_be_tried_again(
+        http, status, body, headers, code, retry_after):
+    """The fetch itself failing says nothing about the render: it is raised with a code the poller tries
+    again (and fal's pacing), never reported as a failed render."""
+    data = payload(body) if body else b"<html>upstream trouble</html>"
+    async with _completed_request_whose_result_answers(http, status, data, headers) as fal:
+        with pytest.raises(ProviderError) as err:
+            await fal.status(RID, model_name=VEO3)
+    assert err.value.code is code, err.value.message
+    assert err.value.retryable and err.value.retry_after == retry_after
+
+
+@asynccontextmanager
+async def _completed_request_whose_result_answers(http: aiohttp.ClientSession, status: int, body: bytes,
+                                                  headers: dict[str, str]) -> AsyncIterator[FalAdapter]:
+    """An adapter talking to a fal whose request has completed and whose result answers `status` and `body`."""
     async def queue(request: web.Request) -> web.Response:
         if request.path.endswith("/status"):
             return web.Response(body=payload("status_completed", request_id=RID, base_url=url, app="fal-ai/veo3"),
                                 content_type="application/json")
-        data = payload(body) if body else b"<html>upstream trouble</html>"
-        return web.Response(status=status, body=data, headers=headers, content_type="application/json")
+        return web.Response(status=status, body=body, headers=headers, content_type="application/json")
 
     async with serving("GET", "/{tail:.*}", queue) as url:
-        fal = FalAdapter(http, url, KEY, url + "/jwks", prefetch_keys=False)
-        if outcome is ProviderError:
-            with pytest.raises(ProviderError):
-                await fal.status(RID, model_name=VEO3)
-            return
-        signal = await fal.status(RID, model_name=VEO3)
-    assert signal.state is ProviderState.FAILED and signal.error.code is outcome
+        yield FalAdapter(http, url, KEY, url + "/jwks", prefetch_keys=False)
 
 
 async def test_a_request_fal_does_not_know_has_failed(adapter):

@@ -12,16 +12,15 @@ from contextlib import asynccontextmanager
 import msgspec
 import pytest
 
+from tests.gateway_harness import Harness, drive, gateway_settings, running_gateway
 from tests.support import wait_until
-from tests.test_gateway_harness import Harness, drive, gateway_settings, running_gateway
-from vidjobs.common import outbox
+from vidjobs.common import outbox, signatures
 from vidjobs.common.events import InboxReceived
 from vidjobs.common.runtime import open_runtime
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
 from vidjobs.poller import worker as poller
-from vidjobs.providers import webhooks
 from vidjobs.providers.base import ProviderSignal, ProviderState
 from vidjobs.providers.fake.adapter import FakeAdapter
 
@@ -82,7 +81,7 @@ async def test_a_callback_through_the_gateway_and_the_poller_is_parsed_once(sett
         body = running_callback(job_id, "rnd_once")
 
         resp = await h.client.post("/v1/webhooks/fake", data=body, headers={
-            "Content-Type": "application/json", **webhooks.signed_headers(settings.fake_webhook_secret, body)})
+            "Content-Type": "application/json", **signatures.signed_headers(settings.fake_webhook_secret, body)})
         assert resp.status == 200 and (await resp.json())["stored"] is True
 
         await wait_until(lambda: rendering(h, job_id), within=20, what="the poller to act on the callback")

@@ -9,11 +9,13 @@ import json
 from datetime import UTC, datetime
 
 import asyncpg
+import nats
+from nats.js import JetStreamContext
 
 from tests.stack import running_stack, stack_settings
 from tests.support import operator_command, wait_until
 from vidjobs.cli.exitcodes import Exit
-from vidjobs.common import breakers
+from vidjobs.common import breakers, bus
 from vidjobs.common.errors import ErrorCode
 from vidjobs.common.settings import Settings
 
@@ -100,6 +102,8 @@ async def test_dead_letters_are_listed_and_replayed_and_a_stored_callback_replay
     settings = stack_settings(tmp_path, database_url, nats_url, max_deliveries=2, recovery_delay_s=3600)
     db = await asyncpg.connect(database_url)
     await db.execute(_BLOCK_CALLBACKS)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
     vidjobs = operator_command(database_url, nats_url)
     try:
         async with running_stack(settings) as stack:
@@ -140,17 +144,28 @@ async def test_dead_letters_are_listed_and_replayed_and_a_stored_callback_replay
             assert sorted(int(n) for n in replay_all.out.split()) == sorted(d["id"] for d in dead)
             assert (await stack.wait_terminal(first["id"]))["status"] == "completed"
             assert _lines((await vidjobs("dead", "list", "--json")).out) == []
-            await asyncio.sleep(1.0)  # the second replay, and the second job's own replayed letters, settled
+            # The second replay, and the second job's own replayed letters, were sent and handled.
+            await wait_until(lambda: _callbacks_settled(db, js), what="the replayed callbacks to be handled")
             # Replayed callbacks about a job that moved on change nothing.
             assert await stack.trail(second["id"]) == trail
             gone = await vidjobs("dead", "replay", str(dead[0]["id"]))
             assert gone.code == Exit.NOT_FOUND
     finally:
+        await nc.close()
         await db.close()
 
 
 async def _outbox_empty(db: asyncpg.Connection) -> bool:
     return await db.fetchval("SELECT count(*) = 0 FROM outbox")
+
+
+async def _callbacks_settled(db: asyncpg.Connection, js: JetStreamContext) -> bool:
+    """Every callback handed to the poller was sent (the outbox holds none) and handled (its consumer has
+    none waiting and none unacknowledged)."""
+    if not await _outbox_empty(db):
+        return False
+    info = await js.consumer_info(bus.WORK_STREAM, "poller-inbox")
+    return info.num_pending == 0 and info.num_ack_pending == 0
 
 
 async def test_stuck_jobs_are_inspected_retried_to_completion_or_failed(tmp_path, database_url, nats_url):

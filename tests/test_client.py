@@ -20,8 +20,8 @@ import msgspec
 import pytest
 
 from tests import imagefiles
+from tests.gateway_harness import gateway_settings, running_gateway
 from tests.stack import demo_key, running_stack, stack_settings
-from tests.test_gateway_harness import gateway_settings, running_gateway
 from vidjobs.cli.embedded import free_port
 from vidjobs.common.settings import Settings
 from vidjobs.gateway.app import route_table

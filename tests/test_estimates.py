@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.gateway_harness import auth, gateway_settings, read_event, running_gateway
 from tests.stack import demo_key, running_stack, stack_settings
 from tests.support import wait_until
-from tests.test_gateway_harness import auth, gateway_settings, read_event, running_gateway
 from vidjobs.common import metrics, switch
 from vidjobs.common.estimates import (
     AccountLoad,

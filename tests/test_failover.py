@@ -11,10 +11,10 @@ import asyncpg
 import msgspec
 import pytest
 
+from tests.gateway_harness import auth, gateway_settings, running_gateway
 from tests.stack import Stack, running_stack, stack_settings
 from tests.support import wait_until
 from tests.test_app_webhooks import client_app
-from tests.test_gateway_harness import auth, gateway_settings, running_gateway
 from tests.test_money import assert_ledger_explains
 from vidjobs.common import jobs, ratecard
 from vidjobs.common.ratecard import Price, RateCardIn

@@ -27,8 +27,10 @@ from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import Settings
 from vidjobs.common.signatures import new_secret, signed_headers
-from vidjobs.fakeprovider.render import ClipSpec, clip_size, render_mp4
-from vidjobs.fakeprovider.server import FakeProvider, Scenario, running_fake_provider
+from vidjobs.fakeprovider.clips import ClipSpec, clip_size, render_mp4
+from vidjobs.fakeprovider.scenarios import FakeProvider
+from vidjobs.fakeprovider.serving import running_fake_provider
+from vidjobs.fakeprovider.wire import Scenario
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from vidjobs.providers.fake import adapter as fake_adapter
 from vidjobs.providers.fake.adapter import FakeAdapter

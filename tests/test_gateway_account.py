@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_gateway_harness import assert_error, auth, drive, gateway_settings, running_gateway
+from tests.gateway_harness import assert_error, auth, drive, gateway_settings, running_gateway
 from vidjobs.common.states import JobStatus
 from vidjobs.gateway.accounts import create_account
 

@@ -6,8 +6,7 @@ import hashlib
 
 import pytest
 
-from tests.support import wait_until
-from tests.test_gateway_harness import (
+from tests.gateway_harness import (
     JOB_BODY,
     assert_error,
     assert_no_traceback,
@@ -16,6 +15,7 @@ from tests.test_gateway_harness import (
     raw_request,
     running_gateway,
 )
+from tests.support import wait_until
 from vidjobs.common.errors import StoreError
 from vidjobs.gateway import ratelimit
 from vidjobs.gateway.accounts import add_api_key, create_account

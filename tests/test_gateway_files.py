@@ -6,7 +6,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from tests.test_gateway_harness import (
+from tests.gateway_harness import (
     assert_error,
     assert_no_traceback,
     completed_job,

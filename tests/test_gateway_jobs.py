@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.test_gateway_harness import JOB_BODY, assert_error, auth, drive, gateway_settings, running_gateway
+from tests.gateway_harness import JOB_BODY, assert_error, auth, drive, gateway_settings, running_gateway
 from vidjobs.common.states import JobStatus
 
 # Every field API.md names, plus `queue_reason` (why a queued job waits), `priority` (its lane) and `estimate`

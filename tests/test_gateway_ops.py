@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.gateway_harness import assert_error, gateway_settings, running_gateway
 from tests.support import wait_process_ready, wait_until
-from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
 from tests.test_gateway_jobs import API_JOB_KEYS
 from vidjobs.cli.embedded import free_port
 from vidjobs.gateway.app import route_table

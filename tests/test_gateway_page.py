@@ -20,12 +20,12 @@ import msgspec
 import pytest
 from PIL import Image
 
+from tests.gateway_harness import Harness, drive, gateway_settings, running_gateway, store_outputs
 from tests.support import wait_until
-from tests.test_gateway_harness import Harness, drive, gateway_settings, running_gateway, store_outputs
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
-from vidjobs.fakeprovider.render import ClipSpec, encode
+from vidjobs.fakeprovider.clips import ClipSpec, encode
 
 CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None)
 if CHROMIUM is None and os.environ.get("CI"):

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from tests.test_gateway_harness import auth, drive, gateway_settings, read_event, running_gateway
+from tests.gateway_harness import auth, drive, gateway_settings, read_event, running_gateway
 from vidjobs.common import provider_reports
 from vidjobs.common.states import JobStatus
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from tests.gateway_harness import assert_error, auth, drive, gateway_settings, read_event, running_gateway
 from tests.support import wait_until
-from tests.test_gateway_harness import assert_error, auth, drive, gateway_settings, read_event, running_gateway
 from vidjobs.common import changes, deletion, events
 from vidjobs.common.states import JobStatus
 from vidjobs.gateway import stream

@@ -10,8 +10,7 @@ import time
 import nats
 import pytest
 
-from tests.support import wait_until
-from tests.test_gateway_harness import (
+from tests.gateway_harness import (
     assert_error,
     assert_no_traceback,
     drive,
@@ -19,6 +18,7 @@ from tests.test_gateway_harness import (
     raw_request,
     running_gateway,
 )
+from tests.support import wait_until
 from vidjobs.common import bus, events, signatures
 from vidjobs.common.events import InboxReceived
 from vidjobs.common.states import JobStatus

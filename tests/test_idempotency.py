@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.gateway_harness import JOB_BODY, assert_error, gateway_settings, running_gateway
 from tests.support import wait_until
-from tests.test_gateway_harness import JOB_BODY, assert_error, gateway_settings, running_gateway
 from vidjobs.gateway import idempotency
 
 DAY_S = 86400

@@ -46,7 +46,9 @@ from vidjobs.common.settings import Settings
 from vidjobs.common.signatures import new_secret
 from vidjobs.common.states import TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
-from vidjobs.fakeprovider.server import REFUSALS_PER_JOB, FakeProvider, RenderStatus, running_fake_provider
+from vidjobs.fakeprovider.scenarios import REFUSALS_PER_JOB, FakeProvider
+from vidjobs.fakeprovider.serving import running_fake_provider
+from vidjobs.fakeprovider.wire import RenderStatus
 from vidjobs.media import assets
 from vidjobs.poller import worker as poller
 from vidjobs.poller.signals import SignalContext, apply_signal

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 import pytest
 
-from tests.test_gateway_harness import JOB_BODY, assert_error, drive, gateway_settings, running_gateway
+from tests.gateway_harness import JOB_BODY, assert_error, drive, gateway_settings, running_gateway
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
 from vidjobs.gateway.tenant import JobFilter, page_sql

@@ -12,8 +12,8 @@ import json
 import asyncpg
 import pytest
 
+from tests.gateway_harness import assert_error, auth, gateway_settings, read_event, running_gateway
 from tests.stack import demo_key, running_stack, stack_settings
-from tests.test_gateway_harness import assert_error, auth, gateway_settings, read_event, running_gateway
 from vidjobs.common import waiting
 from vidjobs.common.jobs import Lane
 from vidjobs.common.settings import ProviderLimits

@@ -14,8 +14,8 @@ import sys
 import aiohttp
 import pytest
 
+from tests.gateway_harness import gateway_settings
 from tests.support import wait_process_ready
-from tests.test_gateway_harness import gateway_settings
 from vidjobs.common import logs, requestids
 
 # What a forger would write to start a line of their own, or to make a line read other than it is.

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from tests.test_gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
+from tests.gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
 from vidjobs.common import ratecard
 from vidjobs.common.errors import ProviderError
 from vidjobs.common.jobs import JobRequest

@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from tests.gateway_harness import assert_error, drive, gateway_settings, running_gateway
 from tests.stack import running_stack, stack_settings
-from tests.test_gateway_harness import assert_error, drive, gateway_settings, running_gateway
 from vidjobs.common import jobs, provider_reports, ratecard
 from vidjobs.common.ratecard import Price, RateCardIn
 from vidjobs.common.states import JobStatus

@@ -14,7 +14,7 @@ import yaml
 from tests.stack import running_stack, stack_settings
 from tests.support import wait_until
 from vidjobs.common.states import NON_TERMINAL, STAGE_OF
-from vidjobs.reaper.gauges import UNFINISHED_SQL
+from vidjobs.reaper.system_gauges import UNFINISHED_SQL
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "k8s" / "components" / "monitoring" / "monitoring.yaml"

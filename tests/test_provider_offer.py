@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.test_gateway_harness import auth, gateway_settings, running_gateway
+from tests.gateway_harness import auth, gateway_settings, running_gateway
 from vidjobs.common import signatures
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings

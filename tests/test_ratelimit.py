@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from tests.gateway_harness import assert_error, gateway_settings, running_gateway
 from tests.support import wait_until
-from tests.test_gateway_harness import assert_error, gateway_settings, running_gateway
 from vidjobs.cli.embedded import free_port
 from vidjobs.gateway import ratelimit
 from vidjobs.gateway.accounts import add_api_key, hash_key

@@ -8,7 +8,7 @@ import secrets
 import asyncpg
 import pytest
 
-from tests.test_gateway_harness import completed_job, drive, gateway_settings, running_gateway
+from tests.gateway_harness import completed_job, drive, gateway_settings, running_gateway
 from vidjobs.common import creation, db
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.states import JobStatus

@@ -29,7 +29,7 @@ from aiohttp.abc import AbstractResolver, ResolveResult
 from tests.stack import running_stack, stack_settings
 from vidjobs.common.errors import ErrorCode, MediaError
 from vidjobs.common.netguard import DownloadGuard, GuardedResolver, guarded_session, why_not_public
-from vidjobs.fakeprovider.render import ClipSpec, render_mp4
+from vidjobs.fakeprovider.clips import ClipSpec, render_mp4
 from vidjobs.media.download import CHUNK_BYTES, MAX_REDIRECTS, fetch_to_file
 from vidjobs.media.worker import may_retry
 

@@ -25,7 +25,7 @@ from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import open_runtime
 from vidjobs.common.settings import Settings
 from vidjobs.common.signatures import new_secret
-from vidjobs.fakeprovider.server import running_fake_provider
+from vidjobs.fakeprovider.serving import running_fake_provider
 from vidjobs.providers.registry import adapter_for, build_adapters
 from vidjobs.reaper import recovery
 from vidjobs.storage.filesystem import FileStorage

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import vidjobs.gateway
+from tests.gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
 from tests.imagefiles import png_with_text
-from tests.test_gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
 from vidjobs.gateway.state import PUBLIC_ROUTES
 
 GATEWAY_DIR = Path(vidjobs.gateway.__file__).parent

@@ -169,7 +169,7 @@ async def test_an_image_gone_before_submission_fails_the_job_as_invalid_input(se
 
 
 async def test_uploads_past_the_daily_cap_are_429_and_store_nothing(tmp_path, database_url, nats_url):
-    from tests.test_gateway_harness import assert_error, auth, gateway_settings, running_gateway
+    from tests.gateway_harness import assert_error, auth, gateway_settings, running_gateway
 
     async with running_gateway(gateway_settings(tmp_path, database_url, nats_url, max_uploads_per_day=2)) as h:
         account_id, key = await h.account()

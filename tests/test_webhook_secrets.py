@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from tests.test_gateway_harness import Harness, assert_error, auth, gateway_settings, running_gateway
+from tests.gateway_harness import Harness, assert_error, auth, gateway_settings, running_gateway
 from vidjobs.common import signatures
 from vidjobs.common.errors import ConfigError, WebhookRejected
 from vidjobs.gateway import sealing

@@ -7,7 +7,7 @@ Routes, as fal has them:
   GET  /{owner}/{app}/requests/{id}             the result, or the failed request's error
   PUT  /{owner}/{app}/requests/{id}/cancel      202 CANCELLATION_REQUESTED, 400 ALREADY_COMPLETED
   GET  /.well-known/jwks.json                   the public half of a freshly generated ED25519 key pair
-  GET  /files/{id}.mp4                          a real MP4 (vidjobs.fakeprovider.render)
+  GET  /files/{id}.mp4                          a real MP4 (vidjobs.fakeprovider.clips)
 Every queue route wants `Authorization: Key <api_key>` (401 otherwise); a request asked for under another app
 answers 404, as at fal. A finished request is announced to its `fal_webhook` URL with fal's signed headers, and
 the delivery is retried (re-signed each time) while the receiver refuses it, as fal does.
@@ -40,7 +40,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from tests.standins.server import CallingStandin, serving
-from vidjobs.fakeprovider.render import ASPECTS, ClipSpec, clip_size, render_mp4
+from vidjobs.fakeprovider.clips import ASPECTS, ClipSpec, clip_size, render_mp4
 
 PAYLOADS = Path(__file__).resolve().parent.parent / "payloads" / "fal"
 RATE_LIMITED_SUBMITS = 2  # the rate_limited scenario refuses this many submits of a prompt first

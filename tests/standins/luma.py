@@ -42,7 +42,7 @@ from aiohttp import web
 
 from tests.standins import server
 from tests.standins.server import CallingStandin, Render, bearer_door, listening, payloads, scenario_in
-from vidjobs.fakeprovider.render import ClipSpec, clip_size, render_mp4
+from vidjobs.fakeprovider.clips import ClipSpec, clip_size, render_mp4
 
 RETRY_AFTER_S = 2
 CALLBACK_RETRIES, CALLBACK_RETRY_DELAY_S = 3, 0.1

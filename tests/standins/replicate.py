@@ -47,7 +47,7 @@ from aiohttp import web
 from tests.standins import server
 from tests.standins.server import CallingStandin, Render, bearer_door, listening, now, payloads, scenario_in
 from vidjobs.common import signatures
-from vidjobs.fakeprovider.render import ClipSpec, clip_size, render_mp4
+from vidjobs.fakeprovider.clips import ClipSpec, clip_size, render_mp4
 
 RETRY_AFTER_S = 1
 

@@ -18,8 +18,8 @@ from typing import Any, ClassVar, TypeVar
 import aiohttp
 from aiohttp import web
 
-from vidjobs.fakeprovider.render import ClipSpec, render_mp4
-from vidjobs.fakeprovider.server import BackgroundTasks
+from vidjobs.fakeprovider.background import BackgroundTasks
+from vidjobs.fakeprovider.clips import ClipSpec, render_mp4
 
 
 @contextlib.asynccontextmanager

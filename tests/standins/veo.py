@@ -36,7 +36,7 @@ from aiohttp import web
 
 from tests.standins.server import PAYLOADS as ALL_PAYLOADS
 from tests.standins.server import PolledStandin, answer, listening, payloads, scenario_in, standin_app, step
-from vidjobs.fakeprovider.render import ClipSpec, clip_size, render_mp4
+from vidjobs.fakeprovider.clips import ClipSpec, clip_size, render_mp4
 
 PAYLOADS = ALL_PAYLOADS / "veo"
 KEY_HEADER = "x-goog-api-key"

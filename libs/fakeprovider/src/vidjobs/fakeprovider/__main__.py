@@ -18,7 +18,7 @@ from vidjobs.common import logs
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings, load
 from vidjobs.common.signatures import decode_secret
-from vidjobs.fakeprovider.server import running_fake_provider
+from vidjobs.fakeprovider.serving import running_fake_provider
 
 log = logging.getLogger("vidjobs.fake_provider")
 

@@ -140,7 +140,8 @@ class S3Storage:
         upload = await s3.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=content_type)
         upload_id = upload["UploadId"]
         try:
-            parts, offset = [], 0
+            parts: list[dict[str, str | int]] = []
+            offset = 0
             while chunk := await asyncio.to_thread(_read_part, path, offset, part_bytes):
                 number = len(parts) + 1
                 sent = await s3.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number,
@@ -168,7 +169,8 @@ class S3Storage:
             s3 = await self.client()
             answer = await s3.get_object(Bucket=self.bucket, Key=self.full_key(key))
             async with answer["Body"] as body:
-                return await body.read()
+                data: bytes = await body.read()
+                return data
 
     async def head(self, key: str) -> ObjectInfo:
         with _translated("look up", key):
@@ -221,6 +223,8 @@ class S3Storage:
         # lives at least until the expiry we report.
         expires = float(int(time.time()) + ttl_s)
         with _translated("sign", key):
-            url = self._presigner.generate_presigned_url(
+            # botocore attaches generate_presigned_url to every client class at runtime; its stub's BaseClient
+            # leaves it out.
+            url: str = self._presigner.generate_presigned_url(  # type: ignore[attr-defined]
                 "get_object", Params={"Bucket": self.bucket, "Key": self.full_key(key)}, ExpiresIn=ttl_s)
         return url, expires

@@ -29,10 +29,10 @@ async def upsert(conn: asyncpg.Connection, job_id: str, account_id: str, outputs
     ), strict=True)))
 
 
-async def mark_deleted(
+async def set_deleted_at(
     conn: asyncpg.Connection | asyncpg.Pool, job_id: str, kinds: Sequence[str] | None = None,
 ) -> int:
-    """Mark a job's asset rows (all, or only `kinds`) deleted, once; returns how many were marked now."""
+    """Set `deleted_at` on a job's asset rows (all, or only `kinds`) that have none yet; returns how many it set."""
     status = await conn.execute(
         """
         UPDATE assets SET deleted_at = clock_timestamp()

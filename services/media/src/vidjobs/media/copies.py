@@ -31,7 +31,7 @@ class Busy(Exception):
 async def take(pool: asyncpg.Pool, job_id: str, ttl_s: float = LEASE_TTL_S, owner: str = OWNER) -> int:
     """Take the lease; returns how many copiers before us died while decoding this render. Raises Busy."""
     async with pool.acquire() as conn:
-        crashes = await conn.fetchval(
+        crashes: int | None = await conn.fetchval(
             """
             INSERT INTO media_copies (job_id, owner, expires_at)
             VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))

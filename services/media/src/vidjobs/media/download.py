@@ -25,7 +25,7 @@ from yarl import URL
 
 from vidjobs.common import netguard
 from vidjobs.common.errors import ErrorCode, MediaError
-from vidjobs.media import metrics
+from vidjobs.media import media_metrics
 
 CHUNK_BYTES = 1 << 20
 # A provider that stops sending for this long is stuck, whatever the overall time cap still allows.
@@ -90,8 +90,8 @@ async def fetch_to_file(
     except aiohttp.ClientError as exc:
         raise _failed(f"The connection to the provider failed while fetching the render ({type(exc).__name__}).") \
             from exc
-    metrics.DOWNLOAD_SECONDS.observe(time.perf_counter() - started)
-    metrics.DOWNLOAD_BYTES.inc(fetched.bytes)
+    media_metrics.DOWNLOAD_SECONDS.observe(time.perf_counter() - started)
+    media_metrics.DOWNLOAD_BYTES.inc(fetched.bytes)
     return fetched
 
 

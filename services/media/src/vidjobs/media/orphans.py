@@ -12,15 +12,20 @@ import logging
 import time
 from collections.abc import Iterable
 from functools import partial
+from typing import TypeAlias
 
 import asyncpg
 import msgspec
+from asyncpg.pool import PoolConnectionProxy
 
 from vidjobs.common.runtime import Runtime, every
 from vidjobs.common.states import JobStatus
 from vidjobs.storage.base import ObjectInfo, Storage
 
 log = logging.getLogger("vidjobs.media")
+
+# The one pooled connection a sweep holds: its advisory lock is a session lock, so every step runs on it.
+Session: TypeAlias = "asyncpg.Connection | PoolConnectionProxy[asyncpg.Record]"
 
 ROOT = "accounts/"
 BATCH = 500
@@ -52,7 +57,7 @@ def parse(info: ObjectInfo) -> ObjectRef | None:
     return ObjectRef(kind=parts[2], owner=parts[3], info=info)
 
 
-async def _job_orphans(conn: asyncpg.Connection, refs: list[ObjectRef]) -> list[str]:
+async def _job_orphans(conn: Session, refs: list[ObjectRef]) -> list[str]:
     ids = list({r.owner for r in refs})
     rows = await conn.fetch("SELECT id, status, deleted_at FROM jobs WHERE id = ANY($1)", ids)
     jobs = {r["id"]: r for r in rows}
@@ -70,14 +75,14 @@ async def _job_orphans(conn: asyncpg.Connection, refs: list[ObjectRef]) -> list[
     return orphans
 
 
-async def _upload_orphans(conn: asyncpg.Connection, refs: list[ObjectRef]) -> list[str]:
+async def _upload_orphans(conn: Session, refs: list[ObjectRef]) -> list[str]:
     rows = await conn.fetch("SELECT key FROM uploads WHERE id = ANY($1) AND deleted_at IS NULL",
                             list({r.owner for r in refs}))
     kept = {r["key"] for r in rows}
     return [r.info.key for r in refs if r.info.key not in kept]
 
 
-async def _orphans_in(conn: asyncpg.Connection, refs: Iterable[ObjectRef]) -> list[str]:
+async def _orphans_in(conn: Session, refs: Iterable[ObjectRef]) -> list[str]:
     refs = list(refs)
     jobs = [r for r in refs if r.kind == "jobs"]
     uploads = [r for r in refs if r.kind == "uploads"]
@@ -102,7 +107,7 @@ async def sweep(pool: asyncpg.Pool, storage: Storage, *, grace_s: float) -> Swee
                 raise
 
 
-async def _sweep(conn: asyncpg.Connection, storage: Storage, grace_s: float) -> SweepReport:
+async def _sweep(conn: Session, storage: Storage, grace_s: float) -> SweepReport:
     report, batch = SweepReport(), []
     cutoff = time.time() - grace_s
     async for info in storage.list_prefix(ROOT):
@@ -122,7 +127,7 @@ async def _sweep(conn: asyncpg.Connection, storage: Storage, grace_s: float) -> 
     return report
 
 
-async def _remove(conn: asyncpg.Connection, storage: Storage, refs: list[ObjectRef]) -> int:
+async def _remove(conn: Session, storage: Storage, refs: list[ObjectRef]) -> int:
     orphans = await _orphans_in(conn, refs)
     for key in orphans:
         await storage.delete(key)

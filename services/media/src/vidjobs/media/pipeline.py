@@ -24,7 +24,7 @@ import msgspec
 from vidjobs.common.errors import MediaError
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.renders import Outputs, StoredFile
-from vidjobs.media import metrics, scratch
+from vidjobs.media import media_metrics, scratch
 from vidjobs.media.download import Fetched, check_url, fetch_to_file
 from vidjobs.media.preview import Preview, PreviewWriter
 from vidjobs.media.thumbnail import Thumbnail, write_thumbnail
@@ -99,10 +99,10 @@ class Copier:
         try:
             result = await loop.run_in_executor(self.transcoder, derive, video, work, self.preview)
         except MediaError as err:
-            metrics.VERIFICATIONS.labels(err.code.value).inc()
+            media_metrics.VERIFICATIONS.labels(err.code.value).inc()
             raise
-        metrics.VERIFICATIONS.labels("ok").inc()
-        metrics.TRANSCODE_SECONDS.observe(time.perf_counter() - started)
+        media_metrics.VERIFICATIONS.labels("ok").inc()
+        media_metrics.TRANSCODE_SECONDS.observe(time.perf_counter() - started)
         return result
 
     async def _upload(self, job: JobRow, fetched: Fetched, derived: Derived) -> Outputs:

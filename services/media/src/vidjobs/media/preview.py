@@ -97,6 +97,6 @@ class PreviewWriter:
         self._encoder = encoder
         return encoder
 
-    def _mux(self, packets: list[av.Packet]) -> None:
+    def _mux(self, packets: list[av.Packet[av.video.stream.VideoStream]]) -> None:
         assert self._out is not None
         self._out.mux(packets)

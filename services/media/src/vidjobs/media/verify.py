@@ -106,7 +106,9 @@ class PosterPicker:
         _check_size(frame.width, frame.height, known_only=False)
         info = VideoInfo(width=frame.width, height=frame.height, duration_s=duration_s,
                          codec=stream.codec_context.name)
-        return Inspection(info=info, poster=frame.to_image())
+        # PyAV's stub leaves to_image untyped; it returns a PIL image.
+        poster: Image.Image = frame.to_image()  # type: ignore[no-untyped-call]
+        return Inspection(info=info, poster=poster)
 
 
 def _check_size(width: int, height: int, *, known_only: bool) -> None:

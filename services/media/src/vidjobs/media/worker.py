@@ -30,7 +30,7 @@ from vidjobs.common.runtime import Runtime, consumer
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
-from vidjobs.media import assets, copies, metrics, orphans, scratch
+from vidjobs.media import assets, copies, media_metrics, orphans, scratch
 from vidjobs.media.isolation import DecodeGate
 from vidjobs.media.pipeline import Copier, PreviewSpec
 from vidjobs.providers.base import ProviderAdapter
@@ -57,6 +57,13 @@ class Media:
 
 async def main(rt: Runtime) -> None:
     scratch.remove_stale()
+    async with opened(rt) as media:
+        await serve(media)
+
+
+@contextlib.asynccontextmanager
+async def opened(rt: Runtime) -> AsyncIterator[Media]:
+    """The service's parts (storage, HTTP sessions, transcoder threads), closed when the block exits."""
     storage = open_storage(rt.settings)
     transcoder = ThreadPoolExecutor(max_workers=rt.settings.media_concurrency, thread_name_prefix="transcode")
     try:
@@ -67,8 +74,7 @@ async def main(rt: Runtime) -> None:
                     netguard.guarded_session(rt.settings.allowed_download_hosts(), timeout=SESSION_TIMEOUT) as fetch):
             copier = Copier(session=fetch, storage=storage, max_bytes=rt.settings.max_download_bytes,
                             transcoder=transcoder, preview=preview_spec(rt.settings))
-            media = Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
-            await serve(media)
+            yield Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
     finally:
         transcoder.shutdown(wait=True, cancel_futures=True)
         await storage.close()
@@ -154,7 +160,7 @@ def _seconds_left(deadline: datetime, floor: float = 0.0) -> float:
 async def _copy_failed(media: Media, job: JobRow, err: MediaError, delivery: Delivery, deadline: datetime) -> None:
     extra = {"job_id": job.id, "code": err.code.value, "attempt": delivery.attempt, "error": err.message}
     if may_retry(err, delivery.attempt, media.rt.settings.download_attempts, deadline, datetime.now(UTC)):
-        metrics.COPIES.labels("retry", err.code.value).inc()
+        media_metrics.COPIES.labels("retry", err.code.value).inc()
         log.warning("download failed; it will be retried", extra=extra)
         settings = media.rt.settings
         delay = backoff.delay(delivery.attempt, base=settings.retry_base_s, cap=settings.retry_cap_s)
@@ -180,7 +186,7 @@ async def _fail(media: Media, job: JobRow, err: MediaError) -> None:
                                 expect=[JobStatus.DOWNLOADING], update=JobUpdate(error=error, progress=None))
     if done is not None:
         # Counted once the fail has committed, by the one delivery that made it (as the completed count is).
-        metrics.COPIES.labels("failed", err.code.value).inc()
+        media_metrics.COPIES.labels("failed", err.code.value).inc()
         # An earlier attempt may have uploaded before it crashed; a failed job keeps no objects.
         await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
 
@@ -198,7 +204,7 @@ async def _complete(media: Media, job: JobRow, stored: Outputs) -> None:
     if done is None:
         await _discard_if_orphaned(media, job)
         return
-    metrics.COPIES.labels("completed", "").inc()
+    media_metrics.COPIES.labels("completed", "").inc()
     log.info("render stored", extra={"job_id": job.id, "bytes": stored.video.bytes,
                                      "sha256": stored.video.sha256})
 
@@ -222,14 +228,14 @@ async def on_assets_delete(media: Media, event: AssetsDeleteRequested, delivery:
         return  # the row is gone, and its asset rows with it (ON DELETE CASCADE)
     if job.deleted_at is not None:
         removed = await media.storage.delete_prefix(job_prefix(job.account_id, job.id))
-        marked = await assets.mark_deleted(media.rt.pool, job.id)
+        marked = await assets.set_deleted_at(media.rt.pool, job.id)
     elif job.status is JobStatus.EXPIRED:
         removed = await _remove_originals(media, job)
-        marked = await assets.mark_deleted(media.rt.pool, job.id, EXPIRING_KINDS)
+        marked = await assets.set_deleted_at(media.rt.pool, job.id, EXPIRING_KINDS)
     else:
         log.warning("asset deletion asked for a live job; ignored", extra={"job_id": job.id})
         return
-    metrics.OBJECTS_DELETED.inc(removed)
+    media_metrics.OBJECTS_DELETED.inc(removed)
     log.info("job assets removed", extra={"job_id": job.id, "objects": removed, "rows": marked,
                                           "status": job.status.value, "deleted": job.deleted_at is not None})
 

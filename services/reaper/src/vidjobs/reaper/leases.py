@@ -11,7 +11,7 @@ import asyncpg
 
 async def take(conn: asyncpg.Connection, job_id: str, owner: str, ttl_s: float) -> uuid.UUID | None:
     """The new lease's token, or None while another worker's lease is live."""
-    return await conn.fetchval(
+    token: uuid.UUID | None = await conn.fetchval(
         """
         INSERT INTO recovery_leases (job_id, token, owner, expires_at)
         VALUES ($1, $2, $3, clock_timestamp() + make_interval(secs => $4))
@@ -22,6 +22,7 @@ async def take(conn: asyncpg.Connection, job_id: str, owner: str, ttl_s: float) 
         """,
         job_id, uuid.uuid4(), owner, ttl_s,
     )
+    return token
 
 
 async def hold_until_next_check(conn: asyncpg.Connection, job_id: str) -> None:
@@ -44,6 +45,6 @@ async def seconds_left(conn: asyncpg.Connection, job_id: str) -> float:
     return max(float(left or 0.0), 0.1)
 
 
-async def purge_expired(conn: asyncpg.Connection) -> int:
+async def purge_expired(conn: asyncpg.Connection | asyncpg.Pool) -> int:
     result = await conn.execute("DELETE FROM recovery_leases WHERE expires_at < clock_timestamp()")
     return int(result.split()[-1])

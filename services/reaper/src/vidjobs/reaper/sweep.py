@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 from functools import partial
 
 from nats.js import JetStreamContext
@@ -36,7 +37,7 @@ async def republish_overdue(rt: Runtime, *, limit: int = 500) -> int:
     return len(rows)
 
 
-async def _publish(js: JetStreamContext, job_id: str, due) -> None:
+async def _publish(js: JetStreamContext, job_id: str, due: datetime) -> None:
     event = RecoveryDue(job_id=job_id, due_at=due)
     msg_id = f"recover-{job_id}-{due.timestamp():.6f}"
     await js.publish(events.RECOVERY, events.encode(event), headers={"Nats-Msg-Id": msg_id}, timeout=5)
@@ -44,8 +45,7 @@ async def _publish(js: JetStreamContext, job_id: str, due) -> None:
 
 async def sweep_once(rt: Runtime) -> None:
     await republish_overdue(rt)
-    async with rt.pool.acquire() as conn:
-        await leases.purge_expired(conn)
+    await leases.purge_expired(rt.pool)
 
 
 async def run(rt: Runtime, *, every_s: float = 5.0) -> None:

@@ -9,7 +9,7 @@ from functools import partial
 from vidjobs.common import bus, events
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, consumer
-from vidjobs.reaper import gauges, retention, sweep
+from vidjobs.reaper import retention, sweep, system_gauges
 from vidjobs.reaper.backlog import SubmitQueue
 from vidjobs.reaper.recovery import Context, on_recovery_due
 
@@ -23,4 +23,4 @@ async def main(rt: Runtime) -> None:
         tg.create_task(bus.consume(rt.js, spec, rt.stop), name="recovery-consumer")
         tg.create_task(sweep.run(rt), name="recovery-sweep")
         tg.create_task(retention.run(rt), name="retention-sweep")
-        tg.create_task(gauges.run(rt), name="system-gauges")
+        tg.create_task(system_gauges.run(rt), name="system-gauges")

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 
 from prometheus_client import REGISTRY
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from vidjobs.common import bus
@@ -60,7 +61,7 @@ class SystemGauges(Collector):
     def __init__(self) -> None:
         self.snapshot: Snapshot | None = None
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         shot = self.snapshot
         if shot is None:
             return
@@ -88,7 +89,7 @@ def _jobs_family(shot: Snapshot) -> GaugeMetricFamily:
     return family
 
 
-def _consumer_families(shot: Snapshot):
+def _consumer_families(shot: Snapshot) -> Iterator[GaugeMetricFamily]:
     pending = GaugeMetricFamily("vidjobs_consumer_pending_messages",
                                 "Work messages not yet delivered to a durable consumer (JetStream num_pending)",
                                 labels=["consumer"])
@@ -109,6 +110,7 @@ async def read(rt: Runtime) -> Snapshot:
         stage = STAGE_OF[JobStatus(row["status"])].value
         shot.oldest_s[stage] = max(shot.oldest_s.get(stage, 0.0), row["oldest_s"] or 0.0)
     outbox = await rt.pool.fetchrow(OUTBOX_SQL)
+    assert outbox is not None  # an aggregate without GROUP BY returns one row, whatever the table holds
     shot.outbox_rows, shot.outbox_oldest_s = outbox["rows"], outbox["oldest_s"]
     for info in await rt.js.consumers_info(bus.WORK_STREAM):
         shot.pending[info.name] = (info.num_pending or 0, info.num_ack_pending or 0)

@@ -1,4 +1,4 @@
-"""Real, small H.264 MP4 clips for the fake provider, drawn from the request so each clip looks its own.
+"""The fake provider's clips: real, small H.264 MP4s, drawn from the request so each clip looks its own.
 
 The picture is a two-colour gradient chosen by the seed, a ball bouncing across it on a seed-chosen path and
 a bar along the bottom that fills as the clip plays, so clips and frames can be told apart by eye. Clips are
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import av
 import msgspec
-from PIL import Image, ImageChops, ImageDraw, ImageStat
+from PIL import Image, ImageChops, ImageDraw
 
 FPS = 12
 LONG_SIDE = 320
@@ -72,7 +72,9 @@ def encode(spec: ClipSpec) -> bytes:
         stream.width, stream.height, stream.pix_fmt = spec.width, spec.height, "yuv420p"
         stream.options = {"preset": "ultrafast", "crf": "28"}
         for image in frames(spec):
-            container.mux(stream.encode(av.VideoFrame.from_image(image)))
+            # PyAV's stub leaves from_image's parameter and result untyped (it takes a PIL image, gives a frame).
+            frame: av.VideoFrame = av.VideoFrame.from_image(image)  # type: ignore[no-untyped-call]
+            container.mux(stream.encode(frame))
         container.mux(stream.encode())  # flush the encoder's delayed frames
     return buf.getvalue()
 
@@ -92,28 +94,6 @@ def frames(spec: ClipSpec) -> Iterator[Image.Image]:
         draw.ellipse((x - radius, y - radius, x + radius, y + radius), fill=ball)
         draw.rectangle((0, h - 4, round(w * (i + 1) / n), h), fill=(255, 255, 255))
         yield image
-
-
-class InputImage(msgspec.Struct, frozen=True):
-    format: str  # Pillow's name: PNG, JPEG, WEBP, ...
-    width: int
-    height: int
-    mean: RGB
-
-
-def inspect_image(data: bytes) -> InputImage:
-    """Decode an input image the way a provider would before animating it; raises ValueError if it is not
-    one. Blocking: run it in a thread."""
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            size, fmt = image.size, image.format or "unknown"
-            image.draft("RGB", (64, 64))  # JPEG decodes at a fraction of its size; others ignore it
-            small = image.convert("RGB")
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"it cannot be decoded as an image ({exc})") from exc
-    small.thumbnail((64, 64))
-    mean = tuple(round(c) for c in ImageStat.Stat(small).mean)
-    return InputImage(format=fmt, width=size[0], height=size[1], mean=(mean[0], mean[1], mean[2]))
 
 
 def _colour(rng: random.Random) -> RGB:
