@@ -570,7 +570,7 @@ def _gateway_takes_fal_models() -> bool:
 
 needs_fal_models = pytest.mark.skipif(
     not _gateway_takes_fal_models(),
-    reason="the gateway's `model` pattern refuses `fal/<owner>/<app>/...` (services/gateway/bodies.py)")
+    reason="the gateway's `model` pattern refuses `fal/<owner>/<app>/...` (vidjobs.gateway.bodies)")
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Rules of the code itself, checked over every module: a job status has one spelling (libs/common/states.py),
-and so has a circuit breaker's state (libs/common/breakers.py), which SQL text takes through `states.sql` and
+"""Rules of the code itself, checked over every module: a job status has one spelling (vidjobs.common.states),
+and so has a circuit breaker's state (vidjobs.common.breakers), which SQL text takes through `states.sql` and
 `breakers.sql` rather than writing the word again."""
 
 from __future__ import annotations

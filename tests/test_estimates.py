@@ -1,4 +1,4 @@
-"""Estimated start and ready times of waiting jobs (libs/common/estimates.py): the arithmetic on its own (jobs
+"""Estimated start and ready times of waiting jobs (vidjobs.common.estimates): the arithmetic on its own (jobs
 ahead across accounts, slots coming free, rounding); the words when there is no estimate; an open stream
 learning of a moved estimate from the reads the process shares; and, through the whole stack, estimates
 that the queued jobs' real start and ready times then fall within."""

@@ -234,7 +234,7 @@ def database_url_source(container: dict) -> str | None:
 
 def test_in_prod_each_service_reaches_the_database_on_its_own_login() -> None:
     """Least privilege by default: each Deployment's containers take VIDJOBS_DATABASE_URL from the service's
-    own Secret (a login in its role, libs/common/grants.py); only the migrations Job uses the schema owner's."""
+    own Secret (a login in its role, vidjobs.common.grants); only the migrations Job uses the schema owner's."""
     objects = render("prod")
     secrets = {s["metadata"]["name"]: s for s in of_kind(objects, "Secret")}
     for deployment in of_kind(objects, "Deployment"):

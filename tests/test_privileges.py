@@ -1,4 +1,4 @@
-"""What the service roles may not do, proven by PostgreSQL refusing it (libs/common/grants.py): no worker
+"""What the service roles may not do, proven by PostgreSQL refusing it (vidjobs.common.grants): no worker
 reads a webhook secret, no service changes an account's credit by hand, and the credit functions release and
 charge only what a job's reservation allows, so calling them cannot mint credit either."""
 

@@ -1,4 +1,4 @@
-"""One PostgreSQL role per service (libs/common/grants.py): the declaration against the SQL each service's code
+"""One PostgreSQL role per service (vidjobs.common.grants): the declaration against the SQL each service's code
 contains, the database against the declaration, and the whole lifecycle with every service connecting as a
 login user of its own role, so a statement its grants do not cover is refused by PostgreSQL itself.
 tests/test_privileges.py shows what the roles are refused."""
@@ -30,23 +30,23 @@ from vidjobs.common.runtime import migrate_database, open_runtime
 # Statements a service's imports bring along that the service never runs, so its role need not cover them.
 REACHABLE_NOT_RUN: dict[str, dict[tuple[str, Privilege], str]] = {
     service: {
-        ("reserve_job_credit", Privilege.EXECUTE): "libs/common/credits.py: reserving is part of creating a job",
-        ("credit_ledger", Privilege.SELECT): "libs/common/credits.py: the ledger is read by the gateway (entries)",
-        ("account_daily_spend", Privilege.SELECT): "libs/common/credits.py: the gateway shows the day's spend",
+        ("reserve_job_credit", Privilege.EXECUTE): "vidjobs.common.credits: reserving is part of creating a job",
+        ("credit_ledger", Privilege.SELECT): "vidjobs.common.credits: the ledger is read by the gateway (entries)",
+        ("account_daily_spend", Privilege.SELECT): "vidjobs.common.credits: the gateway shows the day's spend",
     }
     for service in SERVICES if service != "gateway"
 }
 REACHABLE_NOT_RUN["submitter"] |= {
-    ("uploads", Privilege.INSERT): "libs/common/uploads.py: the submitter only reads a job's upload (owned)",
-    ("uploads", Privilege.UPDATE): "libs/common/uploads.py: expiring uploads is the reaper's (expire_unused)",
+    ("uploads", Privilege.INSERT): "vidjobs.common.uploads: the submitter only reads a job's upload (owned)",
+    ("uploads", Privilege.UPDATE): "vidjobs.common.uploads: expiring uploads is the reaper's (expire_unused)",
 }
 REACHABLE_NOT_RUN["gateway"] = {
-    ("provider_breakers", Privilege.INSERT): "libs/common/breakers.py: the gateway's estimates only read "
+    ("provider_breakers", Privilege.INSERT): "vidjobs.common.breakers: the gateway's estimates only read "
                                              "whether a breaker holds jobs back (breakers.pausing_sql)",
-    ("provider_breakers", Privilege.UPDATE): "libs/common/breakers.py: opening and closing is the submitter's",
+    ("provider_breakers", Privilege.UPDATE): "vidjobs.common.breakers: opening and closing is the submitter's",
 }
 REACHABLE_NOT_RUN["reaper"] |= {
-    ("uploads", Privilege.INSERT): "libs/common/uploads.py: the reaper only expires uploads",
+    ("uploads", Privilege.INSERT): "vidjobs.common.uploads: the reaper only expires uploads",
 }
 
 

@@ -1,4 +1,4 @@
-"""The key ring that seals webhook signing secrets at rest (services/gateway/sealing.py): what one key seals
+"""The key ring that seals webhook signing secrets at rest (vidjobs.gateway.sealing): what one key seals
 only it opens, and only for the row and column it was sealed for; a ring of several keys seals with the first
 and opens with any; a missing or malformed VIDJOBS_SECRETS_KEY is refused with what to set; and `vidjobs up`
 keeps the key it made in the data directory, readable by its owner only."""

@@ -1,7 +1,7 @@
 """Tenancy: an account sees and changes only its own data, on every route.
 
 Two kinds of proof. A structural one: handler modules cannot reach the database except through the caller's
-`Tenant` (services/gateway/tenant.py), whose every query names the caller's account, so a forgotten check
+`Tenant` (vidjobs.gateway.tenant), whose every query names the caller's account, so a forgotten check
 has nowhere to hide. And a behavioural one: every route of the app's own route table that takes an id,
 called with another account's key on this account's real ids, answers exactly as for an id that never
 existed, and changes nothing.

@@ -27,7 +27,7 @@ SERVICES: dict[str, str] = {
 }
 
 # Settings only the gateway is given: the key that opens the webhook signing secrets kept in the database
-# (services/gateway/sealing.py). A worker has no use for it, so a compromised worker cannot leak it.
+# (vidjobs.gateway.sealing). A worker has no use for it, so a compromised worker cannot leak it.
 GATEWAY_ONLY = frozenset({"VIDJOBS_SECRETS_KEY"})
 
 

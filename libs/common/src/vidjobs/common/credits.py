@@ -6,7 +6,7 @@ job ends the reservation is released, and what is owed is charged: a delivered r
 canceled one the provider billed for. A charge never exceeds the estimate: the estimate is the quote.
 
 The changes themselves are PostgreSQL functions (migration 0014_credit_functions.sql): no service may write
-an account's credit, the ledger or the day's spend directly (libs/common/grants.py). The gateway may call
+an account's credit, the ledger or the day's spend directly (vidjobs.common.grants). The gateway may call
 `reserve_job_credit` and every service `settle_job_credit`; they run as the schema's owner and do only
 what reserving for a new job and settling an ended one do, so a service that misbehaves cannot add credit.
 Each changes the account and appends the ledger entry in one statement, so the two cannot disagree, and

@@ -118,7 +118,7 @@ async def schema(conn: asyncpg.Connection) -> Schema:
 
 async def migrate(url: str) -> list[str]:
     """Apply every migration not yet applied, then give the service roles exactly their declared privileges
-    (libs/common/grants.py); returns the names applied. Safe to run concurrently.
+    (vidjobs.common.grants); returns the names applied. Safe to run concurrently.
 
     A service that starts on its own role runs this too: with nothing pending it only reads, so a role that
     may not change the schema passes; with something pending it fails, naming the command to run."""

@@ -121,7 +121,7 @@ WorkEvent = (
     JobQueued | SlotFreed | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
     | CancelRequested | AppEventDue
 )
-Hint = JobChanged | QueueMoved  # core NATS, after commit (libs/common/changes.py)
+Hint = JobChanged | QueueMoved  # core NATS, after commit (vidjobs.common.changes)
 Event = WorkEvent | Hint
 
 SUBJECT_OF: dict[type, str] = {

@@ -2,8 +2,8 @@
 
 What a job's moves count (transitions, errors, durations) is counted once the move has committed
 (`transitions.transition` defers it with `changes.on_commit`): a handler rolled back or redelivered adds
-nothing. Gauges read from the database are exported by one service each (services/reaper/gauges.py,
-services/submitter/provider_gauges.py); docs/RUNBOOK.md says how to query them across replicas.
+nothing. Gauges read from the database are exported by one service each (vidjobs.reaper.gauges,
+vidjobs.submitter.provider_gauges); docs/RUNBOOK.md says how to query them across replicas.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram
 OUTBOX_PUBLISHED = Counter("vidjobs_outbox_published_total", "Outbox events published to JetStream")
 OUTBOX_FAILURES = Counter("vidjobs_outbox_failures_total", "Outbox relay passes that failed and were retried")
 CHANGE_HINTS_LOST = Counter("vidjobs_change_hints_lost_total", "Job change hints that could not be sent to NATS")
-# What the estimates of waiting jobs cost (libs/common/estimates.py): reads of a provider's queue, a model's
+# What the estimates of waiting jobs cost (vidjobs.common.estimates): reads of a provider's queue, a model's
 # measurements, an account's load. Each is shared by every reader in the process for a refresh interval, so
 # this grows with providers and time, not with waiting jobs or open streams.
 ESTIMATE_READS = Counter("vidjobs_estimate_reads_total", "Reads the estimates of waiting jobs made, by what they read",

@@ -1,6 +1,6 @@
 """A finished render's files as we store them, and the one place they are recorded.
 
-The media service writes one `assets` row per file (its table; services/media/assets.py). Nothing else holds
+The media service writes one `assets` row per file (its table; vidjobs.media.assets). Nothing else holds
 them: a job's `outputs` are read from those rows, so a redone thumbnail or a retention pass is seen by the next
 read, and there is no second copy to fall out of step."""
 

@@ -63,7 +63,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # How often the submitter looks once at each provider with a waiting job, handing out a slot that no event
     # announced (a lost wake-up, a breaker's pause running out). Waiting jobs cost nothing in between.
     queue_sweep_interval_s: float = 5.0
-    # Estimated start and ready times of waiting jobs (libs/common/estimates.py): a model's renders measured in
+    # Estimated start and ready times of waiting jobs (vidjobs.common.estimates): a model's renders measured in
     # the last `estimate_window_s`, at most the last `estimate_samples` of them, and none shown with fewer than
     # `estimate_min_samples`; a provider's queue and a model's measurements are read at most once per
     # `estimate_refresh_s` per process, whoever asks (every read of a waiting job, every open event stream).
@@ -94,7 +94,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     db_lock_timeout_s: float = 10.0
     db_idle_in_transaction_timeout_s: float = 60.0
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
-    # The gateway's key for the webhook signing secrets it keeps in the database (services/gateway/sealing.py):
+    # The gateway's key for the webhook signing secrets it keeps in the database (vidjobs.gateway.sealing):
     # 32 random bytes, base64url; comma-separated while replacing it (the first seals, any opens). Only the
     # gateway is given it; `vidjobs up` generates one and keeps it in the data directory.
     secrets_key: str = ""

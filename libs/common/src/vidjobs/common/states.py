@@ -37,7 +37,7 @@ RENDERING: frozenset[JobStatus] = frozenset({S.SUBMITTED, S.PROCESSING})
 
 # from -> the statuses it may move to. `canceled` is reachable from every non-terminal status.
 LEGAL: dict[JobStatus, frozenset[JobStatus]] = {
-    # pending -> pending: a waiting job moved to one of its fallback models (services/submitter/failover.py)
+    # pending -> pending: a waiting job moved to one of its fallback models (vidjobs.submitter.failover)
     S.PENDING: frozenset({S.PENDING, S.SUBMITTED, S.RETRYING, S.FAILED, S.CANCELED}),
     S.SUBMITTED: frozenset({S.PROCESSING, S.DOWNLOADING, S.RETRYING, S.FAILED, S.CANCELED}),
     S.PROCESSING: frozenset({S.DOWNLOADING, S.RETRYING, S.FAILED, S.CANCELED}),

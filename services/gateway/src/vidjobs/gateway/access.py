@@ -1,6 +1,6 @@
 """Request ids at the edge: every request gets an id (the client's `X-Request-Id` when it is well-formed, else
 a new one), every response carries it, and the work the request causes goes on under it
-(libs/common/requestids.py). The access line per request is written with the request's metrics (requestmetrics.py)."""
+(vidjobs.common.requestids). The access line per request is written with the request's metrics (requestmetrics.py)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ Fallbacks = Annotated[list[Model], Meta(
     max_length=MAX_FALLBACKS,
     description="models to move to, in order, while the job waits: when its provider is unavailable, or its "
                 "estimated start is later than max_wait_s; each must render this request at no more than its quote")]
-# The job's lane in its account's queue (libs/common/jobs.py Lane): the names of Lane's members.
+# The job's lane in its account's queue (vidjobs.common.jobs.Lane): the names of Lane's members.
 Priority = Literal["interactive", "batch"]
 ImageType = Literal["image/png", "image/jpeg", "image/webp"]  # the images an upload may be
 

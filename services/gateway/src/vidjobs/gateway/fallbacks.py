@@ -6,7 +6,7 @@ than the job's quote, because a move never charges more than was reserved; anyth
 model, since a fallback that could never be used is a mistake worth hearing about. The account's default is
 a preference for every job, so a model that cannot take this one is left out of it quietly.
 
-The move itself is the submitter's (services/submitter/failover.py).
+The move itself is the submitter's (vidjobs.submitter.failover).
 """
 
 from __future__ import annotations

@@ -55,10 +55,10 @@ def _parameters(route: Route, components: dict[str, Any]) -> list[dict[str, Any]
 
 
 _STRING = {"schema": {"type": "string"}}
-# On every answer (services/gateway/access.py).
+# On every answer (vidjobs.gateway.access).
 _EVERY_ANSWER = {"X-Request-Id": {"description": "this request's id: the one sent, when well-formed, else a new "
                                                  "one; error bodies repeat it", **_STRING}}
-# On every answer to a request made with an API key (services/gateway/auth.py), as the IETF draft spells them.
+# On every answer to a request made with an API key (vidjobs.gateway.auth), as the IETF draft spells them.
 _KEYED_ANSWER = {
     "RateLimit-Policy": {"description": 'the key\'s bucket: `"per-key";q=<requests at once>;w=<seconds to refill>`',
                          **_STRING},

@@ -8,7 +8,7 @@ ahead of a batch one (lanes): that move sends one hint for the account's queue (
 the streams of its waiting jobs listen for, so a waiting job is reread when its place may have moved and
 not on a timer of its own; it is sent only when what it shows has changed.
 
-A waiting job's estimate (libs/common/estimates.py) moves with other accounts' queues and with the renders in
+A waiting job's estimate (vidjobs.common.estimates) moves with other accounts' queues and with the renders in
 flight, which no hint of its account announces: every `estimate_refresh_s` the stream makes it again from the
 reads the whole process shares (one per provider and interval, however many streams are open), without
 reading the job, and sends the job only when the estimate moved by more than its rounding or a job ahead

@@ -87,7 +87,7 @@ class AccountState(msgspec.Struct, frozen=True, kw_only=True):
     uploads_today: int  # image uploads today (UTC), as the daily cap counts them
 
 
-# A waiting job's place: libs/common/waiting.py queue_place_sql, the one definition of it; and its place at its
+# A waiting job's place: vidjobs.common.waiting queue_place_sql, the one definition of it; and its place at its
 # provider, which its estimate starts from: estimates.place_sql.
 _ONE_JOB = f"""
 SELECT j.*,

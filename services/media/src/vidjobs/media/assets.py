@@ -1,5 +1,5 @@
 """The `assets` table (owned by media): one row per stored object of a job, unique per (job, kind). It is the
-one record of a render's files (libs/common/renders.py); reads build a job's outputs from it."""
+one record of a render's files (vidjobs.common.renders); reads build a job's outputs from it."""
 
 from __future__ import annotations
 

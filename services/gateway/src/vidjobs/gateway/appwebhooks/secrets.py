@@ -1,5 +1,5 @@
 """The secrets that sign deliveries: one per endpoint, and one per account for the `webhook_url` a job names
-for itself. Each is shown once, when it is made, and stored sealed (services/gateway/sealing.py) for its row
+for itself. Each is shown once, when it is made, and stored sealed (vidjobs.gateway.sealing) for its row
 and column. Rotating one keeps the secret it replaces signing beside the new one until the overlap asked for
 ends (Standard Webhooks carries several signatures in `webhook-signature`), so a receiver can switch to the
 new secret without rejecting a delivery meanwhile."""
