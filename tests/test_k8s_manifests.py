@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests import workspace
 from tests.workspace import member
 from vidjobs.common.settings import PREFIX, Settings
 
@@ -126,17 +127,6 @@ IMAGES = {"gateway": "vidjobs-gateway", "submitter": "vidjobs-submitter", "polle
           "media": "vidjobs-media", "reaper": "vidjobs-reaper", "migrate": "vidjobs-gateway"}
 
 
-def installed_with(distribution: str) -> set[str]:
-    """The workspace members an image built for `distribution` holds: it and what it requires, transitively."""
-    found, todo = set(), [distribution]
-    while todo:
-        name = todo.pop()
-        if name not in found:
-            found.add(name)
-            todo += [r for r in member(name).requires if r.startswith("vidjobs-")]
-    return found
-
-
 def test_every_workload_runs_its_own_service_image_and_none_the_fake_provider(objects: list[dict]) -> None:
     tags = set()
     for obj in of_kind(objects, "Deployment", "Job"):
@@ -146,7 +136,7 @@ def test_every_workload_runs_its_own_service_image_and_none_the_fake_provider(ob
             tags.add(tag)
     assert len(tags) == 1, tags  # one release: every image of one tag, the one the migrations Job is named after
     for distribution in set(IMAGES.values()):
-        assert not installed_with(distribution) & {"vidjobs-fakeprovider", "vidjobs-cli"}, distribution
+        assert not workspace.closure(distribution) & {"vidjobs-fakeprovider", "vidjobs-cli"}, distribution
 
 
 def test_every_module_a_container_runs_is_in_its_image(objects: list[dict]) -> None:
@@ -154,7 +144,7 @@ def test_every_module_a_container_runs_is_in_its_image(objects: list[dict]) -> N
     module of a member the workload's image installs, so no pod fails on an import the image lacks; the schema
     steps run common's migrate, never the `vidjobs` command, which no service's image holds."""
     for obj in of_kind(objects, "Deployment", "Job"):
-        held = installed_with(IMAGES[workload(obj)])
+        held = workspace.closure(IMAGES[workload(obj)])
         for container in containers(obj):
             command = " ".join(container.get("command", []))
             assert not re.search(r"(^|\s)vidjobs\s|vidjobs\.cli", command), (workload(obj), container["name"])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import workspace
 from tests.workspace import ROOT, Member, member, members
 
 SERVICES = ["gateway", "submitter", "poller", "media", "reaper"]
@@ -95,16 +96,6 @@ print(json.dumps({{"found": [n for n in watched if importlib.util.find_spec(n) i
 """
 
 
-def workspace_closure(distribution: str) -> set[str]:
-    found, todo = set(), [distribution]
-    while todo:
-        name = todo.pop()
-        if name not in found:
-            found.add(name)
-            todo += [r for r in member(name).requires if r.startswith("vidjobs-")]
-    return found
-
-
 @pytest.mark.parametrize("service", SERVICES)
 def test_a_service_installed_alone_holds_only_what_it_declares(tmp_path: Path, service: str) -> None:
     env = tmp_path / "env"
@@ -119,7 +110,7 @@ def test_a_service_installed_alone_holds_only_what_it_declares(tmp_path: Path, s
     result = json.loads(probe.stdout)
     assert Path(result["entry"]).is_relative_to(env), result["entry"]  # installed, not the source tree
     found = set(result["found"])
-    expected = {member(name).module for name in workspace_closure(f"vidjobs-{service}")}
+    expected = {member(name).module for name in workspace.closure(f"vidjobs-{service}")}
     assert {name for name in found if name.startswith("vidjobs")} == expected
     assert not found & {"vidjobs.fakeprovider", "vidjobs.cli", "pgserver", "pytest"}, found
     assert ("av" in found) == (service == "media"), found

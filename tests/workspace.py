@@ -82,3 +82,15 @@ def path_of(module: str) -> Path | None:
 
 def migrations_folder() -> Path:
     return member("vidjobs.common").source / "migrations"
+
+
+def closure(distribution: str) -> set[str]:
+    """The members an install of `distribution` holds: it and every member it requires, transitively."""
+    found: set[str] = set()
+    todo = [distribution]
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo += [r for r in member(name).requires if r.startswith("vidjobs-")]
+    return found
