@@ -542,7 +542,14 @@ def tree(result: Walk) -> str:
         for unit in result.processes.get(name, []):
             if unit.handling and len(unit.entries) > 1:
                 out.append(f"== {name} [{unit.kind}] {unit.name}")
-                out += ["  " * (1 + len(e.chain)) + e.path for e in unit.entries]
+                above: list[str] = []  # the file last printed at each depth
+                for e in unit.entries:
+                    depth = len(e.chain)
+                    # An entry whose caller is not the line it sits under (a callback run on a context's exit)
+                    # names its caller.
+                    odd = depth and (len(above) < depth or above[depth - 1] != e.caller)
+                    out.append("  " * (1 + depth) + e.path + (f"  (from {e.caller})" if odd else ""))
+                    above = [*(above + [""] * depth)[:depth], e.path]
     return "\n".join(out)
 
 
