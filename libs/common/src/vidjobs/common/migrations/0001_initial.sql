@@ -1,3 +1,4 @@
+-- rollout: first: the first schema: there is no release before it.
 -- The first schema. Each table names its owner: only that service writes it (jobs, job_transitions and
 -- outbox are written only through libs/common's transition function and outbox).
 

@@ -1,3 +1,4 @@
+-- rollout: expand: nullable columns, new tables and an index; the release before it never reads or writes them.
 -- Submitting politely: provider caps, rate buckets and circuit breakers shared by every submitter replica,
 -- a visible reason while a job waits, and the rollout route a job was sent down.
 

@@ -1,3 +1,4 @@
+-- rollout: expand: a new table and its index; the release before it never touches them.
 -- gateway: images uploaded as image-to-video input. The gateway writes the rows; the submitter reads them to
 -- hand the provider a signed URL. `key` is derived from account and id, never from anything the client sent.
 -- An object under accounts/*/uploads/ without a live row here is an orphan, and the sweep removes it.

@@ -1,3 +1,5 @@
+-- rollout: expand: nullable or defaulted columns, new tables and indexes, and a check that reservations stay
+-- within the balance.
 -- Accounts, fairness and money: guardrails on accounts, named keys with a request-rate bucket, an
 -- append-only credit ledger, a versioned rate card, a platform-wide submission switch, and the indexes the
 -- fair scheduler and queue positions read.

@@ -1,3 +1,4 @@
+-- rollout: expand: a new table and defaulted or nullable columns the release before it neither reads nor writes.
 -- Infrastructure faults (DESIGN.md "Faults").
 
 -- media ----------------------------------------------------------------------------------------------

@@ -1,3 +1,4 @@
+-- rollout: expand: indexes only.
 -- Limits on what one client or one impostor can cost everyone else (DESIGN.md "Tenancy").
 
 -- gateway --------------------------------------------------------------------------------------------

@@ -1,3 +1,5 @@
+-- rollout: expand: a defaulted column and a nullable one, with indexes; a job the release before it ends has no
+-- completed_at.
 -- What an app developer reads on a job and filters a listing by (API: the job object and GET /v1/jobs).
 
 -- The owner's own labels: a small map of strings, stored and returned as given, filterable.

@@ -1,3 +1,4 @@
+-- rollout: expand: new tables and a nullable column the release before it never touches.
 -- Webhooks to accounts' apps (services/gateway/appwebhooks.py): the endpoints an account registers, the
 -- URL a job names for itself, and each delivery with its attempts.
 

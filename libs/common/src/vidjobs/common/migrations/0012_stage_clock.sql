@@ -1,3 +1,4 @@
+-- rollout: expand: a defaulted column and an index; a move the release before it makes leaves stage_at as it was.
 -- Operating it (libs/common/metrics.py, services/reaper/gauges.py): when each job entered the stage people
 -- see it in (states.STAGE_OF), so that a stuck job shows as the oldest in its stage, and a stage's duration
 -- can be measured when the job leaves it.

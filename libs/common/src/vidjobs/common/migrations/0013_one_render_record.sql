@@ -1,3 +1,7 @@
+-- rollout: contract: drops jobs.outputs, which the release before it reads and writes: its gateway answers 500 for a
+-- finished job and its media cannot complete a copy until it is replaced.
+-- split: expand = a release that writes the asset rows and stops reading jobs.outputs (the column kept);
+-- contract = the drop, in the release after it, once no pod of the first one is left.
 -- A finished render is recorded once, in the media service's asset rows (libs/common/renders.py): the job row's
 -- `outputs` copy goes. Every job this code ever completed already has its rows (media wrote them in the same
 -- transaction as the copy), so the fill below is only a guard against a row-only job written by hand or by a

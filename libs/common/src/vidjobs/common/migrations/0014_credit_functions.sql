@@ -1,3 +1,7 @@
+-- rollout: contract: with its grants, takes away the direct writes on credit that the release before it makes: where
+-- each service has its own login, those pods are refused until replaced.
+-- split: expand = the functions, and a release whose services call them and no longer write credit directly;
+-- contract = the grants taken away, in the release after it.
 -- Credit changes as functions (libs/common/credits.py). No service holds a write privilege on accounts'
 -- credit, credit_ledger or account_daily_spend (libs/common/grants.py): the gateway reserves for a new job
 -- and every service settles an ended one through the two SECURITY DEFINER functions below, which run as

@@ -1,3 +1,5 @@
+-- rollout: expand: the first half of a split (sealed secrets beside the plaintext ones); the release before it reads an
+-- emptied secret as unusable and leaves that delivery to a new gateway.
 -- Webhook signing secrets are kept sealed (AES-GCM under VIDJOBS_SECRETS_KEY, which only the gateway holds:
 -- services/gateway/sealing.py), and can be rotated: until `previous_..._expires_at`, deliveries are signed
 -- with the secret a rotation replaced as well as the new one, so a receiver can switch without losing any.

@@ -1,3 +1,4 @@
+-- rollout: expand: nullable or defaulted columns and indexes; a delivery the release before it makes has no host.
 -- Webhooks to apps, bounded per account and per host (services/gateway/appwebhooks/deliveries.py): what is
 -- in flight is visible to every gateway replica, so the caps hold across them; deliveries whose endpoint is
 -- gone are never claimed; manual retries are counted; old history is pruned.

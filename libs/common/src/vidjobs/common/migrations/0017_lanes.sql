@@ -1,3 +1,5 @@
+-- rollout: expand: a defaulted column, and two indexes rebuilt with it; the release before it reads and writes jobs as
+-- before.
 -- Lanes within an account's queue (`priority` in the API): 0 interactive, 1 batch. An account's waiting
 -- interactive jobs go ahead of its waiting batch ones, both at a provider (the fair pick's choice of the
 -- account's head) and in the account's place numbering; the order across accounts does not look at it.

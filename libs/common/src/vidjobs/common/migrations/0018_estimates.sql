@@ -1,3 +1,4 @@
+-- rollout: expand: a nullable column and an index the release before it never uses.
 -- Estimated start and ready times of waiting jobs (libs/common/estimates.py), from what this deployment
 -- measured of each model's renders.
 

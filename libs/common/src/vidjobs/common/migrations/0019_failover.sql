@@ -1,3 +1,5 @@
+-- rollout: expand: defaulted columns, a ledger kind the release before it never writes, and a settlement function that
+-- still does what it did for that release's jobs.
 -- Failover: a waiting job may name fallback models (or take its account's default list), and moves to the
 -- first that can start it sooner when its provider's breaker is open or its estimated start passes its
 -- `max_wait_s` (services/submitter/failover.py). A move to a cheaper model lowers its reservation.
