@@ -76,11 +76,10 @@ def describe(cls: type[msgspec.Struct], subject: str) -> dict[str, Any]:
 def current() -> dict[str, dict[str, Any]]:
     """Every event of vidjobs.common.events, by tag."""
     found: dict[str, dict[str, Any]] = {}
-    for subject, form in events.SUBJECT_EVENTS.items():
-        for cls in typing.get_args(form) or (form,):
-            found[cls.__struct_config__.tag] = describe(cls, subject)
-    for cls, subject in HINT_SUBJECTS.items():
-        found[cls.__struct_config__.tag] = describe(cls, subject)
+    kinds = [(cls, subject) for subject, form in events.SUBJECT_EVENTS.items()
+             for cls in typing.get_args(form) or (form,)]
+    for cls, subject in [*kinds, *HINT_SUBJECTS.items()]:
+        found[str(cls.__struct_config__.tag)] = describe(cls, subject)
     return found
 
 

@@ -48,6 +48,8 @@ class Release:
 
 def build_release(commit: str, home: Path) -> Release:
     """Install `commit` of this repository into `home` (a folder of its own)."""
+    if shutil.which("git") is None:
+        raise ReleaseUnavailable("git is not installed: the release is read from this repository's history")
     if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
         raise ReleaseUnavailable(f"commit {commit} is not in this clone (a shallow clone?): fetch it to run this test")
     source, venv = home / "src", home / "venv"
