@@ -434,3 +434,27 @@ def test_no_egress_to_the_internet_reaches_a_private_address(objects: list[dict]
                 for private in ranges:
                     if private.overlaps(cidr):
                         assert any(private.subnet_of(e) for e in excepted), f"{name}: {cidr} reaches {private}"
+
+
+@pytest.mark.parametrize(("answers", "status"), [([0], 0), ([11], 0), ([2], 2), ([10, 0], 0), ([9, 11], 0)])
+def test_wait_for_schema_waits_while_behind_and_starts_beside_a_newer_schema(
+        objects: list[dict], tmp_path, answers: list[int], status: int) -> None:
+    """The init container's own script, run by sh with a `python` that answers `migrate --check` with the
+    statuses given in turn (and `sleep` that returns at once): 11, a schema newer than the image (a rollback,
+    an old pod restarting mid-rollout), lets the pod start; 2 stops the wait; anything else waits."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (tmp_path / "answers").write_text("\n".join(map(str, answers)) + "\n")
+    # The last answer repeats: a wait that never ends shows as a timeout, not as a late success.
+    (fake / "python").write_text(f"#!/bin/sh\nn=$(head -n1 {tmp_path}/answers)\n"
+                                 f"[ $(wc -l < {tmp_path}/answers) -gt 1 ] && sed -i 1d {tmp_path}/answers\n"
+                                 "exit $n\n")
+    (fake / "sleep").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("python", "sleep"):
+        (fake / tool).chmod(0o755)
+    for deployment in of_kind(objects, "Deployment"):
+        (wait,) = [c for c in pod_spec(deployment)["initContainers"] if c["name"] == "wait-for-schema"]
+        (tmp_path / "answers").write_text("\n".join(map(str, answers)) + "\n")
+        ran = subprocess.run(wait["command"], env={"PATH": f"{fake}:/usr/bin:/bin"}, capture_output=True,
+                             text=True, timeout=10)
+        assert ran.returncode == status, (deployment["metadata"]["name"], ran.stderr)

@@ -279,3 +279,23 @@ async def _vidjobs(database_url: str, *args: str) -> tuple[int, str, str]:
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await proc.communicate()
     return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_a_migrator_older_than_the_schema_leaves_the_grants_alone(database_url):
+    """During a rollout or a rollback an older process may migrate (every service does at start when it
+    connects as the schema's owner): it applies what it knows, and must not take back a privilege the newer
+    release granted, which its own declaration does not name. On a schema it knows, it does put drift back."""
+    admin = await asyncpg.connect(database_url)
+    try:
+        await admin.execute("GRANT DELETE ON accounts TO vidjobs_media")  # as a newer release might
+        await admin.execute("INSERT INTO schema_migrations (version, name) VALUES (9999, '9999_newer.sql')")
+        await db.migrate(database_url)
+        kept = await grants.held(admin)
+        await admin.execute("DELETE FROM schema_migrations WHERE version = 9999")
+        await db.migrate(database_url)
+        restored = await grants.held(admin)
+    finally:
+        await admin.close()
+
+    assert Privilege.DELETE in kept["media"].get("accounts", frozenset()), "an older migrator took a newer grant back"
+    assert restored == GRANTS

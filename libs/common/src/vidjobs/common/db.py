@@ -118,7 +118,8 @@ async def schema(conn: asyncpg.Connection) -> Schema:
 
 async def migrate(url: str) -> list[str]:
     """Apply every migration not yet applied, then give the service roles exactly their declared privileges
-    (vidjobs.common.grants); returns the names applied. Safe to run concurrently.
+    (vidjobs.common.grants), unless newer code has migrated the schema; returns the names applied. Safe to run
+    concurrently.
 
     A service that starts on its own role runs this too: with nothing pending it only reads, so a role that
     may not change the schema passes; with something pending it fails, naming the command to run."""
@@ -127,7 +128,9 @@ async def migrate(url: str) -> list[str]:
         await conn.execute("SELECT pg_advisory_lock($1)", _MIGRATION_LOCK)
         try:
             applied = await _apply_pending(conn, await _pending(conn))
-            if await grants.owns_schema(conn):
+            # A schema migrated by newer code (a rollout or a rollback in progress) holds grants this code's
+            # declaration does not name: applying ours would take them back from the newer pods.
+            if await grants.owns_schema(conn) and not await _newer_than_this_code(conn):
                 await grants.apply(conn, strict=False)
             return applied
         finally:
@@ -143,6 +146,11 @@ async def _pending(conn: asyncpg.Connection) -> list[tuple[int, str, str]]:
         return _migration_files()
     done = {r["version"] for r in await conn.fetch("SELECT version FROM schema_migrations")}
     return [m for m in _migration_files() if m[0] not in done]
+
+
+async def _newer_than_this_code(conn: asyncpg.Connection) -> bool:
+    known = max(number for number, _, _ in _migration_files())
+    return bool(await conn.fetchval("SELECT EXISTS (SELECT 1 FROM schema_migrations WHERE version > $1)", known))
 
 
 async def _apply_pending(conn: asyncpg.Connection, pending: list[tuple[int, str, str]]) -> list[str]:
