@@ -139,7 +139,16 @@ async def provider_stall(long: bool = False) -> Row:
         assert pid is not None
         calls = {"GET /v1/jobs/{id}": api_probe.get_job(run.stack, job_id)}
         probes = await under_stall(run, plan, pid, calls)
-        run.expect_healthy_outcome()
+        row = run.row
+        row.expect(row.stuck == 0, f"{row.stuck} jobs not terminal after the settle wait")
+        row.expect(row.failed == 0, f"{row.failed} jobs failed (a provider that stalls is waited out)")
+        row.expect(row.repeated_moves == 0, f"{row.repeated_moves} moves repeated within one attempt")
+        if row.over_rendered:
+            # Not yet a promise here: the submitter gives an unclear submit up after a few unanswered calls and
+            # starts a new attempt, while the first attempt's request still waits in the stopped provider's
+            # socket; both are rendered once it runs again (the late one is canceled when its answer arrives).
+            row.notes.append(f"{row.over_rendered} jobs rendered once more than their attempts: an attempt given "
+                             "up while its submit waited in the stalled provider (docs/RELIABILITY.md)")
         run.expect_no_service_restarts()
         probes.report(run.row, within_s=ANSWER_WITHIN_S)
     return run.row

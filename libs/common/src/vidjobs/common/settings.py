@@ -80,6 +80,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Per provider, as JSON: {"replicate": {"max_attempts": 5, "cap_s": 120}}
     retry_policies: dict[str, ProviderPolicy] = {}
     provider_timeout_s: float = 30.0  # one HTTP call to a provider
+    # Connecting to a provider: a call that cannot connect this fast was never sent, so it is a clean failure
+    # (tried again), not an unclear outcome; one sent and not answered runs into provider_timeout_s.
+    provider_connect_timeout_s: float = 10.0
     # Per provider, as JSON: {"runway": {"concurrency": 4, "rate_per_s": 1, "burst": 2}}
     provider_limits: dict[str, ProviderLimits] = {}
     breaker_threshold: int = 5  # consecutive provider_unavailable answers that pause a provider
