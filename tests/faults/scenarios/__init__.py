@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from tests.faults.report import Row
 from tests.faults.scenarios.duplicate_faults import duplicate_storm
+from tests.faults.scenarios.io_stall_faults import provider_stall, s3_stall
 from tests.faults.scenarios.lock_faults import advisory_lock_held
 from tests.faults.scenarios.media_faults import poison_download
 from tests.faults.scenarios.nats_faults import cluster_leader, jetstream_unavailable, nats_kill
@@ -30,4 +31,6 @@ SCENARIOS: dict[str, Scenario | None] = {
     "poison_download": poison_download,  # 8
     "waiting_queue": waiting_queue,  # 9
     "duplicate_storm": duplicate_storm,  # 10
+    "s3_stall": s3_stall,  # 11, the S3 server accepts connections and does not answer
+    "provider_stall": provider_stall,  # 11, the provider accepts connections and does not answer
 }

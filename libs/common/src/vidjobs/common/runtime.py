@@ -55,6 +55,9 @@ class Runtime:
     failure: str | None = None  # why the service is going down, once a long-lived task stopped
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     pulls: dict[str, bus.Pulls] = field(default_factory=dict)  # each consumer's pull loop, by durable name
+    # A service's own readiness checks, asked first (media's: the object store answering); each says what is
+    # wrong, or None.
+    checks: list[Callable[[], Awaitable[str | None]]] = field(default_factory=list)
 
     def watch(self, work: Awaitable[None], name: str) -> asyncio.Task[None]:
         """Run a long-lived task that must live as long as the service: if it ends before the service is
@@ -85,6 +88,9 @@ class Runtime:
         long-lived task or (with `pulls`) a consumer that is not working."""
         if self.failure is not None:
             return self.failure
+        for check in self.checks:
+            if why := await check():
+                return why
         if not self.nc.is_connected:
             return "NATS unreachable"
         try:

@@ -80,6 +80,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Per provider, as JSON: {"replicate": {"max_attempts": 5, "cap_s": 120}}
     retry_policies: dict[str, ProviderPolicy] = {}
     provider_timeout_s: float = 30.0  # one HTTP call to a provider
+    # Connecting to a provider: a call that cannot connect this fast was never sent, so it is a clean failure
+    # (tried again), not an unclear outcome; one sent and not answered runs into provider_timeout_s.
+    provider_connect_timeout_s: float = 10.0
     # Per provider, as JSON: {"runway": {"concurrency": 4, "rate_per_s": 1, "burst": 2}}
     provider_limits: dict[str, ProviderLimits] = {}
     breaker_threshold: int = 5  # consecutive provider_unavailable answers that pause a provider
@@ -183,6 +186,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     dns_timeout_s: float = 5.0
     dns_threads: int = 4
     s3_part_bytes: int = 8 * 1024 * 1024  # multipart upload part size for the S3 backend (at least 5 MiB)
+    # The object store (S3 backend): a request that cannot connect, or hears nothing back, for this long is
+    # abandoned (its connection closed, never reused) and tried again, `storage_attempts` tries in all; then
+    # the store counts as unavailable: a worker defers its work, the gateway answers 503, /readyz says so.
+    storage_timeout_s: float = 3.0
+    storage_attempts: int = 2
     # Image uploads (image-to-video input).
     upload_max_bytes: int = 10 * 1024 * 1024
     upload_max_side: int = 8192  # pixels, either side

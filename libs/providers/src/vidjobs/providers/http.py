@@ -18,6 +18,7 @@ import msgspec
 from vidjobs.common import signatures
 from vidjobs.common.errors import DEFAULT_MESSAGES, ErrorCode, JobError, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
 from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
 
 T = TypeVar("T")
@@ -60,6 +61,8 @@ async def transport_errors(
     out of ours, for providers whose URLs or headers must never be echoed."""
     try:
         yield
+    except aiohttp.ConnectionTimeoutError as exc:  # no connection was made: the request was never sent
+        raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"{provider} could not be reached in time.") from exc
     except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
         raise ProviderError(ErrorCode.TIMEOUT, f"{provider} did not answer {method} {path} in time.",
                             unclear=True) from exc
@@ -67,6 +70,15 @@ async def transport_errors(
         said = str(exc) if detail else type(exc).__name__
         raise ProviderError(ErrorCode.PROVIDER_UNAVAILABLE, f"{provider} could not be reached: {said}",
                             unclear=sent_maybe(exc)) from exc
+
+
+def call_timeout(settings: Settings) -> aiohttp.ClientTimeout:
+    """The time limits of one call to a provider, for the session the adapters share: connecting within
+    `provider_connect_timeout_s`, the whole call within `provider_timeout_s`. A provider that accepts the
+    connection and never answers (a stalled server, a half-open connection) ends in an unclear outcome after
+    the latter, and the connection is closed, never reused."""
+    return aiohttp.ClientTimeout(total=settings.provider_timeout_s,
+                                 sock_connect=min(settings.provider_connect_timeout_s, settings.provider_timeout_s))
 
 
 def sent_maybe(exc: aiohttp.ClientError) -> bool:

@@ -56,6 +56,10 @@ class Storage(Protocol):
     def signed_url(self, key: str, ttl_s: int) -> tuple[str, float]:
         """A URL that reads this one object until the returned expiry (unix seconds)."""
 
+    async def ping(self) -> None:
+        """Raises StorageUnavailable unless the store answers (whatever it answers) within its time limit: what
+        a readiness probe asks."""
+
     async def close(self) -> None: ...
 
 

@@ -12,7 +12,7 @@ from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings
 from vidjobs.storage.base import Storage
 from vidjobs.storage.filesystem import FileStorage
-from vidjobs.storage.s3 import MIN_PART_BYTES, S3Storage
+from vidjobs.storage.s3 import MIN_PART_BYTES, S3Storage, TimeLimits
 
 # S3's rules for bucket names: 3-63 lowercase letters, digits, dots and hyphens, a letter or digit at each end.
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -27,10 +27,13 @@ def open_storage(settings: Settings) -> Storage:
         return FileStorage(Path(url.path), base_url=settings.gateway_url, secret=settings.signing_secret)
     if url.scheme == "s3":
         bucket, prefix = parse_s3_url(url, location)
+        if settings.storage_timeout_s <= 0 or settings.storage_attempts < 1:
+            raise ConfigError("VIDJOBS_STORAGE_TIMEOUT_S must be above 0 and VIDJOBS_STORAGE_ATTEMPTS at least 1")
         if settings.s3_part_bytes < MIN_PART_BYTES:
             raise ConfigError(f"VIDJOBS_S3_PART_BYTES must be at least {MIN_PART_BYTES} (S3's smallest part)")
         try:
-            return S3Storage(bucket, prefix, part_bytes=settings.s3_part_bytes)
+            limits = TimeLimits(timeout_s=settings.storage_timeout_s, attempts=settings.storage_attempts)
+            return S3Storage(bucket, prefix, part_bytes=settings.s3_part_bytes, limits=limits)
         except BotoCoreError as exc:  # an unknown AWS_PROFILE, an unreadable config file
             raise ConfigError(f"the AWS configuration for VIDJOBS_STORAGE_URL {location!r} is unusable: {exc}") from exc
     raise ConfigError(f"VIDJOBS_STORAGE_URL scheme {url.scheme!r} is not supported; use file:///path or "

@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from vidjobs.storage import signing
-from vidjobs.storage.base import ObjectInfo, ObjectNotFound, StorageError
+from vidjobs.storage.base import ObjectInfo, ObjectNotFound, StorageError, StorageUnavailable
 
 LIST_PAGE = 1000  # objects looked at per trip to a worker thread
+PING_TIMEOUT_S = 2.0
 UNKNOWN_TYPE = "application/octet-stream"  # what a listing says, as S3's does
 
 
@@ -157,6 +158,16 @@ class FileStorage:
 
     def signed_url(self, key: str, ttl_s: int) -> tuple[str, float]:
         return signing.sign(self._base_url, self._secret, key, ttl_s)
+
+    async def ping(self) -> None:
+        # On a thread, bounded: a stalled disk (a hung network mount) blocks a stat, and only its thread waits.
+        try:
+            usable = await asyncio.wait_for(asyncio.to_thread(self.root.is_dir), PING_TIMEOUT_S)
+        except TimeoutError as exc:
+            raise StorageUnavailable(f"the storage root {self.root} did not answer within {PING_TIMEOUT_S:.0f} s") \
+                from exc
+        if not usable:
+            raise StorageUnavailable(f"the storage root {self.root} is not a directory")
 
     async def close(self) -> None:
         return None

@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,21 +33,41 @@ MIN_PART_BYTES = 5 * 1024 * 1024  # S3 refuses smaller parts, except the last
 MAX_PARTS = 10_000  # S3's limit per multipart upload
 DELETE_BATCH = 1000  # S3's limit per DeleteObjects call, and a listing's page size
 UNKNOWN_TYPE = "application/octet-stream"  # what a listing says: it does not carry content types
+PING_KEY = "readiness-probe"  # looked up, never written: any answer about it shows the store is answering
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 # Codes S3-compatible stores send for "try again": treated like a 5xx, as an outage of the store.
 _THROTTLED = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable",
               "InternalError"}
 
 
-def _client_options(environ: Mapping[str, str]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TimeLimits:
+    """How long one request may wait on the store, and how many tries one call makes. A request that cannot
+    connect, or hears nothing back, for `timeout_s` is abandoned: its connection is closed, not reused."""
+
+    timeout_s: float = 3.0
+    attempts: int = 2
+
+    def call_s(self, body_bytes: int = 0) -> float:
+        """The bound on one call as a whole, its tries included. botocore's per-request limits do not cover
+        every wait (a PUT waiting on `100 Continue` from a stalled store hears no read timeout), so this does.
+        A body gets time to travel at MIN_SEND_RATE on top."""
+        return self.attempts * self.timeout_s + body_bytes / MIN_SEND_RATE
+
+
+DEFAULT_LIMITS = TimeLimits()
+MIN_SEND_RATE = 1024 * 1024  # bytes a second: a store slower than this at taking a body counts as stalled
+
+
+def _client_options(environ: Mapping[str, str], limits: TimeLimits) -> dict[str, Any]:
     """Options shared by the async client and the presigner."""
     s3: dict[str, Any] = {}
     # A store of our own (MinIO, a loopback test server) rarely serves bucket-named hosts: address by path.
     if environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL"):
         s3["addressing_style"] = "path"
     return {
-        "s3": s3, "signature_version": "s3v4", "connect_timeout": 10, "read_timeout": 60,
-        "retries": {"mode": "standard", "max_attempts": 5},
+        "s3": s3, "signature_version": "s3v4", "connect_timeout": limits.timeout_s, "read_timeout": limits.timeout_s,
+        "retries": {"mode": "standard", "max_attempts": limits.attempts},
     }
 
 
@@ -59,6 +80,18 @@ def _read_part(path: Path, offset: int, size: int) -> bytes:
     with open(path, "rb") as source:
         source.seek(offset)
         return source.read(size)
+
+
+@contextlib.asynccontextmanager
+async def _bounded(action: str, key: str, seconds: float) -> AsyncIterator[None]:
+    """One call, within `seconds` and in our taxonomy: a store that does not answer in time is unavailable
+    (the request in flight is cancelled, which closes its connection)."""
+    try:
+        async with asyncio.timeout(seconds):
+            with _translated(action, key):
+                yield
+    except TimeoutError as exc:
+        raise StorageUnavailable(f"S3 did not answer within {seconds:.0f} s to {action} {key!r}") from exc
 
 
 @contextlib.contextmanager
@@ -79,13 +112,14 @@ def _translated(action: str, key: str) -> Iterator[None]:
 
 class S3Storage:
     def __init__(self, bucket: str, prefix: str = "", *, part_bytes: int = 8 * 1024 * 1024,
-                 environ: Mapping[str, str] | None = None):
+                 environ: Mapping[str, str] | None = None, limits: TimeLimits = DEFAULT_LIMITS):
         environ = os.environ if environ is None else environ
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self._part_bytes = max(part_bytes, MIN_PART_BYTES)
         self._region = _region(environ)
-        self._options = _client_options(environ)
+        self.limits = limits
+        self._options = _client_options(environ, limits)
         self._session = get_session()
         self._opening = asyncio.Lock()
         self._clients: contextlib.AsyncExitStack | None = None
@@ -120,7 +154,7 @@ class S3Storage:
         self._presigner.close()
 
     async def put_bytes(self, key: str, data: bytes, content_type: str) -> ObjectInfo:
-        with _translated("store", key):
+        async with _bounded("store", key, self.limits.call_s(len(data))):
             s3 = await self.client()
             await s3.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data, ContentType=content_type)
         return ObjectInfo(key=key, bytes=len(data), content_type=content_type)
@@ -129,7 +163,7 @@ class S3Storage:
         size = (await asyncio.to_thread(path.stat)).st_size
         if size < self._part_bytes:
             return await self.put_bytes(key, await asyncio.to_thread(path.read_bytes), content_type)
-        with _translated("store", key):
+        with _translated("store", key):  # each request of it is bounded on its own
             stored = await self._put_multipart(key, path, size, content_type)
         return ObjectInfo(key=key, bytes=stored, content_type=content_type)
 
@@ -137,19 +171,22 @@ class S3Storage:
         """Streams the file one part at a time, so memory holds one part whatever the file's size."""
         s3, full = await self.client(), self.full_key(key)
         part_bytes = max(self._part_bytes, -(-size // MAX_PARTS))
-        upload = await s3.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=content_type)
+        async with _bounded("store", key, self.limits.call_s()):
+            upload = await s3.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=content_type)
         upload_id = upload["UploadId"]
         try:
             parts: list[dict[str, str | int]] = []
             offset = 0
             while chunk := await asyncio.to_thread(_read_part, path, offset, part_bytes):
                 number = len(parts) + 1
-                sent = await s3.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number,
-                                            Body=chunk)
+                async with _bounded("store", key, self.limits.call_s(len(chunk))):
+                    sent = await s3.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
+                                                PartNumber=number, Body=chunk)
                 parts.append({"ETag": sent["ETag"], "PartNumber": number})
                 offset += len(chunk)
-            await s3.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
-                                               MultipartUpload={"Parts": parts})
+            async with _bounded("store", key, self.limits.call_s()):
+                await s3.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
+                                                   MultipartUpload={"Parts": parts})
         except BaseException:
             # Also on cancellation: an unfinished upload's parts are billed until someone aborts it.
             await self._abort(s3, full, upload_id)
@@ -158,14 +195,16 @@ class S3Storage:
 
     async def _abort(self, s3: Any, full_key: str, upload_id: str) -> None:
         try:
-            await s3.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+            async with asyncio.timeout(self.limits.call_s()):
+                await s3.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
         except (BotoCoreError, ClientError, aiohttp.ClientError, TimeoutError):
             # The first failure is the one worth raising; a bucket lifecycle rule reaps what is left.
             log.warning("could not abort multipart upload", extra={"key": full_key, "upload_id": upload_id},
                         exc_info=True)
 
     async def get_bytes(self, key: str) -> bytes:
-        with _translated("read", key):
+        # What we read back is small (an input image), so the same bound as a small call does.
+        async with _bounded("read", key, self.limits.call_s()):
             s3 = await self.client()
             answer = await s3.get_object(Bucket=self.bucket, Key=self.full_key(key))
             async with answer["Body"] as body:
@@ -173,42 +212,51 @@ class S3Storage:
                 return data
 
     async def head(self, key: str) -> ObjectInfo:
-        with _translated("look up", key):
+        async with _bounded("look up", key, self.limits.call_s()):
             s3 = await self.client()
             meta = await s3.head_object(Bucket=self.bucket, Key=self.full_key(key))
         return ObjectInfo(key=key, bytes=meta["ContentLength"], content_type=meta.get("ContentType", UNKNOWN_TYPE),
                           modified_at=meta["LastModified"].timestamp())
 
     async def delete(self, key: str) -> None:
-        with _translated("delete", key):
+        async with _bounded("delete", key, self.limits.call_s()):
             s3 = await self.client()
             await s3.delete_object(Bucket=self.bucket, Key=self.full_key(key))
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[ObjectInfo]:
-        with _translated("list", prefix):
+        token: str | None = None
+        while True:
+            page = await self._list_page(prefix, token)
+            for item in page.get("Contents", []):
+                yield ObjectInfo(key=item["Key"].removeprefix(self.prefix), bytes=item["Size"],
+                                 content_type=UNKNOWN_TYPE, modified_at=item["LastModified"].timestamp())
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    async def _list_page(self, prefix: str, token: str | None = None) -> dict[str, Any]:
+        """One page of a listing, bounded on its own (never across the caller's work between pages)."""
+        more = {"ContinuationToken": token} if token else {}
+        async with _bounded("list", prefix, self.limits.call_s()):
             s3 = await self.client()
-            pages = s3.get_paginator("list_objects_v2").paginate(
-                Bucket=self.bucket, Prefix=self.prefix + prefix, PaginationConfig={"PageSize": DELETE_BATCH})
-            async for page in pages:
-                for item in page.get("Contents", []):
-                    yield ObjectInfo(key=item["Key"].removeprefix(self.prefix), bytes=item["Size"],
-                                     content_type=UNKNOWN_TYPE, modified_at=item["LastModified"].timestamp())
+            page: dict[str, Any] = await s3.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix,
+                                                            MaxKeys=DELETE_BATCH, **more)
+        return page
 
     async def delete_prefix(self, prefix: str) -> int:
         """Lists the first page, deletes it, and starts over until nothing is left: this never relies on a
         continuation token staying valid while the objects it points past are removed."""
         removed, previous = 0, None
-        with _translated("delete under", prefix):
-            s3 = await self.client()
-            while True:
-                page = await s3.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix, MaxKeys=DELETE_BATCH)
-                keys = [item["Key"] for item in page.get("Contents", [])]
-                if not keys:
-                    return removed
-                if keys == previous:
-                    raise StorageError(f"S3 still lists {len(keys)} objects under {prefix!r} after deleting them")
-                await self._delete_batch(s3, keys)
-                removed, previous = removed + len(keys), keys
+        while True:
+            page = await self._list_page(prefix)
+            keys = [item["Key"] for item in page.get("Contents", [])]
+            if not keys:
+                return removed
+            if keys == previous:
+                raise StorageError(f"S3 still lists {len(keys)} objects under {prefix!r} after deleting them")
+            async with _bounded("delete under", prefix, self.limits.call_s()):
+                await self._delete_batch(await self.client(), keys)
+            removed, previous = removed + len(keys), keys
 
     async def _delete_batch(self, s3: Any, keys: list[str]) -> None:
         answer = await s3.delete_objects(
@@ -217,6 +265,17 @@ class S3Storage:
             first = errors[0]
             raise StorageError(f"S3 refused to delete {len(errors)} objects, e.g. {first.get('Key')!r}: "
                                f"{first.get('Code')} {first.get('Message')}")
+
+    async def ping(self) -> None:
+        # Any answer shows the store is there: a missing object (404), or a 403 where the role may not list.
+        try:
+            async with _bounded("look up", PING_KEY, self.limits.timeout_s):  # one try: a probe is asked again
+                s3 = await self.client()
+                await s3.head_object(Bucket=self.bucket, Key=self.full_key(PING_KEY))
+        except StorageUnavailable:
+            raise
+        except StorageError:  # ObjectNotFound among them
+            return
 
     def signed_url(self, key: str, ttl_s: int) -> tuple[str, float]:
         # The clock is read before signing, so the URL's own X-Amz-Date is this second or later: the link

@@ -15,9 +15,11 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from vidjobs.common import requestids
-from vidjobs.common.errors import ErrorCode
+from vidjobs.common.errors import ErrorCode, PartUnavailable
 
 log = logging.getLogger("vidjobs.gateway")
+
+UNAVAILABLE_RETRY_S = 5  # what a 503 for a part that does not answer tells the client to wait
 
 
 class GatewayCode(enum.StrEnum):
@@ -30,6 +32,7 @@ class GatewayCode(enum.StrEnum):
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     NOT_READY = "not_ready"  # a dependency (database, NATS) is unreachable
     LIMIT_REACHED = "limit_reached"  # a cap on what one account may hold (streams, queued jobs, uploads)
+    UNAVAILABLE = "unavailable"  # a part the request needs (the object store) did not answer in time
 
 
 Code = ErrorCode | GatewayCode
@@ -112,6 +115,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return _from_http(exc)
+    except PartUnavailable as exc:
+        # The object store did not answer within its time limit (storage's StorageUnavailable): not our bug,
+        # and the same request may well succeed in a moment.
+        log.warning("a part did not answer; answering 503", extra={"path": request.path, "error": str(exc)})
+        return error_response(503, GatewayCode.UNAVAILABLE, "a service this request needs is not answering; "
+                              "try again shortly", retryable=True, headers={"Retry-After": str(UNAVAILABLE_RETRY_S)})
     except Exception:
         # Never a row or a stack trace to the client: the details go to the log.
         log.exception("unhandled error", extra={"path": request.path, "method": request.method})

@@ -30,7 +30,7 @@ from vidjobs.common.runtime import Runtime, consumer
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
-from vidjobs.media import assets, copies, media_metrics, orphans, scratch
+from vidjobs.media import assets, copies, media_metrics, orphans, readiness, scratch
 from vidjobs.media.isolation import DecodeGate
 from vidjobs.media.pipeline import Copier, PreviewSpec
 from vidjobs.providers.base import ProviderAdapter
@@ -65,6 +65,7 @@ async def main(rt: Runtime) -> None:
 async def opened(rt: Runtime) -> AsyncIterator[Media]:
     """The service's parts (storage, HTTP sessions, transcoder threads), closed when the block exits."""
     storage = open_storage(rt.settings)
+    rt.checks.append(partial(readiness.storage_problem, storage))
     transcoder = ThreadPoolExecutor(max_workers=rt.settings.media_concurrency, thread_name_prefix="transcode")
     try:
         # Adapters talk to configured API base URLs; render URLs come from providers' answers and go through

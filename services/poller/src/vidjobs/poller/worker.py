@@ -23,6 +23,7 @@ from vidjobs.common.states import RENDERING
 from vidjobs.poller import schedule
 from vidjobs.poller.signals import SignalContext, apply_signal
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
+from vidjobs.providers.http import call_timeout
 from vidjobs.providers.registry import adapter_for, build_adapters
 
 log = logging.getLogger("vidjobs.poller")
@@ -39,7 +40,7 @@ class Context:
 
 
 async def main(rt: Runtime) -> None:
-    timeout = aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)
+    timeout = call_timeout(rt.settings)
     async with aiohttp.ClientSession(timeout=timeout, trace_configs=tracing.client_trace_configs()) as session:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
                       signals=SignalContext(rt=rt, policies=Policies(rt.settings)))

@@ -47,6 +47,7 @@ from vidjobs.common.runtime import Runtime, consumer, every
 from vidjobs.common.states import SQL_PENDING, JobStatus
 from vidjobs.common.transitions import Guard, JobUpdate, transition
 from vidjobs.providers.base import ProviderAdapter, Submission, SubmitRequest
+from vidjobs.providers.http import call_timeout
 from vidjobs.providers.registry import adapter_for, build_adapters
 from vidjobs.storage.base import Storage
 from vidjobs.storage.factory import open_storage
@@ -87,7 +88,7 @@ async def main(rt: Runtime) -> None:
     async with contextlib.AsyncExitStack() as stack:
         storage = open_storage(rt.settings)
         stack.push_async_callback(storage.close)
-        timeout = aiohttp.ClientTimeout(total=rt.settings.provider_timeout_s)
+        timeout = call_timeout(rt.settings)
         session = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=timeout, trace_configs=tracing.client_trace_configs()))
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
