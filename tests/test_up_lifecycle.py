@@ -9,13 +9,17 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import psutil
+import pytest
 
 from tests.support import wait_until
 from vidjobs.cli.embedded import free_port
+from vidjobs.common.errors import ConfigError
 
 READY = re.compile(r"vidjobs ready: (\S+) api-key=(\S+)")
 
@@ -244,3 +248,43 @@ async def _says(up: Up, text: str) -> bool:
 
 async def _has(up: Up, data: Path, text: str) -> bool:
     return any(text in line for line in describe(processes_of(up.proc.pid, data)))
+
+
+def _stray(*argv: str) -> subprocess.Popen[bytes]:
+    """A process as a killed run's service would be on a system without PR_SET_PDEATHSIG: still running, in a
+    session of its own, not stopped by anything but whoever finds it."""
+    return subprocess.Popen(list(argv), start_new_session=True)
+
+
+def test_the_next_start_stops_what_a_killed_run_recorded_and_nothing_else(tmp_path):
+    from vidjobs.cli.processes import Recorded, record
+    from vidjobs.cli.runstate import RunRecord, RunState
+
+    program = [sys.executable, "-c", "import time; time.sleep(600)"]
+    service, bystander = _stray(*program), _stray(*program)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        service_record, bystander_now = record(service.pid), record(bystander.pid)
+        assert service_record is not None and bystander_now is not None
+        # The bystander holds a pid the record names, but it is not the process recorded (another start time).
+        earlier = RunState(Recorded(gone.pid, "python -m vidjobs.cli up", "1"), {
+            "gateway": service_record,
+            "media": Recorded(bystander.pid, bystander_now.command, str(int(bystander_now.started) - 1)),
+        })
+        (tmp_path / "up.json").write_bytes(msgspec.json.encode(earlier))
+
+        run = RunRecord.claim(tmp_path)
+
+        assert service.wait(timeout=15) == -signal.SIGTERM
+        assert bystander.poll() is None
+        assert run.state.supervisor.pid == os.getpid()
+        # While this run holds the directory, another start on it is refused.
+        with pytest.raises(ConfigError, match="already running"):
+            RunRecord.claim(tmp_path)
+        run.release()
+        RunRecord.claim(tmp_path).release()
+    finally:
+        for proc in (service, bystander):
+            proc.kill()
+            proc.wait()
