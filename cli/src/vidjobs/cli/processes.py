@@ -4,14 +4,16 @@ an earlier run is told apart from an unrelated process that happens to have its 
 Each child starts in a session of its own, so Ctrl-C in the terminal (a SIGINT to the whole foreground process
 group) reaches only `vidjobs up`, which then stops the children in order: the services before the NATS server
 they talk to, none of them racing the others to exit. On Linux each child also asks the kernel for SIGTERM when
-its parent dies, so even a SIGKILLed `vidjobs up` takes them with it; elsewhere the next start finds them from
-the pids recorded under the data directory (vidjobs.cli.runstate).
+its parent dies (strictly, the thread that started it: start children from a thread that lives as long as the
+process, as the event loop's does), so even a SIGKILLed `vidjobs up` takes them with it; elsewhere the next
+start finds them from the pids recorded under the data directory (vidjobs.cli.runstate).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -24,6 +26,9 @@ from typing import Any
 import msgspec
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Looked up once here: loading a library in the child, between fork and exec, could wait forever on a loader
+# lock another thread of the parent held at the fork.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 class Recorded(msgspec.Struct, frozen=True):
@@ -36,11 +41,11 @@ class Recorded(msgspec.Struct, frozen=True):
     started: str
 
 
-def die_with_parent() -> None:
-    """Run in the child between fork and exec: SIGTERM this process when the process that started it dies."""
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def die_with_parent(parent: int) -> None:
+    """Run in the child between fork and exec: SIGTERM this process when `parent`, which started it, dies."""
+    if _prctl is None:
+        return
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -48,8 +53,8 @@ def die_with_parent() -> None:
 def child_options() -> dict[str, Any]:
     """Keyword arguments for subprocess.Popen or asyncio.create_subprocess_exec that start a child as above."""
     options: dict[str, Any] = {"start_new_session": True}
-    if sys.platform.startswith("linux"):
-        preexec: Callable[[], None] = die_with_parent
+    if _prctl is not None:
+        preexec: Callable[[], None] = functools.partial(die_with_parent, os.getpid())
         options["preexec_fn"] = preexec
     return options
 
