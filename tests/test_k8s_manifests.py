@@ -210,7 +210,9 @@ def test_services_get_their_own_nats_user(objects: list[dict]) -> None:
     for deployment in of_kind(objects, "Deployment"):
         name = deployment["metadata"]["name"]
         env = {e["name"]: e for e in pod_spec(deployment)["containers"][0]["env"]}
-        assert env["VIDJOBS_NATS_URL"]["value"] == f"nats://{name}:$(NATS_PASSWORD)@nats:4222"
+        # Every node of the cluster, each with the service's own user: a frozen node is left for another.
+        nodes = [f"nats://{name}:$(NATS_PASSWORD)@nats-{i}.nats-headless:4222" for i in range(3)]
+        assert env["VIDJOBS_NATS_URL"]["value"].split(",") == nodes
         assert env["NATS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "vidjobs-nats", "key": name}
 
 

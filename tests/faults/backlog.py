@@ -160,7 +160,7 @@ async def _messages_held(nats_url: str) -> int:
     wait) before counting."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + QUIET_WITHIN_S
-    async with jetstream([nats_url]) as (_, js):
+    async with jetstream(nats_url.split(",")) as (_, js):
         while True:
             info = await submitter_consumer(js)
             held = info.num_pending + info.num_ack_pending

@@ -27,6 +27,7 @@ from tests.faults.collector import fill_row, wait_settled
 from tests.faults.jsapi import wait_jetstream
 from tests.faults.natsd import NatsCluster, NatsNode
 from tests.faults.postgres import LocalPostgres
+from tests.faults.probes import Answers, Probe
 from tests.faults.report import Row
 from tests.faults.servicelogs import LoggingSupervisor
 from tests.faults.workload import Created, create_jobs
@@ -96,6 +97,21 @@ class FaultRun:
         row.expect(row.over_rendered == 0, f"{row.over_rendered} jobs rendered more than once per attempt")
         row.expect(row.repeated_moves == 0, f"{row.repeated_moves} moves repeated within one attempt")
 
+    def expect_answers_within(self, limit_s: float) -> None:
+        """What a probed fault promises a client: an answer (any answer) within `limit_s`, and no 500."""
+        row = self.row
+        row.expect(row.slowest_s is not None, "the API was not probed during the fault")
+        row.expect((row.slowest_s or 0.0) <= limit_s,
+                   f"an API answer during the fault took {row.slowest_s:.1f}s (limit {limit_s:.0f}s)")
+        row.expect(row.server_errors.get(500, 0) == 0, f"{row.server_errors.get(500)} answers were 500")
+
+    def record(self, answers: Answers) -> None:
+        self.row.slowest_s = answers.slowest_s
+        self.row.server_errors = answers.server_errors
+        statuses = dict(sorted(answers.statuses.items()))
+        self.row.notes.append(f"probes during the fault: {answers.count} answers {statuses}; "
+                              f"slowest {answers.slowest_s:.1f}s ({answers.slowest})")
+
     def expect_no_service_restarts(self) -> None:
         restarted = {n: k - 1 for n, k in self.supervisor.starts.items() if k > 1}
         self.row.expect(not restarted, f"services restarted (times): {restarted}")
@@ -110,21 +126,32 @@ def blocking(call: Callable[[], object]) -> Callable[[], Awaitable[None]]:
 
 
 async def under_fault(run: FaultRun, plan: Plan, *, begin: Callable[[], Awaitable[None]],
-                      end: Callable[[], Awaitable[None]]) -> Created:
+                      end: Callable[[], Awaitable[None]], probe: bool = False) -> Created:
     """Create the plan's workload; `plan.at_s` into it begin the fault, end it `plan.lasts_s` later; then let
-    the jobs settle."""
+    the jobs settle. With `probe`, a read and a create are sent back to back while the fault lasts, each
+    answer timed (tests.faults.probes; the row's slowest_s and 5xx, see `expect_answers_within`)."""
+    probes = Probe(run.stack) if probe else None
+    if probes:
+        await probes.start()
     creating = asyncio.create_task(create_jobs(run.stack, plan.workload()))
     try:
         await asyncio.sleep(plan.at_s)
         run.say("fault begins")
         await begin()
+        if probes:
+            probes.begin()
         await asyncio.sleep(plan.lasts_s)
         await end()
         run.fault_end = datetime.now(UTC)
         run.say("fault ends")
+        if probes:
+            await probes.end()
         created = await creating
     finally:
         creating.cancel()
+    if probes:
+        run.record(probes.answers)
+        await probes.finish(created)
     run.say(f"{len(created.ids)} jobs created ({created.retries} create retries, {len(created.refused)} refused)")
     await run.settle(created, plan.settle_s, plan.stall_s)
     return created
@@ -163,12 +190,14 @@ def _with_full_quota(overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def fault_run(name: str, *, cluster: bool = False, limits: dict[str, Any] | None = None,
-                    backlog: int | None = None, **overrides: Any) -> AsyncIterator[FaultRun]:
+async def fault_run(name: str, *, cluster: bool = False, every_url: bool = False,
+                    limits: dict[str, Any] | None = None, backlog: int | None = None,
+                    **overrides: Any) -> AsyncIterator[FaultRun]:
     """A FaultRun with the stack up. The services get one NATS URL: the single server's, or a cluster's first
-    node (bus.connect takes one URL; the client learns the other nodes from the server). `limits` shape the
-    test account (see tests.stack.demo_key). `backlog` jobs (default: VIDJOBS_FAULTS_BACKLOG) are parked on
-    another provider before the scenario begins, and checked intact once it has ended."""
+    node (the client learns the other nodes from the server), or with `every_url` all of a cluster's nodes,
+    as a deployment lists them. `limits` shape the test account (see tests.stack.demo_key). `backlog` jobs
+    (default: VIDJOBS_FAULTS_BACKLOG) are parked on another provider before the scenario begins, and checked
+    intact once it has ended."""
     size = backlogs.configured_size() if backlog is None else backlog
     if size:
         overrides = _with_full_quota(overrides)
@@ -183,6 +212,8 @@ async def fault_run(name: str, *, cluster: bool = False, limits: dict[str, Any] 
         if run.cluster:
             await wait_jetstream(run.cluster.urls)
         seed = run.nats.url if run.nats else run.cluster.urls[0]  # type: ignore[union-attr]
+        if run.cluster and every_url:
+            seed = ",".join(run.cluster.urls)
         settings = stack_settings(home, run.database_url, seed, **{**BASE_SETTINGS, **overrides})
         await db.migrate(run.database_url)
         key = await demo_key(run.database_url, **(limits or {}))

@@ -66,6 +66,11 @@ class NatsNode:
                 raise RuntimeError(f"nats-server {self.name} did not start: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.05)
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "start() first"
+        return self.proc.pid
+
     def kill(self) -> None:
         """SIGKILL: no goodbye to clients or cluster peers, nothing flushed beyond what was synced."""
         end_process(self.proc, kill=True)

@@ -82,6 +82,11 @@ class LocalPostgres:
         back when this returns."""
         self._ctl("-w", "-m", mode, "-l", str(self.home / "postgres.log"), "restart")
 
+    @property
+    def pid(self) -> int:
+        """The postmaster's pid (the first line of postmaster.pid); it leads the group of every backend."""
+        return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+
     def stop(self, mode: str = "fast") -> None:
         if (self.data / "postmaster.pid").exists():
             self._ctl("-w", "-m", mode, "stop")

@@ -19,6 +19,10 @@ class Row:
     repeated_moves: int = 0  # a (from, to) move made twice within one attempt of one job
     recover_s: float | None = None  # fault end -> first completion after it
     drain_s: float | None = None  # fault end -> the last job that did end, ended
+    # Scenarios that probe the API while the fault lasts (tests.faults.probes): the longest answer and the
+    # 5xx answers by status.
+    slowest_s: float | None = None
+    server_errors: dict[int, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
     broken: list[str] = field(default_factory=list)  # what should have held and did not
     notes: list[str] = field(default_factory=list)  # measurements worth printing under the table
@@ -34,17 +38,24 @@ class Row:
 
 
 COLUMNS = ("scenario", "backlog", "created", "completed", "failed", "stuck", "refused", "renders/att", "over",
-           "repeats", "recover_s", "drain_s", "elapsed_s", "result")
+           "repeats", "recover_s", "drain_s", "slowest_s", "5xx", "elapsed_s", "result")
 
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _errors(row: Row) -> str:
+    if row.slowest_s is None:
+        return "-"
+    return ",".join(f"{n}x{status}" for status, n in row.server_errors.items()) or "0"
+
+
 def cells(row: Row) -> tuple[str, ...]:
     return (row.scenario, str(row.backlog), str(row.created), str(row.completed), str(row.failed), str(row.stuck),
             str(row.refused), f"{row.max_renders_per_attempt:.2f}", str(row.over_rendered),
-            str(row.repeated_moves), _seconds(row.recover_s), _seconds(row.drain_s), f"{row.elapsed_s:.0f}",
+            str(row.repeated_moves), _seconds(row.recover_s), _seconds(row.drain_s), _seconds(row.slowest_s),
+            _errors(row), f"{row.elapsed_s:.0f}",
             "PASS" if row.passed else "FAIL")
 
 

@@ -14,6 +14,7 @@ from tests.faults.scenarios.nats_faults import cluster_leader, jetstream_unavail
 from tests.faults.scenarios.postgres_faults import postgres_restart
 from tests.faults.scenarios.provider_faults import unclear_submits_key_only, unclear_submits_lookup
 from tests.faults.scenarios.queue_faults import waiting_queue
+from tests.faults.scenarios.stall_faults import jetstream_stall, postgres_stall
 from tests.faults.scenarios.storage_faults import object_store_outage_file, object_store_outage_s3
 
 Scenario = Callable[[bool], Awaitable[Row]]
@@ -33,4 +34,6 @@ SCENARIOS: dict[str, Scenario | None] = {
     "duplicate_storm": duplicate_storm,  # 10
     "s3_stall": s3_stall,  # 11, the S3 server accepts connections and does not answer
     "provider_stall": provider_stall,  # 11, the provider accepts connections and does not answer
+    "postgres_stall": postgres_stall,  # 11, every PostgreSQL process stopped (SIGSTOP)
+    "jetstream_stall": jetstream_stall,  # 11, the work stream's leader stopped in a cluster
 }

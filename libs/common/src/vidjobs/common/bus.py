@@ -55,12 +55,17 @@ _STREAMS = [
 ]
 
 
-async def connect(url: str, name: str) -> tuple[NATS, JetStreamContext]:
+async def connect(url: str, name: str, *, ping_interval_s: float = 3.0,
+                  max_outstanding_pings: int = 2) -> tuple[NATS, JetStreamContext]:
     """`url` may name several servers of one cluster, comma-separated; the client also learns the others
-    from the server it reaches, and moves between them on its own."""
+    from the server it reaches, and moves between them on its own. A server that stops answering without
+    closing the connection (frozen, or a half-open link) is noticed by its unanswered pings: after
+    `max_outstanding_pings` of them, one `ping_interval_s` apart, the client reconnects (the library's
+    defaults, two minutes apart, would leave a service talking to a frozen server for minutes)."""
     servers = [u.strip() for u in url.split(",") if u.strip()]
     nc = await nats.connect(
         servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
+        ping_interval=ping_interval_s, max_outstanding_pings=max_outstanding_pings,
     )
     return nc, nc.jetstream(timeout=10)
 

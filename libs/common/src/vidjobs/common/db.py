@@ -11,6 +11,7 @@ import msgspec
 from asyncpg.pool import PoolConnectionProxy
 
 from vidjobs.common import grants
+from vidjobs.common.dbcalls import BoundedPool
 from vidjobs.common.errors import ConfigError
 
 log = logging.getLogger("vidjobs.db")
@@ -62,14 +63,19 @@ async def create_pool(
     url: str, *, min_size: int = 1, max_size: int = 10, timeouts: Timeouts | None = None, name: str = "vidjobs",
 ) -> asyncpg.Pool:
     """`name` is the sessions' application_name: pg_stat_activity and the server's log say which service a
-    session belongs to."""
+    session belongs to. The pool keeps to the caller's call bound (vidjobs.common.dbcalls) and abandons a
+    connection stuck in a call."""
     timeouts = timeouts or Timeouts()
-    return await asyncpg.create_pool(
-        url, min_size=min_size, max_size=max_size, init=init_connection, reset=_keep_session,
-        # The client waits a little longer than the server, so the server's own, clearer error wins.
-        command_timeout=timeouts.statement_s + 5,
+    # The client waits a little longer than the server, so the server's own, clearer error wins; past that
+    # the server is not answering at all, and the client gives up on it.
+    client_s = timeouts.statement_s + 5
+    pool = BoundedPool(
+        url, min_size=min_size, max_size=max_size, max_queries=50_000, max_inactive_connection_lifetime=300.0,
+        init=init_connection, reset=_keep_session, loop=None, connection_class=asyncpg.Connection,
+        record_class=asyncpg.Record, acquire_timeout_s=client_s, command_timeout=client_s,
         server_settings={**timeouts.server_settings(), "application_name": name},
     )
+    return await pool
 
 
 def lent(conn: PoolConnectionProxy) -> asyncpg.Connection:

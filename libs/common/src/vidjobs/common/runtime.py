@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from vidjobs.common import bus, changes, db, faults, logs, tracing
+from vidjobs.common import bus, changes, db, dbcalls, faults, logs, tracing
 from vidjobs.common.dns import BoundedResolver
 from vidjobs.common.errors import ConfigError, ErrorCode, JobError
 from vidjobs.common.events import Event, WorkEvent
@@ -93,12 +93,22 @@ class Runtime:
                 return why
         if not self.nc.is_connected:
             return "NATS unreachable"
+        if why := await self._database_problem():
+            return why
+        return self._stalled(pulls)
+
+    async def _database_problem(self) -> str | None:
+        # A call of its own bound: the probe's stuck connection is abandoned, like any call's (dbcalls).
         try:
-            await asyncio.wait_for(self.pool.fetchval("SELECT 1"), PROBE_TIMEOUT_S)
+            with dbcalls.bounded(PROBE_TIMEOUT_S):
+                await self.pool.fetchval("SELECT 1")
+        except TimeoutError:
+            log.warning("not ready: database not answering", extra={"within_s": PROBE_TIMEOUT_S})
+            return "database not answering"
         except Exception as exc:
             log.warning("not ready: database", extra={"error": repr(exc)})
             return "database unreachable"
-        return self._stalled(pulls)
+        return None
 
     def _stalled(self, pulls: bool) -> str | None:
         # A watched task that ended fails the service a moment later (its done callback); say so already.
@@ -175,7 +185,8 @@ async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) ->
                                 name=f"vidjobs-{name}")
     try:
         await _require_current_schema(pool)
-        nc, js = await bus.connect(nats_url, name=f"vidjobs-{name}")
+        nc, js = await bus.connect(nats_url, name=f"vidjobs-{name}", ping_interval_s=settings.nats_ping_interval_s,
+                                   max_outstanding_pings=settings.nats_max_outstanding_pings)
     except BaseException:
         await pool.close()
         raise

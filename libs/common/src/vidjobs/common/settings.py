@@ -52,7 +52,7 @@ class RouteShare(msgspec.Struct, forbid_unknown_fields=True):
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     data_dir: str = "./.vidjobs"
     database_url: str = ""  # empty: the embedded server under data_dir (started by `vidjobs up`)
-    nats_url: str = ""  # empty: the embedded server under data_dir
+    nats_url: str = ""  # empty: the embedded server under data_dir; a cluster's servers comma-separated
     storage_url: str = ""  # empty: file:// under data_dir
     http_port: int = 8080
     http_host: str = "127.0.0.1"
@@ -96,6 +96,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     db_statement_timeout_s: float = 30.0
     db_lock_timeout_s: float = 10.0
     db_idle_in_transaction_timeout_s: float = 60.0
+    # The client's own bound on one database call of an API request (waiting for a connection included): a
+    # database that stops answering is met with 503 `unavailable` after this long, not a hung request. The
+    # server cannot end a statement while it is stalled; the client gives up on it (vidjobs.common.dbcalls).
+    db_call_timeout_s: float = 5.0
+    # NATS: the client pings its server this often and calls it gone after this many pings go unanswered,
+    # then moves to another server of the cluster: a frozen server is noticed within (pings + 1) intervals.
+    nats_ping_interval_s: float = 3.0
+    nats_max_outstanding_pings: int = 2
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
     # The gateway's key for the webhook signing secrets it keeps in the database (vidjobs.gateway.sealing):
     # 32 random bytes, base64url; comma-separated while replacing it (the first seals, any opens). Only the

@@ -19,7 +19,10 @@ Generated from the OpenAPI document the gateway serves at `GET /openapi.json` (`
 vidjobs.gateway.apidoc > docs/API.md`); the document is the authority. Every `/v1` route but the provider
 callback route takes `Authorization: Bearer <api key>`. Every answer carries `X-Request-Id`; every answer
 to a request made with a key carries `RateLimit` and `RateLimit-Policy`. Errors are
-`{"error": {"code", "message", "retryable", "request_id"}}` (the `ErrorBody` schema lists every code).
+`{"error": {"code", "message", "retryable", "request_id"}}` (the `ErrorBody` schema lists every code). A
+request that meets a part of the service not answering (its database stalled or restarting) is answered
+`503` `unavailable` with `Retry-After` within a few seconds (`VIDJOBS_DB_CALL_TIMEOUT_S`) rather than held;
+a create answered so may or may not have been made, and sent again with its `Idempotency-Key` is made once.
 
 ## When a waiting job starts
 

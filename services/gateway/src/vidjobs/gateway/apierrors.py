@@ -14,12 +14,12 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from vidjobs.common import requestids
-from vidjobs.common.errors import ErrorCode, PartUnavailable
+from vidjobs.common import faults, requestids
+from vidjobs.common.errors import ErrorCode
 
 log = logging.getLogger("vidjobs.gateway")
 
-UNAVAILABLE_RETRY_S = 5  # what a 503 for a part that does not answer tells the client to wait
+UNAVAILABLE_RETRY_AFTER_S = 5  # a stall or restart of a dependency: about when trying again is worth it
 
 
 class GatewayCode(enum.StrEnum):
@@ -31,8 +31,8 @@ class GatewayCode(enum.StrEnum):
     PAYLOAD_TOO_LARGE = "payload_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     NOT_READY = "not_ready"  # a dependency (database, NATS) is unreachable
+    UNAVAILABLE = "unavailable"  # a part we run on did not answer in time, or failed; retry after Retry-After
     LIMIT_REACHED = "limit_reached"  # a cap on what one account may hold (streams, queued jobs, uploads)
-    UNAVAILABLE = "unavailable"  # a part the request needs (the object store) did not answer in time
 
 
 Code = ErrorCode | GatewayCode
@@ -115,13 +115,20 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return _from_http(exc)
-    except PartUnavailable as exc:
-        # The object store did not answer within its time limit (storage's StorageUnavailable): not our bug,
-        # and the same request may well succeed in a moment.
-        log.warning("a part did not answer; answering 503", extra={"path": request.path, "error": str(exc)})
-        return error_response(503, GatewayCode.UNAVAILABLE, "a service this request needs is not answering; "
-                              "try again shortly", retryable=True, headers={"Retry-After": str(UNAVAILABLE_RETRY_S)})
-    except Exception:
+    except Exception as exc:
+        if faults.is_infrastructure(exc):
+            return _unavailable(request, exc)
         # Never a row or a stack trace to the client: the details go to the log.
         log.exception("unhandled error", extra={"path": request.path, "method": request.method})
         return error_response(500, ErrorCode.INTERNAL, "internal error; it has been logged", retryable=True)
+
+
+def _unavailable(request: web.Request, exc: Exception) -> web.Response:
+    """A part we run on (the database, NATS, storage) stopped answering or failed, which says nothing about
+    the request: the same request succeeds once it is back. A create that meets this may or may not have
+    been made; sent again with its Idempotency-Key it is made once."""
+    log.warning("a dependency did not answer; request refused with 503", extra={
+        "path": request.path, "method": request.method, "error": repr(exc)})
+    return error_response(503, GatewayCode.UNAVAILABLE, "a service this request needs is not answering; "
+                          "retry after Retry-After (with the same Idempotency-Key, for a create)", retryable=True,
+                          headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)})

@@ -39,6 +39,7 @@ from vidjobs.gateway.access import request_id_middleware, stamp_request_id
 from vidjobs.gateway.apierrors import ErrorOut, error_middleware
 from vidjobs.gateway.appwebhooks import deliveries, resealing, urls
 from vidjobs.gateway.auth import auth_middleware, stamp_rate_limit
+from vidjobs.gateway.deadlines import call_bound_middleware
 from vidjobs.gateway.openapi import openapi_route
 from vidjobs.gateway.owned import view as owned_view
 from vidjobs.gateway.processcaps import Bucket, StreamSlots
@@ -50,6 +51,7 @@ from vidjobs.providers.registry import build_adapters
 from vidjobs.storage.factory import open_storage
 
 PROVIDER_TIMEOUT_S = 30
+_NO_DEPENDENCY = frozenset({"healthz", "metrics"})  # answered from the process alone
 
 
 def route_table(settings: Settings) -> list[Route]:
@@ -65,6 +67,9 @@ def route_table(settings: Settings) -> list[Route]:
         routes += routes_files.ROUTES
     # Every request made with an API key spends from that key's rate (auth), so any of them may hear 429.
     routes = [dataclasses.replace(r, responses={**r.responses, 429: ErrorOut}) if r.auth else r for r in routes]
+    # Any route that reads or writes the database may meet a dependency that is not answering (apierrors).
+    routes = [r if r.name in _NO_DEPENDENCY else dataclasses.replace(r, responses={503: ErrorOut, **r.responses})
+              for r in routes]
     return [*routes, openapi_route(routes)]
 
 
@@ -180,7 +185,8 @@ def create_app(settings: Settings) -> web.Application:
     sealing.keyring(settings)  # without its key the gateway cannot sign a webhook: refused before anything opens
     routes = route_table(settings)
     app = web.Application(
-        middlewares=[request_id_middleware, metrics_middleware, error_middleware, auth_middleware],
+        middlewares=[request_id_middleware, metrics_middleware, error_middleware, call_bound_middleware,
+                     auth_middleware],
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings

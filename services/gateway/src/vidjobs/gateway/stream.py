@@ -47,6 +47,7 @@ STREAMS_OPEN = Gauge("vidjobs_sse_streams_open", "Server-Sent Event streams this
 
 KEEPALIVE_S = 15.0
 STREAMS_RETRY_AFTER_S = 5
+RECONNECT_AFTER_S = 5  # a stream ended by a dependency that failed: when its client should come back
 _TIMER_SLACK_S = 0.005  # asyncio may wake a timer this early; still the keepalive's turn
 
 _HEADERS = {
@@ -175,8 +176,11 @@ async def _stream(request: web.Request) -> web.StreamResponse:
         except ConnectionResetError:
             pass  # the client left; nothing to answer
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            # Headers are sent, so no error body is possible: end the stream; the client reconnects.
+            # Headers are sent, so no error body is possible: end the stream with a hint of when to reconnect
+            # (a database that stopped answering, a restart), which an EventSource follows by itself.
             log.warning("event stream ended early", extra={"job_id": job.job.id, "error": repr(exc)})
+            with contextlib.suppress(OSError):
+                await resp.write(f"retry: {RECONNECT_AFTER_S * 1000}\n\n".encode())
         return resp
     finally:
         for sub in subs:
