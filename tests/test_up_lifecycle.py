@@ -123,12 +123,21 @@ async def _stack(up: Up, data_dir: Path) -> set[psutil.Process] | None:
     return procs if the_whole_stack(procs) else None
 
 
-async def test_ctrl_c_stops_every_process_without_a_traceback(tmp_path):
+def _ctrl_c(up: Up) -> None:
+    os.killpg(up.proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+
+
+def _sigterm(up: Up) -> None:
+    up.proc.send_signal(signal.SIGTERM)  # `kill PID`, or a process manager stopping the command alone
+
+
+@pytest.mark.parametrize("stop", [_ctrl_c, _sigterm], ids=["ctrl-c", "sigterm"])
+async def test_a_stop_ends_every_process_without_a_traceback(tmp_path, stop):
     data = tmp_path / "state"
     up = await Up.start(data, free_port(), tmp_path / "up.err")
     try:
         procs = await running(up, data)
-        os.killpg(up.proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+        stop(up)
         code = await up.ended()
         left = await all_gone(procs)
     finally:
@@ -137,22 +146,6 @@ async def test_ctrl_c_stops_every_process_without_a_traceback(tmp_path):
     assert code == 0, err
     assert "Traceback" not in err, err
     assert "vidjobs stopped" in err
-    assert not left, left
-
-
-async def test_sigterm_stops_every_process_without_a_traceback(tmp_path):
-    data = tmp_path / "state"
-    up = await Up.start(data, free_port(), tmp_path / "up.err")
-    try:
-        procs = await running(up, data)
-        up.proc.send_signal(signal.SIGTERM)  # `kill PID`, or a process manager stopping the command alone
-        code = await up.ended()
-        left = await all_gone(procs)
-    finally:
-        up.kill_group()
-    err = up.stderr()
-    assert code == 0, err
-    assert "Traceback" not in err, err
     assert not left, left
 
 

@@ -3,11 +3,15 @@ storage root made unusable for a while."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import subprocess
 import sys
+import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 
-from tests.s3server import MotoS3, _wait_until_answering
+from tests.s3server import MotoS3, _wait_until_answering, aws_environment
 from vidjobs.cli.embedded import free_port
 
 SIDELINED = ".outage"  # where the filesystem root waits out an outage, beside itself
@@ -61,3 +65,17 @@ def mend_root(root: Path) -> None:
     root.unlink()
     root.with_name(root.name + SIDELINED).rename(root)
 
+
+
+@contextlib.asynccontextmanager
+async def running_moto(bucket: str) -> AsyncIterator[RestartableMoto]:
+    """A RestartableMoto serving `bucket`, its credentials and endpoint in this process's environment (which
+    the service processes a run starts inherit), stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix="vidjobs-faults-moto-") as home:
+        moto = RestartableMoto(Path(home), bucket)
+        server = await asyncio.to_thread(moto.start)
+        try:
+            with aws_environment(server):
+                yield moto
+        finally:
+            moto.stop()

@@ -14,20 +14,17 @@ import asyncio
 import os
 import shutil
 import signal
-import tempfile
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 from tests.faults import api_probe
 from tests.faults.api_probe import Call, Probes
 from tests.faults.harness import FaultRun, fault_run
-from tests.faults.objectstore import RestartableMoto
+from tests.faults.objectstore import RestartableMoto, running_moto
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
 from tests.faults.workload import Created, create_jobs
 from tests.imagefiles import png_with_text
-from tests.s3server import aws_environment
 
 BUCKET = "vidjobs-faults"
 # Renders end a few seconds in, so the stall catches jobs at every stage: submitting, rendering, copying.
@@ -101,14 +98,8 @@ def held_slots(metrics: str) -> tuple[int, int]:
 
 async def s3_stall(long: bool = False) -> Row:
     plan = pick(*S3_STALL, long)
-    with tempfile.TemporaryDirectory(prefix="vidjobs-faults-moto-") as home:
-        moto = RestartableMoto(Path(home), BUCKET)
-        server = await asyncio.to_thread(moto.start)
-        try:
-            with aws_environment(server):  # inherited by the service processes the run starts
-                return await _s3_run(moto, plan)
-        finally:
-            moto.stop()
+    async with running_moto(BUCKET) as moto:
+        return await _s3_run(moto, plan)
 
 
 async def _s3_run(moto: RestartableMoto, plan: Plan) -> Row:

@@ -3,17 +3,14 @@ unusable, and the S3 server (moto) down. Downloads must wait it out, not fail th
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-import tempfile
 from functools import partial
 from pathlib import Path
 
 from tests.faults.harness import blocking, fault_run, under_fault
-from tests.faults.objectstore import RestartableMoto, break_root, mend_root
+from tests.faults.objectstore import RestartableMoto, break_root, mend_root, running_moto
 from tests.faults.report import Row
 from tests.faults.scenarios.plans import Plan, pick
-from tests.s3server import aws_environment
 
 BUCKET = "vidjobs-faults"
 # Renders end a few seconds in, so the outage catches jobs reaching the download stage all through it.
@@ -32,14 +29,8 @@ async def object_store_outage_file(long: bool = False) -> Row:
 
 async def object_store_outage_s3(long: bool = False) -> Row:
     plan = pick(*OUTAGE, long)
-    with tempfile.TemporaryDirectory(prefix="vidjobs-faults-moto-") as home:
-        moto = RestartableMoto(Path(home), BUCKET)
-        server = await asyncio.to_thread(moto.start)
-        try:
-            with aws_environment(server):  # inherited by the service processes the run starts
-                return await _s3_run(moto, plan)
-        finally:
-            moto.stop()
+    async with running_moto(BUCKET) as moto:
+        return await _s3_run(moto, plan)
 
 
 async def _s3_run(moto: RestartableMoto, plan: Plan) -> Row:
