@@ -32,8 +32,8 @@ SCENARIOS: dict[str, Scenario | None] = {
     "poison_download": poison_download,  # 8
     "waiting_queue": waiting_queue,  # 9
     "duplicate_storm": duplicate_storm,  # 10
-    "s3_stall": s3_stall,  # 11, the S3 server accepts connections and does not answer
-    "provider_stall": provider_stall,  # 11, the provider accepts connections and does not answer
+    "s3_stall": s3_stall,  # 12, the S3 server accepts connections and does not answer
+    "provider_stall": provider_stall,  # 12, the provider accepts connections and does not answer
     "postgres_stall": postgres_stall,  # 11, every PostgreSQL process stopped (SIGSTOP)
     "jetstream_stall": jetstream_stall,  # 11, the work stream's leader stopped in a cluster
 }
