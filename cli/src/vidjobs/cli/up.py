@@ -73,8 +73,10 @@ def save_secrets(data: Path, stored: dict[str, str]) -> None:
     path.write_text(json.dumps(stored, indent=2))
 
 
-def resolve(settings: Settings, embedded: Embedded, run: RunRecord) -> Settings:
-    """Fill in every server address and secret the services need, starting embedded servers as needed."""
+def resolve(settings: Settings, embedded: Embedded, run: RunRecord | None = None) -> Settings:
+    """Fill in every server address and secret the services need, starting embedded servers as needed; `run`,
+    where given, records the servers started, for the next start on the same data directory to find (the
+    benchmarks, on a fresh directory each time, need no record)."""
     data = settings.data_path
     stored = load_secrets(data)
     changes: dict[str, object] = {"data_dir": str(data)}
@@ -83,7 +85,8 @@ def resolve(settings: Settings, embedded: Embedded, run: RunRecord) -> Settings:
         embedded.nats = EmbeddedNats(data / "nats")
         embedded.nats.start()
         assert embedded.nats.proc is not None
-        run.note(NATS, embedded.nats.proc.pid)
+        if run is not None:
+            run.note(NATS, embedded.nats.proc.pid)
         changes["nats_url"] = embedded.nats.url
     if not settings.database_url:
         say("starting embedded PostgreSQL (first start initialises it; this takes a few seconds) ...")
