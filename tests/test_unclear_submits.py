@@ -63,4 +63,5 @@ async def test_a_provider_that_stops_answering_renders_each_job_once(tmp_path, d
     assert all(j["attempt"] == 1 for j in done), [j["attempt"] for j in done]
     # While it lasted, each job waited on its first attempt, saying why.
     assert [(j["status"], j["attempt"]) for j in during] == [("pending", 1)] * len(during), during
-    assert all("not answering" in (j.get("queue_reason") or "") for j in during), [j.get("queue_reason") for j in during]
+    reasons = [j.get("queue_reason") or "" for j in during]
+    assert all("not answering" in r for r in reasons), reasons
