@@ -12,8 +12,8 @@ second render of the job, paid for. So the attempt is kept (`keep`):
 - the job stays pending, parked, its wait reason saying so, and the provider's breaker hears the failure, so
   other jobs stop piling calls onto a provider that answers nothing;
 - when the claim runs out, the queue sweep hands the job a slot again and the stale claim is taken over as
-  any is: the render looked up, else submitted under the same key. A callback the provider sends meanwhile
-  is adopted by the poller, and the job moves on without another call.
+  any is, with one call (`LOOKING_AGAIN`): the render looked up, else submitted under the same key. A
+  callback the provider sends meanwhile is adopted by the poller, and the job moves on without another call.
 
 Each hold lasts as long as the outcome has been unclear so far (so the calls thin out, doubling), at least
 one call budget and at most one claim TTL (an unanswered claim counts against the caps while it lasts).
@@ -30,6 +30,7 @@ import asyncpg
 from vidjobs.common import backoff
 from vidjobs.common.errors import ProviderError
 from vidjobs.providers.base import SubmitRequest
+from vidjobs.submitter.submissions import Claim
 
 # Calls made to resolve one unclear submit outcome at once; when none is answered, the attempt is kept.
 UNCLEAR_CALLS = 3
@@ -41,6 +42,14 @@ def is_unclear(exc: BaseException) -> bool:
 
 # Calls about one attempt whose outcome stays unclear: the same key, a little later each time.
 RESOLVING = backoff.Backoff(on=is_unclear, attempts=UNCLEAR_CALLS, timeout=None, base=1.0, cap=5.0)
+# A kept attempt looked at again: one call (a look-up, then a submit under the key), since every request a
+# provider that ignores keys and allows no look-up keeps may become a render of its own once it runs again.
+LOOKING_AGAIN = backoff.Backoff(on=is_unclear, attempts=1, timeout=None)
+
+
+def resolving(claim: Claim) -> backoff.Backoff:
+    """The calls a claimed attempt's submit may make while its outcome stays unclear."""
+    return LOOKING_AGAIN if claim is Claim.UNCLEAR else RESOLVING
 
 
 # $1 job, $2 attempt, $3 shortest hold, $4 longest hold, $5 limit, $6 claim TTL (all seconds). The claim's

@@ -328,14 +328,14 @@ async def _call_provider(
         if attempt > 1:
             async with ctx.rt.tx() as conn:
                 await submissions.renew(conn, req)
-        return await _one_call(ctx, adapter, req, look_first=attempt > 1 or claimed.claim is Claim.TAKEN_OVER)
+        return await _one_call(ctx, adapter, req, look_first=attempt > 1 or claimed.claim is not Claim.FRESH)
 
     def resolving(exc: BaseException, attempt: int, wait_s: float) -> None:
         log.warning("submit outcome unclear; resolving it under the same key", extra={
             "job_id": req.job_id, "attempt": req.attempt, "call": attempt, "error": str(exc), "delay_s": wait_s})
         metrics.PROVIDER_CALLS.labels(adapter.name, "submit", "unclear").inc()
 
-    return await backoff.call(unclear.RESOLVING, one, on_backoff=resolving)
+    return await backoff.call(unclear.resolving(claimed.claim), one, on_backoff=resolving)
 
 
 async def _keep_unclear(ctx: Context, job: JobRow, req: SubmitRequest) -> bool:
