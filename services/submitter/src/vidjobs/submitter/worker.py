@@ -2,7 +2,9 @@
 `dispatch` which one) and submits them through their provider's adapter.
 
 The submission row is committed before the provider is called, and the provider is asked for an existing
-render before any resubmit, so a submitter killed at any point never causes a second render.
+render before any resubmit, so a submitter killed at any point never causes a second render. A submit that
+no call got an answer to keeps its attempt and is asked again later under the same key (`unclear`), so a
+provider that stops answering and renders what it kept once it runs again renders each attempt once.
 """
 
 from __future__ import annotations
