@@ -65,3 +65,27 @@ async def test_a_provider_that_stops_answering_renders_each_job_once(tmp_path, d
     assert [(j["status"], j["attempt"]) for j in during] == [("pending", 1)] * len(during), during
     reasons = [j.get("queue_reason") or "" for j in during]
     assert all("not answering" in r for r in reasons), reasons
+
+
+async def test_an_attempt_unanswered_past_the_limit_is_given_up(tmp_path, database_url, nats_url):
+    """Past VIDJOBS_UNCLEAR_SUBMIT_LIMIT_S from its first call, an unanswered attempt is given up for a new
+    one, as a timeout (a late render of it is stopped when its signal arrives)."""
+    settings = stack_settings(tmp_path, database_url, nats_url, provider_timeout_s=1.0, retry_base_s=0.5,
+                              retry_cap_s=1.0, breaker_cooldown_s=3.0, queue_sweep_interval_s=1.0,
+                              unclear_submit_limit_s=2.0, max_attempts=10)
+    async with running_stack(settings) as stack:
+        pid = stack.supervisor.pid("fake-provider")
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            job = await stack.create_job(params={"render_s": 0.3})
+            await stack.wait_for_status(job["id"], "retrying", within=30)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        done = await stack.wait_terminal(job["id"], within=120)
+        trail = await stack.trail(job["id"])
+
+    assert done["status"] == "completed"
+    assert done["attempt"] > 1
+    given_up = [t for t in trail if t["to"] == "retrying"]
+    assert given_up and all("timeout" in t["reason"] for t in given_up), trail
