@@ -6,7 +6,7 @@ out, and no answer comes until the process runs again (a stalled disk, a long VM
 While the server is stopped, the API is asked again and again (each request timed), and so is the media
 worker's /readyz. What must hold, beside every scenario's promises: no API answer waits much past the time
 limit on the stalled part, no 5xx but 503, and no job fails or is stuck for the stall (downloads and copies
-wait it out, submits and polls are tried again)."""
+wait it out, submits and polls are tried again), and no job is rendered more than once per attempt."""
 
 from __future__ import annotations
 
@@ -134,12 +134,12 @@ async def provider_stall(long: bool = False) -> Row:
         row.expect(row.stuck == 0, f"{row.stuck} jobs not terminal after the settle wait")
         row.expect(row.failed == 0, f"{row.failed} jobs failed (a provider that stalls is waited out)")
         row.expect(row.repeated_moves == 0, f"{row.repeated_moves} moves repeated within one attempt")
-        if row.over_rendered:
-            # Not yet a promise here: the submitter gives an unclear submit up after a few unanswered calls and
-            # starts a new attempt, while the first attempt's request still waits in the stopped provider's
-            # socket; both are rendered once it runs again (the late one is canceled when its answer arrives).
-            row.notes.append(f"{row.over_rendered} jobs rendered once more than their attempts: an attempt given "
-                             "up while its submit waited in the stalled provider (docs/RELIABILITY.md)")
+        # Submits sent into the stopped provider wait in its socket and are rendered once it runs again: the
+        # attempt they were for is kept meanwhile (asked again under the same key), never given up for a new
+        # one, so each attempt is rendered once.
+        row.expect(row.over_rendered == 0 and row.max_renders_per_attempt <= 1,
+                   f"{row.over_rendered} jobs rendered more than once per attempt (at most "
+                   f"{row.max_renders_per_attempt:.2f} renders an attempt)")
         run.expect_no_service_restarts()
         probes.report(run.row, within_s=ANSWER_WITHIN_S)
     return run.row

@@ -83,6 +83,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Connecting to a provider: a call that cannot connect this fast was never sent, so it is a clean failure
     # (tried again), not an unclear outcome; one sent and not answered runs into provider_timeout_s.
     provider_connect_timeout_s: float = 10.0
+    # A submit no call of which got any answer (the provider stopped answering) keeps its attempt, and is asked
+    # again under the same key, for this long from its first call; then a new attempt is made. As long as an
+    # accepted render is waited for (the default render deadline): the provider may be rendering it.
+    unclear_submit_limit_s: float = 900.0
     # Per provider, as JSON: {"runway": {"concurrency": 4, "rate_per_s": 1, "burst": 2}}
     provider_limits: dict[str, ProviderLimits] = {}
     breaker_threshold: int = 5  # consecutive provider_unavailable answers that pause a provider

@@ -20,6 +20,7 @@ from vidjobs.providers.base import SubmitRequest
 class Claim(enum.Enum):
     FRESH = "fresh"  # first call for this attempt
     TAKEN_OVER = "taken_over"  # an earlier call died or was refused; ask the provider before resubmitting
+    UNCLEAR = "unclear"  # taken over, and its outcome was unclear: an unanswered attempt kept (unclear.py)
     ACCEPTED = "accepted"  # the provider already accepted this attempt
     BUSY = "busy"  # another submitter is calling right now
     MOVED_ON = "moved_on"  # the job is no longer waiting for this attempt: nothing to submit
@@ -54,12 +55,12 @@ async def claim(conn: asyncpg.Connection, req: SubmitRequest, provider: str, *, 
         UPDATE provider_submissions SET claimed_at = now(), answered_at = NULL, error = NULL
         WHERE job_id = $1 AND attempt = $2 AND provider_job_id IS NULL
           AND (error IS NOT NULL OR claimed_at < now() - make_interval(secs => $3))
-        RETURNING id
+        RETURNING unclear_at IS NOT NULL AS unclear
         """,
         req.job_id, req.attempt, ttl_s,
     )
     if existing is not None:
-        return Claimed(Claim.TAKEN_OVER)
+        return Claimed(Claim.UNCLEAR if existing["unclear"] else Claim.TAKEN_OVER)
     accepted = await conn.fetchval(
         "SELECT provider_job_id FROM provider_submissions WHERE job_id = $1 AND attempt = $2",
         req.job_id, req.attempt,

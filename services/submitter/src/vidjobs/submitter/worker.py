@@ -2,7 +2,9 @@
 `dispatch` which one) and submits them through their provider's adapter.
 
 The submission row is committed before the provider is called, and the provider is asked for an existing
-render before any resubmit, so a submitter killed at any point never causes a second render.
+render before any resubmit, so a submitter killed at any point never causes a second render. A submit that
+no call got an answer to keeps its attempt and is asked again later under the same key (`unclear`), so a
+provider that stops answering and renders what it kept once it runs again renders each attempt once.
 """
 
 from __future__ import annotations
@@ -51,23 +53,11 @@ from vidjobs.providers.http import call_timeout
 from vidjobs.providers.registry import adapter_for, build_adapters
 from vidjobs.storage.base import Storage
 from vidjobs.storage.factory import open_storage
-from vidjobs.submitter import capacity, dispatch, failover, provider_gauges, slots, submissions
+from vidjobs.submitter import capacity, dispatch, failover, provider_gauges, slots, submissions, unclear
 from vidjobs.submitter.slots import Wait
 from vidjobs.submitter.submissions import Claim
 
 log = logging.getLogger("vidjobs.submitter")
-
-# Calls made to resolve one unclear submit outcome before it is given up as a timeout (any render that turns
-# up for the abandoned attempt later is stopped when its signal arrives).
-UNCLEAR_CALLS = 3
-
-
-def _unclear(exc: BaseException) -> bool:
-    return isinstance(exc, ProviderError) and exc.unclear
-
-
-# Calls about one attempt whose outcome stays unclear: the same key, a little later each time.
-RESOLVING = backoff.Backoff(on=_unclear, attempts=UNCLEAR_CALLS, timeout=None, base=1.0, cap=5.0)
 
 WAITS = Counter("vidjobs_submit_waits_total",
                 "Jobs held back by the platform switch, a provider's limits or their account's cap",
@@ -303,6 +293,8 @@ async def _submit(
         accepted = await _call_provider(ctx, adapter, req, claimed)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(job.provider, "submit", err.code.value).inc()
+        if err.unclear and await _keep_unclear(ctx, job, req):
+            return
         await _refuse(ctx, job, err, Refusal.BY_PROVIDER)
         return
     metrics.PROVIDER_CALLS.labels(job.provider, "submit", "accepted").inc()
@@ -338,14 +330,31 @@ async def _call_provider(
         if attempt > 1:
             async with ctx.rt.tx() as conn:
                 await submissions.renew(conn, req)
-        return await _one_call(ctx, adapter, req, look_first=attempt > 1 or claimed.claim is Claim.TAKEN_OVER)
+        return await _one_call(ctx, adapter, req, look_first=attempt > 1 or claimed.claim is not Claim.FRESH)
 
-    def unclear(exc: BaseException, attempt: int, wait_s: float) -> None:
+    def resolving(exc: BaseException, attempt: int, wait_s: float) -> None:
         log.warning("submit outcome unclear; resolving it under the same key", extra={
             "job_id": req.job_id, "attempt": req.attempt, "call": attempt, "error": str(exc), "delay_s": wait_s})
         metrics.PROVIDER_CALLS.labels(adapter.name, "submit", "unclear").inc()
 
-    return await backoff.call(RESOLVING, one, on_backoff=unclear)
+    return await backoff.call(unclear.resolving(claimed.claim), one, on_backoff=resolving)
+
+
+async def _keep_unclear(ctx: Context, job: JobRow, req: SubmitRequest) -> bool:
+    """Keep the attempt whose submit no call of it got an answer to (submitter/unclear.py): its claim held
+    until the next look, the job parked with the reason, the breaker told. False when it is past the limit
+    (or was answered meanwhile): then it is refused as today, and a new attempt follows."""
+    async with ctx.rt.tx() as conn:
+        await slots.lock_provider(conn, job.provider)
+        look_again_at = await unclear.keep(conn, req, shortest_s=_call_budget(ctx), claim_ttl_s=_claim_ttl(ctx),
+                                           limit_s=ctx.rt.settings.unclear_submit_limit_s)
+        if look_again_at is None:
+            return False
+        await breakers.record_answer(conn, job.provider, ErrorCode.TIMEOUT, ctx.rt.settings)
+        await waiting.set_wait_reason(conn, job.id, unclear.wait_reason(job.provider, look_again_at), park=True)
+    log.warning("submit unanswered; attempt kept, to be asked again under the same key", extra={
+        "job_id": job.id, "attempt": job.attempt, "look_again_at": look_again_at.isoformat()})
+    return True
 
 
 async def _one_call(ctx: Context, adapter: ProviderAdapter, req: SubmitRequest, *, look_first: bool) -> Submission:
