@@ -1,4 +1,4 @@
-"""The fake provider over real HTTP, driven through its adapter: every scenario of API.md's table, signed
+"""The fake provider over real HTTP, driven through its adapter: every scenario of docs/FAKE_PROVIDER.md's table, signed
 callbacks captured by a stand-in webhook receiver and verified by the adapter, idempotent submission proven
 by the provider's own counters, and real MP4s decoded with PyAV."""
 

@@ -1,5 +1,5 @@
 """The infrastructure fault suite's short versions (tests/faults): each scenario runs the whole stack over
-servers of its own, breaks one of them mid-run, and asserts what DESIGN.md "Faults" promises. The long
+servers of its own, breaks one of them mid-run, and asserts what docs/ARCHITECTURE.md "Faults" promises. The long
 versions run with VIDJOBS_FAULTS_LONG=1, or through `python -m tests.faults --long`. Every scenario runs with
 a backlog of jobs parked beside its workload and checks it intact afterwards: 200 jobs unless
 VIDJOBS_FAULTS_BACKLOG says otherwise (0: none; see tests/faults/backlog.py). Service logs of every run are

@@ -11,11 +11,11 @@ import pytest
 from tests.gateway_harness import JOB_BODY, assert_error, auth, drive, gateway_settings, running_gateway
 from vidjobs.common.states import JobStatus
 
-# Every field API.md names, plus `queue_reason` (why a queued job waits), `priority` (its lane) and `estimate`
+# Every field docs/API.md names, plus `queue_reason` (why a queued job waits), `priority` (its lane) and `estimate`
 # (when a waiting job is likely to start and be ready), added in the same style.
 API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
                 "queue_reason", "priority", "estimate", "progress", "error", "outputs", "cost",
-                # beside what API.md names: the request echoed, the job's times, links and metadata
+                # beside what docs/API.md names: the request echoed, the job's times, links and metadata
                 "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image", "params",
                 "metadata", "fallback_models", "max_wait_s", "started_at", "completed_at", "deadline_at", "retry_at",
                 "urls"}

@@ -3,7 +3,7 @@ directly or stored as callbacks and read by the inbox consumer), polls, recovery
 submitter, the media service's last step, deletion, redeliveries and races, over a real PostgreSQL, a real
 nats-server and the fake provider over HTTP.
 
-Whatever the order, the job's record must tell a legal story (DESIGN.md "Job states", "Recovery"): its audit
+Whatever the order, the job's record must tell a legal story (docs/ARCHITECTURE.md "Job states", "Recovery"): its audit
 trail is a chain of legal moves, nothing moves after a terminal status, the attempt never goes back, a
 finished job is not watched any more while a live one always is, and its credit reservation is released
 exactly once. Hypothesis prints the failing sequence of steps; the ops in a step run concurrently.

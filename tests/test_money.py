@@ -18,7 +18,7 @@ from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
 from vidjobs.gateway.accounts import create_account
 
-ESTIMATE = 50  # API.md's example body, 5 s at 720p, on the launch card: 10 credits a second
+ESTIMATE = 50  # the README's example job, 5 s at 720p, on the launch card: 10 credits a second
 
 
 @pytest.fixture

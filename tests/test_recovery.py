@@ -1,4 +1,4 @@
-"""The delayed recovery check (DESIGN.md "Recovery") against a real PostgreSQL: the five cases it must hold
+"""The delayed recovery check (docs/ARCHITECTURE.md "Recovery") against a real PostgreSQL: the five cases it must hold
 in, and the lease that keeps two reapers from recovering one job."""
 
 from __future__ import annotations

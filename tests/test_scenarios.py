@@ -1,4 +1,4 @@
-"""Every fake-provider scenario of API.md through the whole stack, each ending where it should with the
+"""Every fake-provider scenario of docs/FAKE_PROVIDER.md through the whole stack, each ending where it should with the
 right `error.code` and `retryable`, and nothing rendered more often than it had attempts."""
 
 from __future__ import annotations

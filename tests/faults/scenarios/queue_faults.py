@@ -1,6 +1,6 @@
 """Jobs that wait: one account with a concurrency cap of 1 and many slow renders, so nearly every job waits
 its turn for minutes, beside the run's backlog (tests/faults/backlog.py: jobs parked on another provider for the
-whole run). Waiting is free (DESIGN.md "Faults"): a waiting job is parked and holds no message and no timer, so
+whole run). Waiting is free (docs/ARCHITECTURE.md "Faults"): a waiting job is parked, holds no message or timer, so
 the submitter's only deliveries are the wake-ups of slots being handed out, one per render that ends, and the
 queue sweep is a timer of its own that delivers nothing. Deliveries follow the renders that end, not the jobs
 that wait."""

@@ -88,7 +88,7 @@ def nats_binary() -> str:
 
 
 class EmbeddedNats:
-    """A JetStream server on loopback that syncs every write to disk (see DESIGN.md "Recovery")."""
+    """A JetStream server on loopback that syncs every write to disk (see docs/ARCHITECTURE.md "Recovery")."""
 
     def __init__(self, store_dir: Path, *, port: int | None = None):
         self.store_dir = store_dir

@@ -1,4 +1,4 @@
-"""Which failures belong to the infrastructure rather than to the job (DESIGN.md "Faults").
+"""Which failures belong to the infrastructure rather than to the job (docs/ARCHITECTURE.md "Faults").
 
 A database that restarts, a lock or statement timeout, JetStream without a leader, an object store answering
 5xx or a full disk say nothing about the job in hand: the same work succeeds once the part is back. Such a

@@ -63,7 +63,7 @@ SEL, INS, UPD, DEL, EXE = (frozenset({p}) for p in Privilege)
 
 SERVICES = ("gateway", "submitter", "poller", "media", "reaper")
 
-# The part that owns each table (DESIGN.md "Shape"): it defines the rows' meaning and is where a change of
+# The part that owns each table (docs/ARCHITECTURE.md "Shape"): it defines the rows' meaning and is where a change of
 # the table is decided. `common` is libs/common (the job row, its audit, the outbox and the money, which
 # run inside every service); `operator` tables are written only by the operator commands.
 OWNERS: dict[str, str] = {

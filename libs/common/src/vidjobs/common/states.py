@@ -1,4 +1,4 @@
-"""Job statuses, the stages people see, and the legal moves between statuses (DESIGN.md "Job states")."""
+"""Job statuses, the stages people see, and the legal moves between statuses (docs/ARCHITECTURE.md "Job states")."""
 
 from __future__ import annotations
 

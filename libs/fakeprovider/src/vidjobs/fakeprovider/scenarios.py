@@ -1,7 +1,7 @@
 """The fake provider's renders and how each scenario plays them out: submits refused or accepted, renders run
 (or hung, rejected, failed), outputs served (or spoiled), and a callback queued at every change.
 
-`params.scenario` picks a behaviour from API.md's table and `params.render_s` how long rendering takes. A
+`params.scenario` picks a behaviour from docs/FAKE_PROVIDER.md's table and `params.render_s` how long rendering takes. A
 finished render reports what it was billed (`cost_usd`): `params.cost_usd`, or by default USD_PER_SECOND of
 video. An `input_image_url` is fetched when the render starts, as a real provider would, and must decode as an
 image; if it cannot be fetched or read, the render fails with `invalid_request`. The image's mean colour tints

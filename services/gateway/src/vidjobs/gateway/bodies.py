@@ -1,4 +1,4 @@
-"""Request and response bodies of the public API (API.md), as msgspec Structs.
+"""Request and response bodies of the public API (docs/API.md), as msgspec Structs.
 
 Requests forbid unknown fields, so a typo is answered with 422 naming it instead of being ignored. The
 OpenAPI document is generated from these same Structs.

@@ -8,7 +8,7 @@ import asyncpg
 # Each call is one statement: a pool runs it on a connection of its own.
 Conn = asyncpg.Connection | asyncpg.Pool
 
-# Every 2 s for the first 30 s, every 10 s up to 2 min, then every 30 s (DESIGN.md "Recovery").
+# Every 2 s for the first 30 s, every 10 s up to 2 min, then every 30 s (docs/ARCHITECTURE.md "Recovery").
 _TAPER = """
     CASE WHEN now() - p.started_at < interval '30 seconds' THEN interval '2 seconds'
          WHEN now() - p.started_at < interval '2 minutes' THEN interval '10 seconds'

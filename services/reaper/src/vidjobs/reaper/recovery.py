@@ -1,4 +1,4 @@
-"""The delayed recovery check (DESIGN.md "Recovery").
+"""The delayed recovery check (docs/ARCHITECTURE.md "Recovery").
 
 When a check comes due the job is reread: deleted or terminal → done; superseded by a newer schedule → done;
 not yet due or leased by another worker → deferred; otherwise a lease is taken and the job is handed to the

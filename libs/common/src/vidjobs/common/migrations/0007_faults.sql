@@ -1,5 +1,5 @@
 -- rollout: expand: a new table and defaulted or nullable columns the release before it neither reads nor writes.
--- Infrastructure faults (DESIGN.md "Faults").
+-- Infrastructure faults (docs/ARCHITECTURE.md "Faults").
 
 -- media ----------------------------------------------------------------------------------------------
 -- Who is copying a job's render right now, across every media replica: a second delivery of the same

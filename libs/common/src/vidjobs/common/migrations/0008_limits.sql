@@ -1,5 +1,5 @@
 -- rollout: expand: indexes only.
--- Limits on what one client or one impostor can cost everyone else (DESIGN.md "Tenancy").
+-- Limits on what one client or one impostor can cost everyone else (docs/ARCHITECTURE.md "Tenancy").
 
 -- gateway --------------------------------------------------------------------------------------------
 -- Stored callbacks are pruned after VIDJOBS_WEBHOOK_RETENTION_DAYS, oldest first.
