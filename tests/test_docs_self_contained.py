@@ -106,3 +106,19 @@ def test_the_citation_check_sees_what_it_must(tmp_path):
     assert broken_citations([citing], tmp_path) == [
         "code.py: cites GUIDE.md ['Shape'], which it has no section for",
         "code.py: cites GONE.md, which is not in the repository"]
+
+
+def _table_keys(document: Path, heading: str) -> set[str]:
+    """The names in the first column (`name`) of the tables under a `## heading` of a document."""
+    text = document.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", text, flags=re.MULTILINE))
+
+
+def test_the_fake_provider_page_names_every_scenario_parameter_and_counter():
+    from vidjobs.fakeprovider.wire import Counters, RenderParams, Scenario
+    from vidjobs.providers.fake.adapter import PARAM_CHECKS, SCENARIOS
+
+    page = ROOT / "docs" / "FAKE_PROVIDER.md"
+    assert _table_keys(page, "Scenarios") == {s.value for s in Scenario} == set(SCENARIOS)
+    assert _table_keys(page, "Parameters") == set(RenderParams.__struct_fields__) == set(PARAM_CHECKS)
+    assert set(Counters.__struct_fields__) <= _table_keys(page, "Its HTTP API")
