@@ -11,6 +11,7 @@ from typing import Any
 
 from vidjobs.common.settings import Settings
 from vidjobs.gateway.app import route_table
+from vidjobs.gateway.errortable import error_table
 from vidjobs.gateway.openapi import document
 
 _INTRO = """# API reference
@@ -23,6 +24,8 @@ to a request made with a key carries `RateLimit` and `RateLimit-Policy`. Errors 
 request that meets a part of the service not answering (its database stalled or restarting) is answered
 `503` `unavailable` with `Retry-After` within a few seconds (`VIDJOBS_DB_CALL_TIMEOUT_S`) rather than held;
 a create answered so may or may not have been made, and sent again with its `Idempotency-Key` is made once.
+The settings named here are in docs/SETTINGS.md; the fake provider's models and `params` (`scenario`, ...) in
+docs/FAKE_PROVIDER.md; how the parts fit in docs/ARCHITECTURE.md.
 
 ## When a waiting job starts
 
@@ -43,7 +46,7 @@ the times are null, `unavailable` says which (`too_few_renders`, `submissions_pa
 `provider_unavailable`) and `note` says it in words. The job's event stream sends the job again when its
 estimate moves by more than that rounding or a job ahead of it leaves; what the estimates read is shared by
 every request and stream of a gateway process and read again every few seconds (`VIDJOBS_ESTIMATE_*`
-settings, README).
+settings, docs/SETTINGS.md).
 
 ## Lanes
 
@@ -131,8 +134,16 @@ def _schema(name: str, schema: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+_ERRORS = """## Errors
+
+Every code an error answer (`error.code`) or a failed job (its `error.code`) can carry. A job's codes are
+also answered by the API where they fit; `retryable` in an answer says whether the same request may succeed
+later.
+"""
+
+
 def markdown(doc: dict[str, Any]) -> str:
-    lines = [_INTRO, "## Routes", ""]
+    lines = [_INTRO, _ERRORS, error_table(), "## Routes", ""]
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
             lines += _operation(method, path, op)
