@@ -50,15 +50,16 @@ class RouteShare(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    data_dir: str = "./.vidjobs"
+    data_dir: str = "./.vidjobs"  # where the embedded stack keeps its state (servers, objects, secrets)
     database_url: str = ""  # empty: the embedded server under data_dir (started by `vidjobs up`)
     nats_url: str = ""  # empty: the embedded server under data_dir; a cluster's servers comma-separated
     storage_url: str = ""  # empty: file:// under data_dir
-    http_port: int = 8080
-    http_host: str = "127.0.0.1"
+    http_port: int = 8080  # the gateway's port
+    http_host: str = "127.0.0.1"  # the address the gateway listens on
     # The address providers and browsers reach the gateway at (callbacks, signed URLs).
     public_url: str = ""
-    recovery_delay_s: float = 60.0
+
+    recovery_delay_s: float = 60.0  # the first recovery check of a job, this long after its creation
     recovery_interval_s: float = 60.0  # how often a non-terminal job is looked at again after that
     # How often the submitter looks once at each provider with a waiting job, handing out a slot that no event
     # announced (a lost wake-up, a breaker's pause running out). Waiting jobs cost nothing in between.
@@ -71,14 +72,17 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     estimate_samples: int = 200
     estimate_min_samples: int = 5
     estimate_refresh_s: float = 3.0
-    render_deadline_s: float = 900.0
-    download_deadline_s: float = 300.0
+
+    render_deadline_s: float = 900.0  # a render's hard deadline, from its submission
+    download_deadline_s: float = 300.0  # copying a finished render into storage, from the render's end
     download_attempts: int = 4  # deliveries of one download before the job fails with download_failed
-    max_attempts: int = 3
+    max_attempts: int = 3  # attempts (renders asked for) per job before it fails
+    # The backoff before a job's next attempt: exponential from base to cap, with full jitter.
     retry_base_s: float = 2.0
     retry_cap_s: float = 60.0
     # Per provider, as JSON: {"replicate": {"max_attempts": 5, "cap_s": 120}}
     retry_policies: dict[str, ProviderPolicy] = {}
+
     provider_timeout_s: float = 30.0  # one HTTP call to a provider
     # Connecting to a provider: a call that cannot connect this fast was never sent, so it is a clean failure
     # (tried again), not an unclear outcome; one sent and not answered runs into provider_timeout_s.
@@ -89,11 +93,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     unclear_submit_limit_s: float = 900.0
     # Per provider, as JSON: {"runway": {"concurrency": 4, "rate_per_s": 1, "burst": 2}}
     provider_limits: dict[str, ProviderLimits] = {}
+
     breaker_threshold: int = 5  # consecutive provider_unavailable answers that pause a provider
     breaker_cooldown_s: float = 30.0  # first pause; doubles while probes keep failing (capped at 10 min)
     # Model aliases, as JSON: {"house/default": [{"model": "fake/default", "share": 95},
     #                                             {"model": "luma/ray-2", "share": 5}]}
     model_routes: dict[str, list[RouteShare]] = {}
+
     ack_wait_s: float = 30.0  # a consumer's message is redelivered if not acked (or heartbeated) this long
     max_deliveries: int = 10  # failed handlings of one message before it is dead-lettered
     # Server-side bounds on every database session of the services (see db.Timeouts).
@@ -108,11 +114,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # then moves to another server of the cluster: a frozen server is noticed within (pings + 1) intervals.
     nats_ping_interval_s: float = 3.0
     nats_max_outstanding_pings: int = 2
+
     signing_secret: str = ""  # HMAC key for signed file URLs; `vidjobs up` generates one
     # The gateway's key for the webhook signing secrets it keeps in the database (vidjobs.gateway.sealing):
     # 32 random bytes, base64url; comma-separated while replacing it (the first seals, any opens). Only the
     # gateway is given it; `vidjobs up` generates one and keeps it in the data directory.
     secrets_key: str = ""
+
     signed_url_ttl_s: int = 900  # links to stored objects are short-lived; reading the job again renews them
     # The fake provider's adapters (`fake/*`, `fake-poll/*`): `on` for local development and tests (`vidjobs
     # up` turns it on); off otherwise, so a production deployment refuses fake models at create instead of
@@ -136,25 +144,29 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Our fal user id: fal signs every customer's callbacks with the same keys, so a callback for another
     # fal user (sent to our URL) verifies; it is refused when its X-Fal-Webhook-User-Id is not this one.
     fal_user_id: str = ""
+    # Runway, Luma and Veo (the Gemini API): each one's base URL and API key.
     runway_url: str = "https://api.dev.runwayml.com"
     runway_api_key: str = ""
     luma_url: str = "https://api.lumalabs.ai"
     luma_api_key: str = ""
     veo_url: str = "https://generativelanguage.googleapis.com"
     veo_api_key: str = ""
-    webhook_tolerance_s: int = 300
+
+    webhook_tolerance_s: int = 300  # a provider callback signed further than this from now is refused
     metrics_port: int = 0  # worker /healthz and /metrics; 0 picks a free port
     # The gateway's `/metrics` on the public API port (`on`), or (`off`) only on `metrics_port`, beside
     # /healthz and /readyz, where a network policy can keep it from the internet.
     api_metrics: Literal["on", "off"] = "on"
+
     stream_replicas: int = 1  # JetStream replicas per stream: 3 in production clusters
-    submit_concurrency: int = 16
-    download_concurrency: int = 4
-    media_concurrency: int = 2
+    submit_concurrency: int = 16  # messages a submitter process handles at once
+    download_concurrency: int = 4  # renders a media process copies at once
+    media_concurrency: int = 2  # threads a media process verifies and transcodes with
     # A media process copying a render holds it this long past its last sign of life; a copier killed
     # mid-copy delays the next try of that render by at most this much.
     media_copy_lease_s: float = 60.0
-    max_body_bytes: int = 64 * 1024
+
+    max_body_bytes: int = 64 * 1024  # a JSON body of an API request (413 past it)
     # API requests per API key: a token bucket refilled at this rate, holding at most `burst` requests. An
     # account's own `requests_per_s` / `request_burst` replace these.
     api_rate_per_s: float = 20.0
@@ -174,7 +186,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     webhook_rate_per_s: float = 200.0
     webhook_rate_burst: int = 400
     webhook_retention_days: float = 7.0
-    max_download_bytes: int = 512 * 1024 * 1024
+
+    max_download_bytes: int = 512 * 1024 * 1024  # the largest render copied into storage
     # Hosts whose render URLs may be fetched although they resolve to a private or loopback address, or are
     # plain http: `host` or `host:port`, comma-separated (a provider on our own network, the fake provider).
     download_allow_hosts: str = ""
@@ -197,6 +210,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # a resolver that never answers cannot take the ones image decoding uses, and a time limit.
     dns_timeout_s: float = 5.0
     dns_threads: int = 4
+
     s3_part_bytes: int = 8 * 1024 * 1024  # multipart upload part size for the S3 backend (at least 5 MiB)
     # The object store (S3 backend): a request that cannot connect, or hears nothing back, for this long is
     # abandoned (its connection closed, never reused) and tried again, `storage_attempts` tries in all; then
@@ -213,12 +227,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Retention: originals are removed this long after the job completed (the job becomes `expired`);
     # thumbnails stay while the job exists.
     retention_days: float = 30.0
-    retention_sweep_interval_s: float = 300.0
-    orphan_sweep_interval_s: float = 3600.0
+    retention_sweep_interval_s: float = 300.0  # how often the reaper looks for jobs past retention
+    orphan_sweep_interval_s: float = 3600.0  # how often media looks for stored objects no job owns
     orphan_grace_s: float = 3600.0  # objects younger than this are never called orphans (a copy may be running)
-    log_level: str = "INFO"
-    log_format: str = "json"  # json | text
-    demo_credits: int = 100_000
+
+    log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR
+    log_format: str = "json"  # json or text (`vidjobs up` uses text)
+    demo_credits: int = 100_000  # the credit of the demo account `vidjobs up` creates on first start
 
     @property
     def data_path(self) -> Path:
@@ -280,7 +295,7 @@ def _env_name(message: str) -> str:
     # msgspec says "... - at `$.http_port`"; name the variable a person actually sets.
     if message.startswith("Object contains unknown field `"):
         name = message.split("`")[1]
-        return f"unknown setting {PREFIX}{name.upper()} (see the settings table in README.md)"
+        return f"unknown setting {PREFIX}{name.upper()} (docs/SETTINGS.md lists every setting)"
     if "`$." in message:
         head, _, tail = message.partition("`$.")
         name, _, rest = tail.partition("`")
