@@ -49,7 +49,7 @@ async def _refuse(rt, job) -> None:
 
 
 async def test_job_errors_count_only_committed_moves(tmp_path, database_url, nats_url):
-    labels = {"code": "content_rejected"}
+    labels = {"code": "content_rejected", "provider": "fake"}
     settings = stack_settings(tmp_path, database_url, nats_url)
     async with open_runtime("test", settings) as rt:
         job = await _pending_job(rt)

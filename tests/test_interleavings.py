@@ -51,7 +51,7 @@ from vidjobs.fakeprovider.serving import running_fake_provider
 from vidjobs.fakeprovider.wire import RenderStatus
 from vidjobs.media import assets
 from vidjobs.poller import worker as poller
-from vidjobs.poller.signals import SignalContext, apply_signal
+from vidjobs.poller.signals import LearnedBy, SignalContext, apply_signal
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from vidjobs.providers.registry import adapter_for, build_adapters
 from vidjobs.reaper import recovery
@@ -277,7 +277,8 @@ async def run_op(run: Run, op: Op) -> None:
         case Signal():
             await signal(run, op)
         case Poll():
-            await legal_answer(poller.poll_once(run.world.poller, run.job_id, source="poll"))
+            await legal_answer(poller.poll_once(run.world.poller, run.job_id, source="poll",
+                                                learned_by=LearnedBy.REQUESTED_POLL))
         case Recovery():
             await recovery_check(run, op)
         case Cancel():
@@ -343,7 +344,8 @@ async def signal(run: Run, op: Signal) -> None:
         return
     for _ in range(op.times):
         # A redelivered message is handled afresh: the consumer rereads the row.
-        await legal_answer(apply_signal(run.world.signals, await run.job(), sig, source="callback"))
+        await legal_answer(apply_signal(run.world.signals, await run.job(), sig, source="callback",
+                                        learned_by=LearnedBy.CALLBACK))
 
 
 async def store_callback(run: Run, sig: ProviderSignal) -> int:
@@ -419,7 +421,8 @@ async def late_signal(run: Run, op: Signal) -> None:
     if held is None:
         return
     sig = await provider_signal(run, held, op)
-    await legal_answer(apply_signal(run.world.signals, held, sig, source="callback"))
+    await legal_answer(apply_signal(run.world.signals, held, sig, source="callback",
+                                    learned_by=LearnedBy.CALLBACK))
 
 
 # --- the properties ------------------------------------------------------------------------------------
@@ -567,7 +570,8 @@ async def test_a_late_poll_answer_about_the_first_attempt_leaves_the_second_alon
     await world.poller.adapters["fake"].cancel(first.provider_job_id)  # the provider stops the first render
     late = LateAnswers(world.poller.adapters["fake"], "status")
     poll = asyncio.create_task(poller.poll_once(
-        poller.Context(rt=world.rt, adapters={"fake": late}, signals=world.signals), run.job_id, source="poll"))
+        poller.Context(rt=world.rt, adapters={"fake": late}, signals=world.signals), run.job_id, source="poll",
+        learned_by=LearnedBy.REQUESTED_POLL))
     await late.answered.wait()
     # While "canceled" is on its way to the poller, the callback saying so retries the job as attempt 2.
     await run_steps(run, [(Signal(ProviderState.CANCELED, door="inbox"),), (Recovery(),), (Submit(),)])

@@ -63,7 +63,15 @@ JOB_MOVES = Counter("vidjobs_job_moves_total",
                     "the alias they were routed through ('' for none) and why (breaker, max_wait)",
                     ["from_model", "to_model", "route", "reason"])
 JOB_ERRORS = Counter("vidjobs_job_errors_total",
-                     "Committed moves to retrying or failed, by the error the job took", ["code"])
+                     "Committed moves to retrying or failed, by the error the job took and its provider",
+                     ["code", "provider"])
+# How the end of each render was learned: its callback, the poll schedule of a provider without callbacks,
+# the delayed recovery check (a callback lost or late) or a poll asked for otherwise. The share of
+# `recovery_poll` per provider is what to read before changing VIDJOBS_RECOVERY_DELAY_S (docs/RUNBOOK.md).
+COMPLETIONS = Counter("vidjobs_completions_total",
+                      "Finished renders, counted once when the move to downloading commits, by provider and how "
+                      "the finish was learned (callback, scheduled_poll, recovery_poll, requested_poll)",
+                      ["provider", "learned_by"])
 UNMATCHED_CALLBACKS = Counter("vidjobs_callbacks_unmatched_total",
                               "Stored callbacks whose render no job claimed in time; acknowledged and dropped",
                               ["provider"])

@@ -230,7 +230,7 @@ def _count_move(job: JobRow, from_status: JobStatus, left_stage_at: datetime | N
     to = job.status
     metrics.TRANSITIONS.labels(to.value).inc()
     if to in (JobStatus.RETRYING, JobStatus.FAILED) and job.error is not None:
-        metrics.JOB_ERRORS.labels(job.error.code.value).inc()
+        metrics.JOB_ERRORS.labels(job.error.code.value, job.provider).inc()
     if STAGE_OF[from_status] is not STAGE_OF[to] and from_status not in TERMINAL and left_stage_at is not None:
         metrics.STAGE_SECONDS.labels(STAGE_OF[from_status].value, job.provider, job.model).observe(
             (job.updated_at - left_stage_at).total_seconds())

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from vidjobs.common import jobs, outbox, provider_reports, ratecard, recovery_checks
+from vidjobs.common import changes, jobs, metrics, outbox, provider_reports, ratecard, recovery_checks
 from vidjobs.common.errors import ErrorCode, JobError, Redeliver
 from vidjobs.common.events import CancelRequested, DownloadRequested
 from vidjobs.common.jobs import JobRow
@@ -21,6 +22,15 @@ from vidjobs.providers.base import ProviderSignal, ProviderState
 
 log = logging.getLogger("vidjobs.poller")
 
+
+
+class LearnedBy(enum.StrEnum):
+    """How a signal reached us: what `vidjobs_completions_total` counts a finished render by."""
+
+    CALLBACK = "callback"  # the provider's callback (an unsigned one confirmed by a status poll included)
+    SCHEDULED_POLL = "scheduled_poll"  # the poll schedule of a provider without callbacks
+    RECOVERY_POLL = "recovery_poll"  # the delayed recovery check: the callback was lost or is late
+    REQUESTED_POLL = "requested_poll"  # a poll asked for otherwise
 
 
 @dataclass(frozen=True)
@@ -43,7 +53,8 @@ def is_stray(job: JobRow, sig: ProviderSignal) -> bool:
             and sig.provider_job_id != job.provider_job_id and (job.finished or is_stale(job, sig)))
 
 
-async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, source: str) -> None:
+async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, source: str,
+                       learned_by: LearnedBy) -> None:
     if is_stray(job, sig):
         await _stop_stray(ctx, job, sig, source)
         return
@@ -58,7 +69,7 @@ async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, 
             job = await _adopt(ctx, conn, job, sig, source)
             if job.finished or is_stale(job, sig):
                 return
-        await _apply(ctx, conn, job, sig, source)
+        await _apply(ctx, conn, job, sig, source, learned_by)
 
 
 async def _stop_stray(ctx: SignalContext, job: JobRow, sig: ProviderSignal, source: str) -> None:
@@ -98,6 +109,7 @@ async def _adopt(
 
 async def _apply(
     ctx: SignalContext, conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, source: str,
+    learned_by: LearnedBy,
 ) -> None:
     if sig.cost is not None:
         # Before the move it comes with, so the charge at the end of the job can read it.
@@ -111,7 +123,9 @@ async def _apply(
         case ProviderState.RUNNING:
             await _running(conn, job, sig, source)
         case ProviderState.SUCCEEDED:
-            await _succeeded(ctx, conn, job, sig, source)
+            if await _succeeded(ctx, conn, job, sig, source):
+                # Counted once the move commits: a redelivered or late signal moves nothing and counts nothing.
+                changes.on_commit(metrics.COMPLETIONS.labels(job.provider, learned_by.value).inc)
         case ProviderState.FAILED | ProviderState.CANCELED:
             error = sig.error or JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "The provider stopped the render.")
             await fail_or_retry(conn, job, error, policies=ctx.policies, expect=RENDERING, guard=_same_render(job),
@@ -129,15 +143,17 @@ async def _running(conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, s
 
 async def _succeeded(
     ctx: SignalContext, conn: asyncpg.Connection, job: JobRow, sig: ProviderSignal, source: str,
-) -> None:
+) -> bool:
+    """Move a finished render on to its download; True if this signal moved it."""
     if not sig.output_url:
         error = JobError.of(ErrorCode.VERIFICATION_FAILED, "The provider reported success without an output.")
         await transition(conn, job.id, JobStatus.FAILED, reason=f"{source}: success without output",
                          expect=RENDERING, update=JobUpdate(error=error, progress=None), guard=_same_render(job))
-        return
+        return False
     deadline = datetime.now(UTC) + timedelta(seconds=ctx.rt.settings.download_deadline_s)
-    await transition(
+    moved = await transition(
         conn, job.id, JobStatus.DOWNLOADING, reason=f"{source}: render finished", expect=RENDERING,
         update=JobUpdate(provider_output=sig.output_url, progress=None, deadline_at=deadline),
         emit=[DownloadRequested(job_id=job.id)], guard=_same_render(job),
     )
+    return moved is not None

@@ -21,7 +21,7 @@ from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, consumer, pause
 from vidjobs.common.states import RENDERING
 from vidjobs.poller import schedule
-from vidjobs.poller.signals import SignalContext, apply_signal
+from vidjobs.poller.signals import LearnedBy, SignalContext, apply_signal
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from vidjobs.providers.http import call_timeout
 from vidjobs.providers.registry import adapter_for, build_adapters
@@ -96,9 +96,10 @@ async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> No
                                                 "callback_request_id": requestids.current()})
     requestids.continue_job(job.request_id)
     if not sig.verified:
-        await poll_once(ctx, job.id, source="unsigned callback, confirmed by a status poll")
+        await poll_once(ctx, job.id, source="unsigned callback, confirmed by a status poll",
+                        learned_by=LearnedBy.CALLBACK)
         return
-    await apply_signal(ctx.signals, job, sig, source="callback")
+    await apply_signal(ctx.signals, job, sig, source="callback", learned_by=LearnedBy.CALLBACK)
 
 
 async def _job_for(ctx: Context, provider: str, sig: ProviderSignal) -> JobRow | None:
@@ -115,7 +116,8 @@ async def on_poll(ctx: Context, event: PollRequested, delivery: Delivery) -> Non
     if event.reason == "submitted":
         await schedule.add(ctx.rt.pool, event.job_id)
         return
-    await poll_once(ctx, event.job_id, source=f"poll ({event.reason or 'requested'})")
+    learned_by = LearnedBy.RECOVERY_POLL if event.reason == "recovery" else LearnedBy.REQUESTED_POLL
+    await poll_once(ctx, event.job_id, source=f"poll ({event.reason or 'requested'})", learned_by=learned_by)
 
 
 async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) -> None:
@@ -135,7 +137,7 @@ async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) ->
     log.info("asked the provider to stop", extra={"job_id": event.job_id, "provider_job_id": event.provider_job_id})
 
 
-async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
+async def poll_once(ctx: Context, job_id: str, *, source: str, learned_by: LearnedBy) -> bool:
     """Ask the provider about a rendering job; True while the provider is still rendering it."""
     job = await jobs.fetch(ctx.rt.pool, job_id)
     if job is None or job.finished or job.status not in RENDERING or job.provider_job_id is None:
@@ -151,7 +153,7 @@ async def poll_once(ctx: Context, job_id: str, *, source: str) -> bool:
         log.error("status poll refused", extra={"job_id": job.id, "code": err.code.value})
         return True
     metrics.PROVIDER_CALLS.labels(job.provider, "status", "ok").inc()
-    await apply_signal(ctx.signals, job, sig, source=source)
+    await apply_signal(ctx.signals, job, sig, source=source, learned_by=learned_by)
     return sig.state in (ProviderState.QUEUED, ProviderState.RUNNING)
 
 
@@ -176,7 +178,7 @@ async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) ->
 
 async def _scheduled_poll(ctx: Context, job_id: str) -> None:
     try:
-        alive = await poll_once(ctx, job_id, source="scheduled poll")
+        alive = await poll_once(ctx, job_id, source="scheduled poll", learned_by=LearnedBy.SCHEDULED_POLL)
     except Redeliver as again:
         log.info("scheduled poll will try again", extra={"job_id": job_id, "why": str(again)})
         return
