@@ -123,3 +123,16 @@ def test_the_fake_provider_page_names_every_scenario_parameter_and_counter():
     assert _table_keys(page, "Scenarios") == {s.value for s in Scenario} == set(SCENARIOS)
     assert _table_keys(page, "Parameters") == set(RenderParams.__struct_fields__) == set(PARAM_CHECKS)
     assert set(Counters.__struct_fields__) <= _table_keys(page, "Its HTTP API")
+
+
+def test_the_architecture_page_has_every_legal_move_and_no_other():
+    """docs/ARCHITECTURE.md "Job states" lists the moves `states.LEGAL` allows: rows name several statuses as
+    `a, b` (from) or `a / b` (to), and `any non-terminal`."""
+    from vidjobs.common.states import LEGAL, NON_TERMINAL, JobStatus
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text().split("\n## Job states\n", 1)[1].split("\n## ", 1)[0]
+    documented = set()
+    for src, to in re.findall(r"^\| ([a-z, -]+) \| ([a-z /]+) \|", text, flags=re.MULTILINE)[1:]:  # header
+        sources = NON_TERMINAL if src == "any non-terminal" else {JobStatus(s) for s in src.split(", ")}
+        documented |= {(s, JobStatus(t)) for s in sources for t in to.split(" / ")}
+    assert documented == {(src, to) for src, targets in LEGAL.items() for to in targets}
