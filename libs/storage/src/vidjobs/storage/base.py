@@ -91,6 +91,11 @@ class Storage(Protocol):
     async def close(self) -> None: ...
 
 
+def account_prefix(account_id: str) -> str:
+    """Everything stored for one account (its jobs' renders and its uploads) lies under this prefix."""
+    return f"accounts/{account_id}/"
+
+
 def job_prefix(account_id: str, job_id: str) -> str:
     return f"accounts/{account_id}/jobs/{job_id}/"
 
