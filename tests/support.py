@@ -38,10 +38,12 @@ class Run(NamedTuple):
     err: str
 
 
-def operator_command(database_url: str, nats_url: str = "") -> Callable[..., Awaitable[Run]]:
-    """`vidjobs ...` as an operator runs it, on this database (and NATS), with no other VIDJOBS_* setting."""
+def operator_command(database_url: str, nats_url: str = "", **settings: str) -> Callable[..., Awaitable[Run]]:
+    """`vidjobs ...` as an operator runs it, on this database (and NATS), with no other VIDJOBS_* setting than
+    `settings` (storage_url="file:///...", say)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("VIDJOBS_")}
     env.update(VIDJOBS_DATABASE_URL=database_url, VIDJOBS_NATS_URL=nats_url)
+    env.update({f"VIDJOBS_{name.upper()}": value for name, value in settings.items()})
 
     async def run(*args: str) -> Run:
         proc = await asyncio.create_subprocess_exec(

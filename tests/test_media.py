@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 import hashlib
 import io
+import secrets
 import tempfile
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -18,6 +19,8 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
+from tests.corrupting import CorruptingStorage
+from tests.s3server import TEST_BUCKET
 from tests.support import wait_until
 from vidjobs.common import bus, creation, deletion, jobs, outbox, renders
 from vidjobs.common.errors import ErrorCode, MediaError
@@ -27,11 +30,12 @@ from vidjobs.common.runtime import Runtime, open_runtime
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.media import worker as media_worker
 from vidjobs.media.download import fetch_to_file
 from vidjobs.media.thumbnail import write_thumbnail
 from vidjobs.media.verify import inspect_video
 from vidjobs.media.worker import main
-from vidjobs.storage.base import ObjectNotFound, job_prefix
+from vidjobs.storage.base import ObjectNotFound, Storage, job_prefix
 from vidjobs.storage.factory import open_storage
 from vidjobs.storage.filesystem import FileStorage
 
@@ -420,3 +424,66 @@ async def test_deleting_a_job_removes_its_objects(settings: Settings, origin: Or
     for key in (stored.video.key, stored.thumbnail.key):
         with pytest.raises(ObjectNotFound):
             await storage.head(key)
+
+
+# --- what lands in storage is checked against what was downloaded -------------------------------------------
+
+
+@pytest.fixture(params=["file", "s3"])
+def any_backend(request: pytest.FixtureRequest, settings: Settings) -> Settings:
+    if request.param == "file":
+        return settings
+    request.getfixturevalue("s3_server")
+    return settings.with_(storage_url=f"s3://{TEST_BUCKET}/media-{secrets.token_hex(4)}")
+
+
+@contextlib.contextmanager
+def corrupting_media_storage(monkeypatch: pytest.MonkeyPatch, *, times: int) -> Iterator[list[CorruptingStorage]]:
+    """The media worker's storage, wrapped so that its first `times` stores of each object are corrupted in the
+    store right after they land."""
+    made: list[CorruptingStorage] = []
+
+    def opened(settings: Settings) -> Storage:
+        made.append(CorruptingStorage(open_storage(settings), times=times))
+        return made[-1]
+
+    monkeypatch.setattr(media_worker, "open_storage", opened)
+    yield made
+
+
+async def test_an_object_corrupted_after_its_store_is_caught_and_stored_again(
+    any_backend: Settings, origin: Origin, clip: bytes, monkeypatch: pytest.MonkeyPatch,
+):
+    with corrupting_media_storage(monkeypatch, times=1) as made:
+        async with running_media(any_backend) as rt:
+            job_id = await downloading_job(rt, origin.url("/clip.mp4"))
+            job = await wait_status(rt, job_id, JobStatus.COMPLETED)
+            out = await renders.read(rt.pool, job_id)
+    prefix = job_prefix(job.account_id, job_id)
+    # Every object was corrupted once, caught, and stored again within the one copy: no second download.
+    assert sorted(made[0].corrupted) == [prefix + n for n in ("preview.mp4", "thumbnail.jpg", "video.mp4")]
+    assert origin.hits["/clip.mp4"] == 1 and job.error is None
+    storage = open_storage(any_backend)
+    try:
+        assert await storage.get_bytes(out.video.key) == clip
+        for file in (out.thumbnail, out.preview):
+            data = await storage.get_bytes(file.key)
+            assert (len(data), hashlib.sha256(data).hexdigest()) == (file.bytes, file.sha256)
+    finally:
+        await storage.close()
+
+
+async def test_a_store_that_never_keeps_the_render_intact_fails_the_job_honestly(
+    settings: Settings, origin: Origin, monkeypatch: pytest.MonkeyPatch, work_tmp: Path,
+):
+    with corrupting_media_storage(monkeypatch, times=1000):
+        async with running_media(settings.with_(download_attempts=2, store_verify_attempts=2)) as rt:
+            job_id = await downloading_job(rt, origin.url("/clip.mp4"))
+            job = await wait_status(rt, job_id, JobStatus.FAILED)
+            trail = await moves(rt, job_id)
+    assert job.error.code is ErrorCode.DOWNLOAD_FAILED and job.error.retryable
+    assert "could not be stored intact" in job.error.message
+    assert origin.hits["/clip.mp4"] == 2  # copied again from the download, then given up
+    assert trail[-1] == ("downloading", "failed")
+    assert not (Path(settings.storage_url.removeprefix("file://")) / job_prefix("acct_media", job_id)).exists()
+    assert not any(work_tmp.iterdir())

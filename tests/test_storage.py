@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 from botocore.exceptions import ClientError
 
+from tests.corrupting import CorruptingStorage, flipped
 from tests.s3server import TEST_BUCKET, MotoS3
 from vidjobs.cli.embedded import free_port
 from vidjobs.common.errors import ConfigError
@@ -34,9 +35,10 @@ from vidjobs.gateway.processcaps import StreamSlots
 from vidjobs.gateway.ratelimit import Buckets
 from vidjobs.gateway.routetable import register
 from vidjobs.gateway.state import GATEWAY, Gateway
-from vidjobs.storage.base import ObjectNotFound, Storage, StorageError, job_prefix
+from vidjobs.storage.base import ObjectMismatch, ObjectNotFound, Storage, StorageError, StorageUnavailable, job_prefix
 from vidjobs.storage.factory import open_storage
 from vidjobs.storage.filesystem import FileStorage
+from vidjobs.storage.integrity import put_verified
 from vidjobs.storage.s3 import S3Storage
 
 BUCKET = TEST_BUCKET
@@ -388,3 +390,93 @@ def test_the_factory_refuses_a_malformed_storage_url(url: str):
 def test_the_factory_refuses_s3_parts_below_the_s3_minimum():
     with pytest.raises(ConfigError, match="VIDJOBS_S3_PART_BYTES"):
         open_storage(Settings(storage_url="s3://media-bucket/x", s3_part_bytes=1024 * 1024))
+
+
+# --- every stored object is read back: size and SHA-256 as the store reports them ---------------------------
+
+
+async def test_the_store_reports_the_size_and_sha256_of_what_it_holds(backend: Backend, tmp_path: Path):
+    await backend.storage.put_bytes(PREFIX + "thumb.jpg", VIDEO, "image/jpeg")
+    small = tmp_path / "preview.mp4"
+    small_sha = _random_file(small, 4096)
+    await backend.storage.put_file(PREFIX + "preview.mp4", small, "video/mp4")
+
+    found = await backend.storage.digest(PREFIX + "thumb.jpg")
+
+    assert (found.bytes, found.sha256, found.parts) == (len(VIDEO), hashlib.sha256(VIDEO).hexdigest(), 0)
+    assert (await backend.storage.verify(PREFIX + "preview.mp4", small, small_sha)).bytes == 4096
+    assert (await backend.storage.verify(PREFIX + "thumb.jpg", VIDEO, hashlib.sha256(VIDEO).hexdigest())).bytes \
+        == len(VIDEO)
+    with pytest.raises(ObjectNotFound):
+        await backend.storage.digest(PREFIX + "never-stored.mp4")
+
+
+async def test_an_object_that_is_not_what_was_sent_is_a_mismatch(backend: Backend, tmp_path: Path):
+    sent = tmp_path / "video.mp4"
+    sha = _random_file(sent, 4096)
+    await backend.storage.put_file(PREFIX + "video.mp4", sent, "video/mp4")
+    await backend.storage.put_bytes(PREFIX + "video.mp4", flipped(sent.read_bytes()), "video/mp4")  # rotted
+
+    with pytest.raises(ObjectMismatch, match="SHA-256"):
+        await backend.storage.verify(PREFIX + "video.mp4", sent, sha)
+    await backend.storage.put_bytes(PREFIX + "video.mp4", sent.read_bytes()[:-1], "video/mp4")  # cut short
+    with pytest.raises(ObjectMismatch, match="4095 bytes"):
+        await backend.storage.verify(PREFIX + "video.mp4", sent, sha)
+    assert isinstance(ObjectMismatch("x"), StorageUnavailable)  # a fault of the store: retried, never a 500
+
+
+async def test_a_file_of_several_parts_is_verified_part_by_part(backend: Backend, tmp_path: Path):
+    big = tmp_path / "render.mp4"
+    sha = _random_file(big, 2 * PART + 12345)
+    await backend.storage.put_file(PREFIX + "video.mp4", big, "video/mp4")
+
+    assert (await backend.storage.verify(PREFIX + "video.mp4", big, sha)).bytes == big.stat().st_size
+
+    other = tmp_path / "other.mp4"
+    _random_file(other, big.stat().st_size)  # as long, other bytes, also in parts
+    await backend.storage.put_file(PREFIX + "video.mp4", other, "video/mp4")
+    with pytest.raises(ObjectMismatch):
+        await backend.storage.verify(PREFIX + "video.mp4", big, sha)
+
+
+async def test_s3_verifying_parts_also_proves_the_local_file(s3: S3Storage, tmp_path: Path):
+    big = tmp_path / "render.mp4"
+    sha = _random_file(big, 2 * PART + 1)
+    await s3.put_file(PREFIX + "video.mp4", big, "video/mp4")
+    found = await s3.digest(PREFIX + "video.mp4")
+    assert found.sha256 != sha  # S3 holds the hash of the parts' hashes, not of the whole
+
+    with pytest.raises(ObjectMismatch, match="local copy"):
+        await s3.verify(PREFIX + "video.mp4", big, hashlib.sha256(b"what the download hashed").hexdigest())
+
+
+async def test_s3_an_object_stored_without_a_checksum_cannot_be_verified(s3: S3Storage):
+    client = await s3.client()
+    await client.put_object(Bucket=BUCKET, Key=s3.full_key(PREFIX + "video.mp4"), Body=VIDEO)
+
+    with pytest.raises(ObjectMismatch, match="no SHA-256"):
+        await s3.verify(PREFIX + "video.mp4", VIDEO, hashlib.sha256(VIDEO).hexdigest())
+
+
+async def test_a_corrupted_store_is_stored_again_until_it_is_intact(backend: Backend, tmp_path: Path):
+    mangling = CorruptingStorage(backend.storage, times=2)
+    source = tmp_path / "video.mp4"
+    sha = _random_file(source, 4096)
+
+    stored = await put_verified(mangling, PREFIX + "video.mp4", source, "video/mp4", sha256=sha, attempts=3)
+
+    assert stored.bytes == 4096 and mangling.corrupted == [PREFIX + "video.mp4"] * 2
+    assert await backend.storage.get_bytes(PREFIX + "video.mp4") == source.read_bytes()
+    image = b"\x89PNG" + os.urandom(100)
+    await put_verified(mangling, PREFIX + "image.png", image, "image/png", sha256=hashlib.sha256(image).hexdigest())
+    assert await backend.storage.get_bytes(PREFIX + "image.png") == image
+
+
+async def test_a_store_that_never_keeps_it_intact_is_a_mismatch_after_the_attempts(backend: Backend, tmp_path: Path):
+    mangling = CorruptingStorage(backend.storage, times=99)
+    source = tmp_path / "video.mp4"
+    sha = _random_file(source, 4096)
+
+    with pytest.raises(ObjectMismatch, match="after 2 stores"):
+        await put_verified(mangling, PREFIX + "video.mp4", source, "video/mp4", sha256=sha, attempts=2)
+    assert len(mangling.corrupted) == 2

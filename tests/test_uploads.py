@@ -192,3 +192,30 @@ async def test_uploads_past_the_daily_cap_are_429_and_store_nothing(tmp_path, da
         assert (await send(other))[0] == 201  # another account's day is its own
         _, account = await h.get(key, "/v1/account")
         assert (account["uploads_today"], account["limits"]["max_uploads_per_day"]) == (2, 2)
+
+
+async def test_an_upload_the_store_mangles_is_stored_again_or_refused_with_503(tmp_path, database_url, nats_url):
+    from tests.corrupting import CorruptingStorage
+    from tests.gateway_harness import assert_error, auth, gateway_settings, running_gateway
+
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url, store_verify_attempts=2)) as h:
+        account_id, key = await h.account()
+        real = h.gw.storage
+
+        async def send() -> tuple[int, Any]:
+            resp = await h.client.post("/v1/uploads", data=imagefiles.png_with_text(),
+                                       headers={**auth(key), "Content-Type": "image/png"})
+            return resp.status, await resp.json()
+
+        h.gw.storage = CorruptingStorage(real, times=1)
+        status, body = await send()
+        assert status == 201, body
+        row = await h.pool.fetchrow("SELECT key, bytes, sha256 FROM uploads WHERE id = $1", body["id"])
+        kept = await real.get_bytes(row["key"])
+        assert (len(kept), hashlib.sha256(kept).hexdigest()) == (row["bytes"], row["sha256"])
+
+        h.gw.storage = CorruptingStorage(real, times=99)  # every store mangled: the store is not usable
+        status, body = await send()
+        assert status == 503, body
+        assert_error(body, "unavailable")
+        assert await h.count("SELECT count(*) FROM uploads WHERE account_id = $1", account_id) == 1

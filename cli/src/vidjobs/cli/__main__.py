@@ -160,6 +160,17 @@ def _accounts_parser(parser: argparse.ArgumentParser) -> None:
                         metavar="N", help="jobs rendering at once")
     _add_limits(change, clearable=True)
     change.set_defaults(handler=_accounts_set)
+    delete = actions.add_parser(
+        "delete", help="revoke an account's keys and cancel its live jobs; --purge also removes its objects and "
+                       "rows (a data-deletion request); prints what it canceled or removed")
+    delete.add_argument("account_id", metavar="ACCOUNT_ID")
+    delete.add_argument("--purge", action="store_true",
+                        help="also remove every object and row of the account, the account itself last")
+    delete.add_argument("--wait", dest="wait_s", type=_positive(), default=30.0, metavar="SECONDS",
+                        help="with --purge: how long to wait for canceled jobs and copies in progress to end "
+                             "(default 30); refused, with nothing removed, if they have not")
+    _json_flag(delete)
+    delete.set_defaults(handler=_accounts_delete)
 
 
 def _keys_parser(parser: argparse.ArgumentParser) -> None:
@@ -275,6 +286,14 @@ def _accounts_set(args: argparse.Namespace, settings: Settings) -> int:
     if not changes:
         raise ConfigError("nothing to change: give --concurrency, --daily-cap, --max-job, --rate or --burst")
     return _admin(settings, partial(admin.set_limits, account_id=args.account_id, changes=changes))
+
+
+def _accounts_delete(args: argparse.Namespace, settings: Settings) -> int:
+    with embedded_database(settings) as resolved:
+        admin.run(resolved.database_url, partial(
+            admin.delete_account, account_id=args.account_id, purge=args.purge, wait_s=args.wait_s,
+            settings=resolved, as_json=args.json))
+    return 0
 
 
 def _keys_create(args: argparse.Namespace, settings: Settings) -> int:

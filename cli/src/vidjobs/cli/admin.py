@@ -8,6 +8,7 @@ notes for the person at the terminal go to stderr.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
@@ -17,10 +18,14 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from vidjobs.cli.exitcodes import BackendUnreachable, NotFound, SchemaAhead, SchemaBehind
+from vidjobs.cli import closing
+from vidjobs.cli.exitcodes import BackendUnreachable, NotFound, Refused, SchemaAhead, SchemaBehind
 from vidjobs.common import credits, db, grants, ratecard, switch
 from vidjobs.common.errors import ConfigError
+from vidjobs.common.settings import Settings
 from vidjobs.gateway import accounts
+from vidjobs.storage.base import Storage, account_prefix
+from vidjobs.storage.factory import open_storage
 
 Command = Callable[[asyncpg.Connection], Awaitable[None]]
 
@@ -125,6 +130,64 @@ async def set_limits(conn: asyncpg.Connection, account_id: str, changes: dict[st
     _note(f"{account.id} ({account.name}) now: concurrency {account.concurrent_jobs}, daily cap "
           f"{_cell(account.daily_spend_cap)}, per-job max {_cell(account.max_job_credits)}, rate/s "
           f"{_cell(account.requests_per_s)}, burst {_cell(account.request_burst)} (-: none or the default)")
+
+
+async def delete_account(conn: asyncpg.Connection, account_id: str, *, purge: bool, wait_s: float,
+                         settings: Settings, as_json: bool) -> None:
+    """Close the account (keys revoked, live jobs canceled); with `purge`, then remove its objects and rows."""
+    if await accounts.fetch(conn, account_id) is None:
+        if purge:
+            await _finish_purge(settings, account_id)
+            return
+        raise NotFound(_no_account(account_id))
+    closed = await closing.close(conn, account_id)
+    _note(f"{account_id}: {closed.keys_revoked} API key(s) revoked, {len(closed.jobs_canceled)} live job(s) "
+          "canceled (their providers are asked to stop)")
+    if not purge:
+        _show_closed(closed, as_json=as_json)
+        return
+    storage = _storage(settings)
+    try:
+        await closing.settle(conn, account_id, wait_s)
+        purged = await closing.purge(conn, storage, account_id)
+    except closing.StillBusy as busy:
+        raise Refused(f"{account_id} still has {busy} after {wait_s:g} s; nothing was purged. Run the command "
+                      "again (with a longer --wait) once they have ended") from busy
+    finally:
+        await storage.close()
+    _show_purged(purged, as_json=as_json)
+
+
+async def _finish_purge(settings: Settings, account_id: str) -> None:
+    """The account's rows are gone (an earlier purge committed them); objects a late copy stored may be left."""
+    storage = _storage(settings)
+    try:
+        removed = await storage.delete_prefix(account_prefix(account_id))
+    finally:
+        await storage.close()
+    if not removed:
+        raise NotFound(_no_account(account_id))
+    _note(f"no account {account_id!r}; removed {removed} object(s) left under its prefix")
+
+
+def _storage(settings: Settings) -> Storage:
+    # The file backend wants a key for the URLs it signs; removing objects signs none.
+    return open_storage(settings.with_(signing_secret=settings.signing_secret or secrets.token_urlsafe(16)))
+
+
+def _show_closed(closed: closing.Closed, *, as_json: bool) -> None:
+    if as_json:
+        print(msgspec.json.encode(closed).decode())
+        return
+    for job_id in closed.jobs_canceled:
+        print(job_id)
+
+
+def _show_purged(purged: closing.Purged, *, as_json: bool) -> None:
+    if as_json:
+        print(msgspec.json.encode(purged).decode())
+        return
+    _table(("removed", "count"), [("objects", purged.objects), *sorted(purged.rows.items())])
 
 
 # keys --------------------------------------------------------------------------------------------------

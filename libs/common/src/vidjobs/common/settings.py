@@ -217,6 +217,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # the store counts as unavailable: a worker defers its work, the gateway answers 503, /readyz says so.
     storage_timeout_s: float = 3.0
     storage_attempts: int = 2
+    # Every stored object is read back (its size and SHA-256, as the store reports them) and stored again
+    # while it differs from what was sent, this many stores in all; then media counts a failed download (its
+    # retries copy the render again) and the gateway answers 503.
+    store_verify_attempts: int = 3
     # Image uploads (image-to-video input).
     upload_max_bytes: int = 10 * 1024 * 1024
     upload_max_side: int = 8192  # pixels, either side

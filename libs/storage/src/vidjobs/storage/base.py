@@ -30,6 +30,24 @@ class StorageUnavailable(StorageError, PartUnavailable):
     """The store could not be reached or answered with a server error: the same call may succeed later."""
 
 
+class ObjectMismatch(StorageUnavailable):
+    """The object the store holds is not the bytes we stored (its size or SHA-256 differs): a fault of the
+    store, not of the work, so storing the same bytes again may succeed."""
+
+
+class StoredDigest(msgspec.Struct, frozen=True, kw_only=True):
+    """An object's size and SHA-256 as the store itself reports them (never as we computed them on sending).
+
+    An S3 object uploaded in N parts carries the hash of its parts' hashes instead of the whole's (S3's
+    "composite" checksum); `parts` is N where the store says so, else 0 (moto, for one, leaves the count
+    out): only the backend that uploaded the object knows its part layout, which is why `verify` is its own."""
+
+    key: str
+    bytes: int
+    sha256: str  # lowercase hex
+    parts: int = 0
+
+
 @runtime_checkable
 class Storage(Protocol):
     async def put_file(self, key: str, path: Path, content_type: str) -> ObjectInfo:
@@ -43,6 +61,16 @@ class Storage(Protocol):
 
     async def head(self, key: str) -> ObjectInfo:
         """Raises ObjectNotFound."""
+
+    async def digest(self, key: str) -> StoredDigest:
+        """The object's size and SHA-256 as the store holds them: S3 answers them to a HEAD, the filesystem
+        backend stats and hashes the stored file. Raises ObjectNotFound; ObjectMismatch when the store keeps
+        no SHA-256 for the object (it was not stored through us)."""
+
+    async def verify(self, key: str, source: Path | bytes, sha256: str) -> StoredDigest:
+        """Prove the object under `key` holds exactly the bytes of `source`, whose SHA-256 (hex) the caller
+        took before storing them (a download hashes as it writes): checks the size and the hash the store
+        reports. Raises ObjectMismatch otherwise, and also when `source` itself no longer hashes to `sha256`."""
 
     async def delete(self, key: str) -> None:
         """Remove an object; a missing object is not an error."""
@@ -61,6 +89,11 @@ class Storage(Protocol):
         a readiness probe asks."""
 
     async def close(self) -> None: ...
+
+
+def account_prefix(account_id: str) -> str:
+    """Everything stored for one account (its jobs' renders and its uploads) lies under this prefix."""
+    return f"accounts/{account_id}/"
 
 
 def job_prefix(account_id: str, job_id: str) -> str:

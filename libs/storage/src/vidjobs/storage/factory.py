@@ -19,6 +19,8 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 
 
 def open_storage(settings: Settings) -> Storage:
+    if settings.store_verify_attempts < 1:
+        raise ConfigError("VIDJOBS_STORE_VERIFY_ATTEMPTS must be at least 1")
     location = settings.storage_location()
     url = urlsplit(location)
     if url.scheme == "file":

@@ -9,8 +9,8 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from vidjobs.storage import signing
-from vidjobs.storage.base import ObjectInfo, ObjectNotFound, StorageError, StorageUnavailable
+from vidjobs.storage import integrity, signing
+from vidjobs.storage.base import ObjectInfo, ObjectNotFound, StorageError, StorageUnavailable, StoredDigest
 
 LIST_PAGE = 1000  # objects looked at per trip to a worker thread
 PING_TIMEOUT_S = 2.0
@@ -106,6 +106,26 @@ class FileStorage:
             raise ObjectNotFound(key) from exc
         return ObjectInfo(key=key, bytes=stat.st_size, content_type=self.content_type(key),
                           modified_at=stat.st_mtime)
+
+    def _digest(self, key: str) -> StoredDigest:
+        path = self.path_for(key)
+        try:
+            size = path.stat().st_size
+            layout = integrity.layout_of(path)
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+        return StoredDigest(key=key, bytes=size, sha256=layout.whole.hexdigest())
+
+    async def digest(self, key: str) -> StoredDigest:
+        """A stat and a hash of the stored file itself (which may share its inode with the source: then this
+        proves the source, too, is still the bytes that were hashed when they arrived)."""
+        return await asyncio.to_thread(self._digest, key)
+
+    async def verify(self, key: str, source: Path | bytes, sha256: str) -> StoredDigest:
+        found = await self.digest(key)
+        size = len(source) if isinstance(source, bytes) else (await asyncio.to_thread(source.stat)).st_size
+        integrity.require(found, size=size, sha256=sha256)
+        return found
 
     def content_type(self, key: str) -> str:
         path = self.path_for(key)

@@ -25,7 +25,15 @@ from botocore.client import BaseClient
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from vidjobs.storage.base import ObjectInfo, ObjectNotFound, StorageError, StorageUnavailable
+from vidjobs.storage import integrity
+from vidjobs.storage.base import (
+    ObjectInfo,
+    ObjectMismatch,
+    ObjectNotFound,
+    StorageError,
+    StorageUnavailable,
+    StoredDigest,
+)
 
 log = logging.getLogger("vidjobs.storage")
 
@@ -33,6 +41,7 @@ MIN_PART_BYTES = 5 * 1024 * 1024  # S3 refuses smaller parts, except the last
 MAX_PARTS = 10_000  # S3's limit per multipart upload
 DELETE_BATCH = 1000  # S3's limit per DeleteObjects call, and a listing's page size
 UNKNOWN_TYPE = "application/octet-stream"  # what a listing says: it does not carry content types
+CHECKSUM = "SHA256"  # every object is stored with S3's own SHA-256 of it, which a HEAD reads back
 PING_KEY = "readiness-probe"  # looked up, never written: any answer about it shows the store is answering
 _MISSING = {"404", "NoSuchKey", "NotFound"}
 # Codes S3-compatible stores send for "try again": treated like a 5xx, as an outage of the store.
@@ -156,12 +165,13 @@ class S3Storage:
     async def put_bytes(self, key: str, data: bytes, content_type: str) -> ObjectInfo:
         async with _bounded("store", key, self.limits.call_s(len(data))):
             s3 = await self.client()
-            await s3.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data, ContentType=content_type)
+            await s3.put_object(Bucket=self.bucket, Key=self.full_key(key), Body=data, ContentType=content_type,
+                                ChecksumAlgorithm=CHECKSUM)
         return ObjectInfo(key=key, bytes=len(data), content_type=content_type)
 
     async def put_file(self, key: str, path: Path, content_type: str) -> ObjectInfo:
         size = (await asyncio.to_thread(path.stat)).st_size
-        if size < self._part_bytes:
+        if not self._multipart(path, size):
             return await self.put_bytes(key, await asyncio.to_thread(path.read_bytes), content_type)
         with _translated("store", key):  # each request of it is bounded on its own
             stored = await self._put_multipart(key, path, size, content_type)
@@ -170,9 +180,10 @@ class S3Storage:
     async def _put_multipart(self, key: str, path: Path, size: int, content_type: str) -> int:
         """Streams the file one part at a time, so memory holds one part whatever the file's size."""
         s3, full = await self.client(), self.full_key(key)
-        part_bytes = max(self._part_bytes, -(-size // MAX_PARTS))
+        part_bytes = self._part_size(size)
         async with _bounded("store", key, self.limits.call_s()):
-            upload = await s3.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=content_type)
+            upload = await s3.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=content_type,
+                                                      ChecksumAlgorithm=CHECKSUM)
         upload_id = upload["UploadId"]
         try:
             parts: list[dict[str, str | int]] = []
@@ -181,8 +192,9 @@ class S3Storage:
                 number = len(parts) + 1
                 async with _bounded("store", key, self.limits.call_s(len(chunk))):
                     sent = await s3.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
-                                                PartNumber=number, Body=chunk)
-                parts.append({"ETag": sent["ETag"], "PartNumber": number})
+                                                PartNumber=number, Body=chunk, ChecksumAlgorithm=CHECKSUM)
+                # S3 completes an upload made with a checksum only when each part names its own.
+                parts.append({"ETag": sent["ETag"], "PartNumber": number, "ChecksumSHA256": sent["ChecksumSHA256"]})
                 offset += len(chunk)
             async with _bounded("store", key, self.limits.call_s()):
                 await s3.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
@@ -192,6 +204,14 @@ class S3Storage:
             await self._abort(s3, full, upload_id)
             raise
         return offset
+
+    def _part_size(self, size: int) -> int:
+        """The part size a file of `size` bytes is uploaded in: the configured one, or larger where the file
+        would otherwise need more than S3's MAX_PARTS."""
+        return max(self._part_bytes, -(-size // MAX_PARTS))
+
+    def _multipart(self, source: Path | bytes, size: int) -> bool:
+        return isinstance(source, Path) and size >= self._part_bytes
 
     async def _abort(self, s3: Any, full_key: str, upload_id: str) -> None:
         try:
@@ -217,6 +237,34 @@ class S3Storage:
             meta = await s3.head_object(Bucket=self.bucket, Key=self.full_key(key))
         return ObjectInfo(key=key, bytes=meta["ContentLength"], content_type=meta.get("ContentType", UNKNOWN_TYPE),
                           modified_at=meta["LastModified"].timestamp())
+
+    async def digest(self, key: str) -> StoredDigest:
+        async with _bounded("look up", key, self.limits.call_s()):
+            s3 = await self.client()
+            meta = await s3.head_object(Bucket=self.bucket, Key=self.full_key(key), ChecksumMode="ENABLED")
+        checksum = meta.get("ChecksumSHA256")
+        if not checksum:
+            raise ObjectMismatch(f"S3 keeps no SHA-256 for {key!r}: it was not stored with one")
+        sha256, parts = integrity.hex_of(checksum, key)
+        return StoredDigest(key=key, bytes=meta["ContentLength"], sha256=sha256, parts=parts)
+
+    async def verify(self, key: str, source: Path | bytes, sha256: str) -> StoredDigest:
+        """S3 checked each body against the SHA-256 sent with it and reports what it kept. An object put whole
+        carries the hash of the whole, compared with `sha256` as it is; one put in parts carries the hash of
+        its parts' hashes, so the source is read once more to compute it (and its whole hash, which proves
+        the parts were the bytes the caller hashed)."""
+        found = await self.digest(key)
+        size = len(source) if isinstance(source, bytes) else (await asyncio.to_thread(source.stat)).st_size
+        if not self._multipart(source, size):
+            integrity.require(found, size=size, sha256=sha256)
+            return found
+        layout = await asyncio.to_thread(integrity.layout_of, source, self._part_size(size))
+        integrity.require_source(layout, sha256, key)
+        composite, parts = layout.composite()
+        if found.parts not in (0, parts):
+            raise ObjectMismatch(f"S3 holds {key!r} in {found.parts} parts; it was sent in {parts}")
+        integrity.require(found, size=size, sha256=composite, what="composite SHA-256")
+        return found
 
     async def delete(self, key: str) -> None:
         async with _bounded("delete", key, self.limits.call_s()):

@@ -24,6 +24,7 @@ from vidjobs.gateway.decoding import read_body
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant
+from vidjobs.storage import integrity
 from vidjobs.storage.base import upload_prefix
 
 log = logging.getLogger("vidjobs.gateway")
@@ -57,7 +58,10 @@ async def create_upload(request: web.Request) -> web.Response:
     key = f"{upload_prefix(owner.account_id, upload_id)}image.{image.kind.extension}"
     # Stored first, recorded second: a crash in between leaves an object without a row, which the orphan
     # sweep removes; the other order could leave a row naming nothing.
-    stored = await gw.storage.put_bytes(key, image.data, image.kind.content_type)
+    # Read back and compared (size and SHA-256) before it is recorded; a store that keeps mangling it is
+    # unavailable (503), like one that does not answer.
+    stored = await integrity.put_verified(gw.storage, key, image.data, image.kind.content_type, sha256=image.sha256,
+                                          attempts=gw.settings.store_verify_attempts)
     row = UploadRow(id=upload_id, account_id=owner.account_id, key=key, content_type=image.kind.content_type,
                     bytes=stored.bytes, sha256=image.sha256, width=image.width, height=image.height,
                     created_at=datetime.now(UTC))

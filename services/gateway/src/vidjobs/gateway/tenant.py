@@ -16,15 +16,13 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import creation, credits, deletion, estimates, jobs, outbox, ratecard, renders, uploads, waiting
+from vidjobs.common import cancels, creation, credits, deletion, estimates, ratecard, renders, uploads, waiting
 from vidjobs.common.credits import Entry
-from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.estimates import Estimate, Estimator
 from vidjobs.common.jobs import JobRequest, JobRow, Lane, row_to_job
 from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
-from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.common.uploads import UploadRow
 from vidjobs.gateway import accounts, fallbacks, idempotency, sealing
 from vidjobs.gateway.accounts import Account
@@ -290,10 +288,7 @@ class Tenant:
             if found is None:
                 return None
             if found.job.status not in TERMINAL:
-                moved = await transition(conn, job_id, JobStatus.CANCELED, reason="canceled by owner",
-                                         update=JobUpdate(error=JobError.of(ErrorCode.CANCELED)))
-                if moved is not None:
-                    await outbox.add(conn, jobs.stop_at_provider(moved.job, was=moved.from_status))
+                await cancels.cancel(conn, job_id, reason="canceled by owner")
         # Moved or not (another worker may have finished it first), answer with the job as it now stands.
         return await self.job(job_id)
 

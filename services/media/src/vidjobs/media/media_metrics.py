@@ -16,6 +16,10 @@ COPIES = Counter(
 VERIFICATIONS = Counter(
     "vidjobs_media_verifications_total", "Renders checked, by outcome (ok or an error code)", ["outcome"]
 )
+STORE_MISMATCHES = Counter(
+    "vidjobs_media_store_mismatches_total",
+    "Objects the store did not keep intact (size or SHA-256 read back differed) after every store of them",
+)
 OBJECTS_DELETED = Counter("vidjobs_media_objects_deleted_total", "Stored objects removed for deleted jobs")
 TRANSCODE_SECONDS = Histogram(
     "vidjobs_media_transcode_seconds", "Time to verify a render and make its thumbnail and preview",

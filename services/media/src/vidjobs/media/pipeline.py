@@ -21,7 +21,7 @@ import av
 import av.error
 import msgspec
 
-from vidjobs.common.errors import MediaError
+from vidjobs.common.errors import ErrorCode, MediaError
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.media import media_metrics, scratch
@@ -29,7 +29,8 @@ from vidjobs.media.download import Fetched, check_url, fetch_to_file
 from vidjobs.media.preview import Preview, PreviewWriter
 from vidjobs.media.thumbnail import Thumbnail, write_thumbnail
 from vidjobs.media.verify import OPEN_OPTIONS, PosterPicker, VideoInfo, checked_stream, not_video
-from vidjobs.storage.base import Storage, StorageError, job_prefix
+from vidjobs.storage import integrity
+from vidjobs.storage.base import ObjectMismatch, Storage, job_prefix
 
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
@@ -79,11 +80,14 @@ class Copier:
     # executor that downloads write through, so a burst of transcodes never stalls a download or the loop.
     transcoder: Executor
     preview: PreviewSpec = PreviewSpec()
+    store_attempts: int = integrity.DEFAULT_ATTEMPTS  # stores of one object that the store did not keep intact
 
     async def copy(self, job: JobRow, *, headers: Mapping[str, str], timeout_s: float,
                    decoding: Callable[[], AbstractAsyncContextManager[None]] = contextlib.nullcontext) -> Outputs:
         """Raises MediaError (download_failed / verification_failed) or StorageError. `decoding` wraps the
-        decode, the step a hostile render can crash."""
+        decode, the step a hostile render can crash. Every object stored is read back from the store (its size
+        and SHA-256) and stored again while it differs; one that never comes back intact is a download_failed,
+        which the worker retries from the download on."""
         url = check_url(job.provider_output)
         with tempfile.TemporaryDirectory(prefix=scratch.own_prefix(), dir=scratch.root()) as tmp:
             work = Path(tmp)
@@ -120,6 +124,10 @@ class Copier:
         return Outputs(video=video, thumbnail=poster, preview=clip)
 
     async def _put(self, file: StoredFile, path: Path) -> None:
-        stored = await self.storage.put_file(file.key, path, file.content_type)
-        if stored.bytes != file.bytes:
-            raise StorageError(f"stored {stored.bytes} bytes of {file.bytes} for {file.key}")
+        try:
+            await integrity.put_verified(self.storage, file.key, path, file.content_type, sha256=file.sha256,
+                                         attempts=self.store_attempts)
+        except ObjectMismatch as exc:
+            media_metrics.STORE_MISMATCHES.inc()
+            raise MediaError(ErrorCode.DOWNLOAD_FAILED,
+                             f"The render could not be stored intact: {exc}. It will be copied again.") from exc

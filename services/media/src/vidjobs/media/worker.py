@@ -74,7 +74,8 @@ async def opened(rt: Runtime) -> AsyncIterator[Media]:
                     as session,
                     netguard.guarded_session(rt.settings.allowed_download_hosts(), timeout=SESSION_TIMEOUT) as fetch):
             copier = Copier(session=fetch, storage=storage, max_bytes=rt.settings.max_download_bytes,
-                            transcoder=transcoder, preview=preview_spec(rt.settings))
+                            transcoder=transcoder, preview=preview_spec(rt.settings),
+                            store_attempts=rt.settings.store_verify_attempts)
             yield Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
     finally:
         transcoder.shutdown(wait=True, cancel_futures=True)
