@@ -30,8 +30,9 @@ log = logging.getLogger("vidjobs.modelroutes")
 
 # The channel a change of model_routes is announced on (migration 0022's trigger), for the gateways to reread.
 CHANNEL = "vidjobs_model_routes"
-# Taken by a seed, so two gateways starting at once do not both seed one alias.
-_SEED_LOCK = 0x726F75746573
+# Taken by every writer of the routes (a seed, an operator's change) for its transaction: two gateways
+# starting at once do not both seed one alias, and a change is checked against the routes it replaces.
+_WRITE_LOCK = 0x726F75746573
 
 
 class RouteRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,6 +107,11 @@ def check_seed(setting: Mapping[str, Sequence[RouteShare]]) -> dict[str, list[Ro
     return {alias: seed_shares(alias, shares) for alias, shares in setting.items()}
 
 
+async def lock(conn: asyncpg.Connection) -> None:
+    """Hold the routes' write lock until the caller's transaction ends."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", _WRITE_LOCK)
+
+
 async def seed(pool: asyncpg.Pool, setting: Mapping[str, Sequence[RouteShare]], actor: str | None = None) -> list[str]:
     """Write each alias of the setting that has no rows yet, with a `seed` change; returns the aliases
     seeded. An alias that has rows keeps them: where they differ from the setting, that is logged."""
@@ -116,7 +122,7 @@ async def seed(pool: asyncpg.Pool, setting: Mapping[str, Sequence[RouteShare]], 
     seeded = []
     async with pool.acquire() as lent, lent.transaction():
         conn = db.lent(lent)
-        await conn.execute("SELECT pg_advisory_xact_lock($1)", _SEED_LOCK)
+        await lock(conn)
         held: dict[str, list[RouteRow]] = {}
         for row in await rows(conn):
             held.setdefault(row.alias, []).append(row)

@@ -22,7 +22,6 @@ from vidjobs.gateway.apierrors import invalid
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import adapter_for
 
-
 # An alias to the real model the job's account is routed to (a real model stays itself): LiveRoutes.route.
 Resolve = Callable[[str], str]
 

@@ -14,7 +14,6 @@ from aiohttp import web
 from vidjobs.common import ratecard
 from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
 from vidjobs.common.jobs import JobRequest, Lane
-from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.gateway import cursor, fallbacks, idempotency
 from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, invalid, not_found

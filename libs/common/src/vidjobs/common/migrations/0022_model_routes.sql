@@ -41,3 +41,6 @@ BEGIN
 END $$;
 CREATE TRIGGER model_routes_notify AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON model_routes
     FOR EACH STATEMENT EXECUTE FUNCTION model_routes_changed();
+
+-- `vidjobs routes compare ALIAS` reads the jobs created through an alias since a moment.
+CREATE INDEX jobs_route_created ON jobs (route, created_at) WHERE route IS NOT NULL;
