@@ -93,7 +93,7 @@ def _pair(values: list[float] | None) -> tuple[float | None, float | None]:
 async def compare(conn: asyncpg.Connection, alias: str, *, since: datetime, window_s: float) -> list[RouteFigures]:
     async with conn.transaction(isolation="repeatable_read", readonly=True):  # both reads see one moment
         figures = await conn.fetch(_FIGURES, alias, since, window_s)
-        failures = await conn.fetch(_FAILURES, alias, since, window_s)
+        failures = await conn.fetch(_FAILURES, alias, since)
     by_code: dict[str, dict[str, int]] = {}
     for row in failures:
         by_code.setdefault(row["model"], {})[row["code"]] = row["failed"]
