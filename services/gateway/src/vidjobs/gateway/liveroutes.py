@@ -76,7 +76,7 @@ class LiveRoutes:
         await self._close_listener()
         try:
             conn = await asyncpg.connect(self._url, timeout=_CONNECT_TIMEOUT_S,
-                                         server_settings={"application_name": "vidjobs-gateway-routes"})
+                                         server_settings={"application_name": "vidjobs-gateway"})
             await conn.add_listener(modelroutes.CHANNEL, self._announced)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             log.warning("model routes: not listening for changes; rereading every interval",
