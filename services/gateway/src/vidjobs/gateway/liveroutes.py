@@ -63,7 +63,7 @@ class LiveRoutes:
                 self._changed.clear()
                 try:
                     await self.load()
-                except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                except Exception as exc:  # whatever kept the read from answering, the gateway routes on
                     log.warning("model routes not read; routing by the last ones read", extra={"error": repr(exc)})
         finally:
             await self._close_listener()
