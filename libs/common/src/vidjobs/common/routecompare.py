@@ -30,7 +30,7 @@ from vidjobs.common.states import JobStatus, sql
 _DONE = sql(frozenset({JobStatus.COMPLETED, JobStatus.EXPIRED}))  # rendered; expired jobs were completed first
 _FAILED = sql(JobStatus.FAILED)
 _ENDED = sql(frozenset({JobStatus.COMPLETED, JobStatus.EXPIRED, JobStatus.FAILED}))
-# The normalised prompt, in SQL (the same as vidjobs.common.regenerations.normalise_prompt).
+# The normalised prompt, in SQL: trimmed, each run of white space one space, lower case.
 NORMALISED_PROMPT = r"lower(regexp_replace(btrim({prompt}), '\s+', ' ', 'g'))"
 
 _ROUTED = f"""
