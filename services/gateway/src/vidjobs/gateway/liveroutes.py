@@ -29,7 +29,7 @@ class LiveRoutes:
         self._pool = pool
         self._url = database_url
         self._usable = usable  # the models this gateway's adapters render; other routes are passed over
-        self._refresh_s = refresh_s
+        self._refresh_s = max(refresh_s, 0.1)  # a zero would reread without pause
         self._changed = asyncio.Event()
         self._listener: asyncpg.Connection | None = None
         self.table: dict[str, AliasRoutes] = {}
