@@ -9,9 +9,9 @@ import sys
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from vidjobs.cli import admin, ops, render
+from vidjobs.cli import admin, ops, render, routing
 from vidjobs.cli.exitcodes import EPILOG, Exit, OperatorFailure
-from vidjobs.common import migrate
+from vidjobs.common import migrate, routechanges
 from vidjobs.common.errors import ConfigError, StoreError
 from vidjobs.common.settings import Settings, load
 from vidjobs.gateway.accounts import LIMITS
@@ -89,6 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     _dead_parser(sub.add_parser("dead", help="messages the services gave up on (dead letters, kept in NATS)"))
     _inbox_parser(sub.add_parser("inbox", help="provider callbacks stored by the gateway"))
     _breakers_parser(sub.add_parser("breakers", help="providers' circuit breakers"))
+    _routes_parser(sub.add_parser("routes", help="model aliases' routes: shares, rollbacks, their history, "
+                                                 "how the routes compare"))
     return parser
 
 
@@ -139,6 +141,45 @@ def _breakers_parser(parser: argparse.ArgumentParser) -> None:
     reset = actions.add_parser("reset", help="close a provider's breaker now; submissions to it resume")
     reset.add_argument("provider", metavar="PROVIDER")
     reset.set_defaults(handler=_breakers_reset)
+
+
+def _routes_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser("list", help="every alias's routes: share, enabled, its part of the accounts")
+    _json_flag(listing)
+    listing.set_defaults(handler=_routes_list)
+    change = actions.add_parser("set", help="make these the alias's routes and shares (routes left out are "
+                                            "removed); prints the change's id")
+    change.add_argument("alias", metavar="ALIAS")
+    change.add_argument("shares", nargs="+", metavar="ROUTE=SHARE",
+                        help="a real model and its whole-number share, e.g. fake/default=95 luma/ray-2=5")
+    _reason(change)
+    change.set_defaults(handler=_routes_set)
+    for name, enabled, text in (("disable", False, "take a route out of every alias that has it (a rollback); "
+                                                   "its share goes to the others"),
+                                ("enable", True, "put a disabled route back, with its share")):
+        flip = actions.add_parser(name, help=text)
+        flip.add_argument("model", metavar="ROUTE")
+        flip.add_argument("--alias", metavar="ALIAS", help="only in this alias")
+        _reason(flip)
+        flip.set_defaults(handler=partial(_routes_enabled, enabled=enabled))
+    past = actions.add_parser("history", help="every change of the routes, newest first: who, when, before, after")
+    past.add_argument("--alias", metavar="ALIAS", help="only this alias's changes")
+    past.add_argument("--limit", type=_integer(1), default=50, help="changes to show (default 50)")
+    _json_flag(past)
+    past.set_defaults(handler=_routes_history)
+    side = actions.add_parser("compare", help="an alias's routes side by side: jobs, durations, failures, "
+                                              "regenerations, cost")
+    side.add_argument("alias", metavar="ALIAS")
+    side.add_argument("--since", default="7d", metavar="T",
+                      help="jobs created since: a span back from now (30m, 24h, 7d) or an ISO 8601 time "
+                           "(default 7d)")
+    _json_flag(side)
+    side.set_defaults(handler=_routes_compare)
+
+
+def _reason(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reason", default="", metavar="TEXT", help="why, for the history")
 
 
 def _accounts_parser(parser: argparse.ArgumentParser) -> None:
@@ -374,6 +415,33 @@ def _breakers_list(args: argparse.Namespace, settings: Settings) -> int:
 
 def _breakers_reset(args: argparse.Namespace, settings: Settings) -> int:
     return _admin(settings, partial(ops.breakers_reset, provider=args.provider))
+
+
+def _routes_list(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(routing.list_routes, as_json=args.json))
+
+
+def _routes_set(args: argparse.Namespace, settings: Settings) -> int:
+    shares = routing.parse_shares(args.shares)  # a malformed argument is refused before the database is touched
+    known = routing.known_models()
+    routechanges.check_set(args.alias, shares, known)
+    return _admin(settings, partial(routing.set_routes, alias=args.alias, shares=shares, known=known,
+                                    reason=args.reason))
+
+
+def _routes_enabled(args: argparse.Namespace, settings: Settings, *, enabled: bool) -> int:
+    return _admin(settings, partial(routing.set_enabled, model=args.model, enabled=enabled, alias=args.alias,
+                                    reason=args.reason))
+
+
+def _routes_history(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(routing.history, alias=args.alias, limit=args.limit, as_json=args.json))
+
+
+def _routes_compare(args: argparse.Namespace, settings: Settings) -> int:
+    since = routing.parse_since(args.since)
+    return _admin(settings, partial(routing.compare_routes, alias=args.alias, since=since,
+                                    window_s=settings.regeneration_window_s, as_json=args.json))
 
 
 def _version() -> str:

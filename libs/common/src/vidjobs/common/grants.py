@@ -4,8 +4,8 @@ The migrator (whoever runs `vidjobs migrate`) owns the schema, every table and e
 connects as a login user that is a member of its own NOLOGIN group role, `vidjobs_<service>`, which holds
 only the privileges below: a gateway bug cannot delete assets, a compromised media pod cannot read API key
 hashes or webhook secrets, and no service can change the schema or add credit to an account. The operator
-commands (`vidjobs accounts`, `keys`, `credits`, `rates`, `submissions`) run as the migrator: they do what
-no service may (OPERATOR_ONLY).
+commands (`vidjobs accounts`, `keys`, `credits`, `rates`, `submissions`, `routes`) run as the migrator: they
+do what no service may (OPERATOR_ONLY).
 
 A privilege is on a whole table, on named columns only (`columns`), or EXECUTE on a function. A service
 that reads a table holding secrets it does not own (accounts, webhook_endpoints) is granted the columns it
@@ -91,6 +91,8 @@ OWNERS: dict[str, str] = {
     "rate_cards": "operator",
     "rate_card_prices": "operator",
     "platform_controls": "operator",
+    "model_routes": "operator",
+    "model_route_changes": "operator",
     "schema_migrations": "migrator",
 }
 
@@ -143,6 +145,10 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         # A waiting job's estimate says when the switch or the provider's breaker holds it back (estimates.py).
         "platform_controls": SEL,
         "provider_breakers": SEL,
+        # Picks each job's route from the model routes it reads; seeds an alias of VIDJOBS_MODEL_ROUTES the
+        # table lacks, with its audit row (modelroutes.seed). Changing a route is the operator's.
+        "model_routes": SEL | INS,
+        "model_route_changes": INS,
     }),
     "submitter": _with_common({
         "accounts": columns(Privilege.SELECT, "id", "concurrent_jobs"),  # an account's cap on renders in flight

@@ -98,8 +98,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     breaker_cooldown_s: float = 30.0  # first pause; doubles while probes keep failing (capped at 10 min)
     # Model aliases, as JSON: {"house/default": [{"model": "fake/default", "share": 95},
     #                                             {"model": "luma/ray-2", "share": 5}]}
+    # The seed of the model routes table: an alias here that has no rows there is written there when a gateway
+    # starts; after that the table decides (`vidjobs routes`, vidjobs.common.modelroutes). Shares are whole.
     model_routes: dict[str, list[RouteShare]] = {}
-
+    # A gateway rereads the routes table at once when told of a change (LISTEN/NOTIFY), and this often anyway.
+    routes_refresh_s: float = 5.0
+    # A job counts as regenerated when the same account creates a job of the same model with the same
+    # normalised prompt within this long of its completion (`vidjobs routes compare`).
+    regeneration_window_s: float = 3600.0
     ack_wait_s: float = 30.0  # a consumer's message is redelivered if not acked (or heartbeated) this long
     max_deliveries: int = 10  # failed handlings of one message before it is dead-lettered
     # Server-side bounds on every database session of the services (see db.Timeouts).

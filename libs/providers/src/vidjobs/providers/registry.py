@@ -81,3 +81,16 @@ def adapter_for(adapters: dict[str, ProviderAdapter], provider_name: str) -> Pro
         known = ", ".join(sorted(adapters)) or "none"
         raise ProviderError(ErrorCode.INVALID_INPUT, f"unknown provider {provider_name!r} (known: {known})")
     return adapter
+
+
+async def every_model() -> frozenset[str]:
+    """Every model of every adapter we have, whether this deployment offers its provider or not: the models a
+    route may name (`vidjobs routes set`). Builds each adapter without a key; nothing is called."""
+    everything = Settings(fake_provider="on", providers=",".join(API_KEY_SETTINGS))
+    async with aiohttp.ClientSession() as session:
+        adapters = build_adapters(everything, session)
+        try:
+            return frozenset(info.id for adapter in adapters.values() for info in adapter.models())
+        finally:
+            for adapter in adapters.values():
+                await adapter.close()

@@ -55,6 +55,14 @@ settings, docs/SETTINGS.md).
 account's own queue only: which account's job a provider's free slot goes to never looks at them, so an
 account's batch job keeps its account's turn however many interactive jobs other accounts queue.
 
+## Model aliases
+
+A `model` may be an alias (`GET /v1/models` lists under each model the aliases that route to it). An alias
+sends each account to one of its models, by the shares the operator sets: all of an account's jobs through
+an alias go to the same model until those shares change, and across accounts each model takes its share.
+A job's `model` is the model it was sent to; an estimate names the model a create by the same account would
+be sent to now.
+
 ## Failover
 
 A job may name `fallback_models` (up to 3, in order; aliases are resolved when it is created), or it takes

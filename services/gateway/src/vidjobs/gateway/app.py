@@ -13,7 +13,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import bus, events, netguard, tracing
+from vidjobs.common import bus, events, modelroutes, netguard, tracing
 from vidjobs.common.bus import Delivery
 from vidjobs.common.estimates import Estimator
 from vidjobs.common.events import AppEventDue
@@ -40,6 +40,7 @@ from vidjobs.gateway.apierrors import ErrorOut, error_middleware
 from vidjobs.gateway.appwebhooks import deliveries, resealing, urls
 from vidjobs.gateway.auth import auth_middleware, stamp_rate_limit
 from vidjobs.gateway.deadlines import call_bound_middleware
+from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.gateway.openapi import openapi_route
 from vidjobs.gateway.owned import view as owned_view
 from vidjobs.gateway.processcaps import Bucket, StreamSlots
@@ -47,6 +48,7 @@ from vidjobs.gateway.requestmetrics import metrics_middleware
 from vidjobs.gateway.routetable import Route, register
 from vidjobs.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
 from vidjobs.gateway.tenant import Tenant
+from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import build_adapters
 from vidjobs.storage.factory import open_storage
 
@@ -132,13 +134,27 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             stack.push_async_callback(_stop, rt.watch(work, name))
         streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
         rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
+        routes = await _live_routes(rt, adapters, stack)
         gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
-                     buckets=buckets, webhook_rates=rates, estimator=Estimator(settings))
+                     buckets=buckets, webhook_rates=rates, estimator=Estimator(settings), routes=routes)
         app[GATEWAY] = gw
         await _seal_webhook_secrets(rt, stack)
         await _deliver_app_webhooks(gw, stack)
         stack.callback(rt.stop.set)  # runs first at cleanup: the tasks stopped next are not failures
         yield
+
+
+async def _live_routes(rt: Runtime, adapters: dict[str, ProviderAdapter],
+                       stack: contextlib.AsyncExitStack) -> LiveRoutes:
+    """Seed the aliases of VIDJOBS_MODEL_ROUTES the table lacks, read the table before serving, and keep it
+    current (liveroutes.py)."""
+    settings = rt.settings
+    await modelroutes.seed(rt.pool, settings.model_routes)
+    usable = frozenset(info.id for adapter in adapters.values() for info in adapter.models())
+    routes = LiveRoutes(rt.pool, settings.database_url, usable, settings.routes_refresh_s)
+    await routes.load()
+    stack.push_async_callback(_stop, rt.watch(routes.run(rt.stop), "model-routes"))
+    return routes
 
 
 async def _seal_webhook_secrets(rt: Runtime, stack: contextlib.AsyncExitStack) -> None:
@@ -160,7 +176,7 @@ async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -
         timeout=aiohttp.ClientTimeout(total=rt.settings.app_webhook_timeout_s)))
 
     async def job_body(account_id: str, job_id: str) -> bytes | None:
-        owned = await Tenant(rt, account_id, gw.estimator, gw.adapters).job(job_id)
+        owned = await Tenant(rt, account_id, gw.estimator, gw.adapters, gw.routes).job(job_id)
         return None if owned is None else msgspec.json.encode(owned_view(gw, owned))
 
     deliverer = deliveries.Deliverer(rt, session, job_body)

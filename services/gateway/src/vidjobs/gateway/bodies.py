@@ -297,7 +297,7 @@ class ModelOut(msgspec.Struct, kw_only=True):
 
     id: str  # what a job's `model` names
     provider: str  # the provider it renders at
-    aliases: list[str]  # model aliases that send some of their jobs here (rollout routing)
+    aliases: list[str]  # model aliases that send some of their accounts here (rollout routing)
     durations_s: list[int]  # the clip lengths it renders
     rounds_up: bool  # a length under the longest that is not listed is rendered as the next one listed
     formats: list[Format]  # the (aspect ratio, resolution) pairs it renders
@@ -316,7 +316,7 @@ class ModelList(msgspec.Struct, kw_only=True):
 class EstimateOut(msgspec.Struct, kw_only=True):
     """What `POST /v1/jobs` with this body would reserve, without creating anything."""
 
-    model: str  # the model it would render with (an alias resolved, as a create would this time)
+    model: str  # the model it would render with (an alias resolved, as a create by this account would now)
     estimated_credits: int  # what a create would reserve
     credits_per_second: float  # the price
     rate_card_version: int  # the card the price comes from

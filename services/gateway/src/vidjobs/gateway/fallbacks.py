@@ -11,24 +11,23 @@ The move itself is the submitter's (vidjobs.submitter.failover).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from vidjobs.common import ratecard
 from vidjobs.common.errors import ProviderError
 from vidjobs.common.jobs import JobRequest
-from vidjobs.common.settings import Settings
 from vidjobs.gateway.apierrors import invalid
-from vidjobs.providers import rollout
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import adapter_for
+
+# An alias to the real model the job's account is routed to (a real model stays itself): LiveRoutes.route.
+Resolve = Callable[[str], str]
 
 
 class Unusable(ValueError):
     """A fallback model cannot take the job: the words say why."""
-
-
-def _resolved(model: str, settings: Settings) -> str:
-    return rollout.route(model, settings.model_routes)[0]
 
 
 def _takes(adapters: dict[str, ProviderAdapter], request: JobRequest) -> None:
@@ -38,12 +37,12 @@ def _takes(adapters: dict[str, ProviderAdapter], request: JobRequest) -> None:
         raise Unusable(err.message) from err
 
 
-def candidates(adapters: dict[str, ProviderAdapter], settings: Settings, request: JobRequest,
+def candidates(adapters: dict[str, ProviderAdapter], resolve: Resolve, request: JobRequest,
                named: list[str]) -> list[str]:
     """The real models of `named` (aliases resolved), each checked to take `request`; raises Unusable."""
     out: list[str] = []
     for model in named:
-        real = _resolved(model, settings)
+        real = resolve(model)
         if real == request.model or real in out:
             continue  # moving to the model it already has, or twice to one model, changes nothing
         try:
@@ -54,19 +53,19 @@ def candidates(adapters: dict[str, ProviderAdapter], settings: Settings, request
     return out
 
 
-def checked(adapters: dict[str, ProviderAdapter], settings: Settings, request: JobRequest, named: list[str] | None,
+def checked(adapters: dict[str, ProviderAdapter], resolve: Resolve, request: JobRequest, named: list[str] | None,
             default: list[str]) -> list[str]:
     """The job's fallbacks: its own list (a 422 for a model that cannot take it), or the account's default,
     less the models that cannot."""
     if named is not None:
         try:
-            return candidates(adapters, settings, request, named)
+            return candidates(adapters, resolve, request, named)
         except Unusable as err:
             raise invalid(f"fallback_models: {err}") from err
     kept = []
     for model in default:
         try:
-            kept += candidates(adapters, settings, request, [model])
+            kept += candidates(adapters, resolve, request, [model])
         except Unusable:
             continue
     return [m for i, m in enumerate(kept) if m not in kept[:i]]
@@ -94,12 +93,12 @@ def within_quote(card: ratecard.RateCard, request: JobRequest, fallbacks: list[s
     return kept
 
 
-def account_default(adapters: dict[str, ProviderAdapter], settings: Settings, models: list[str]) -> list[str]:
+def account_default(adapters: dict[str, ProviderAdapter], resolve: Resolve, models: list[str]) -> list[str]:
     """An account's default list as given to PATCH /v1/account: each model must exist (aliases resolved);
     whether one takes a given job is decided per job."""
     out: list[str] = []
     for model in models:
-        real = _resolved(model, settings)
+        real = resolve(model)
         try:
             adapter = adapter_for(adapters, real.split("/", 1)[0])
         except ProviderError as err:

@@ -51,8 +51,8 @@ async def patch_account(request: web.Request) -> web.Response:
     gw = gateway(request)
     patch = await read_json(request, AccountPatch, gw.settings.max_body_bytes)
     if patch.fallback_models is not None:
-        await tenant(request).set_fallback_models(fallbacks.account_default(gw.adapters, gw.settings,
-                                                                            patch.fallback_models))
+        owner = tenant(request)
+        await owner.set_fallback_models(fallbacks.account_default(gw.adapters, owner.resolve, patch.fallback_models))
     return await get_account(request)
 
 

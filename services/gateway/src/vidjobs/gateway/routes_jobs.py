@@ -14,7 +14,6 @@ from aiohttp import web
 from vidjobs.common import ratecard
 from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
 from vidjobs.common.jobs import JobRequest, Lane
-from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.gateway import cursor, fallbacks, idempotency
 from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, invalid, not_found
@@ -31,6 +30,7 @@ from vidjobs.gateway.bodies import (
     TransitionOut,
 )
 from vidjobs.gateway.decoding import nul_in, read_json, read_query
+from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.gateway.owned import found, job_id_of, owned_or_404, view
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
@@ -43,7 +43,6 @@ from vidjobs.gateway.tenant import (
     Tenant,
     tenant,
 )
-from vidjobs.providers import rollout
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import adapter_for
 
@@ -78,9 +77,9 @@ def _job_events(body: CreateJob) -> list[str] | None:
     return sorted(set(body.webhook_events or DEFAULT_JOB_EVENTS))
 
 
-def routed(request: JobRequest, settings: Settings) -> tuple[JobRequest, str | None]:
-    """A model alias becomes one of its real models, by the configured shares."""
-    model, route = rollout.route(request.model, settings.model_routes)
+def routed(request: JobRequest, routes: LiveRoutes, account_id: str) -> tuple[JobRequest, str | None]:
+    """A model alias becomes the real model its routes give this account (sticky until they change)."""
+    model, route = routes.route(request.model, account_id)
     return (request if route is None else msgspec.structs.replace(request, model=model)), route
 
 
@@ -93,13 +92,13 @@ async def checked_create(request: web.Request) -> JobOrder:
     what depends on the account's state as the job is written is checked in it (Tenant.create)."""
     gw, owner = gateway(request), tenant(request)
     body = await read_json(request, CreateJob, gw.settings.max_body_bytes)
-    job_request, route = routed(body.to_request(), gw.settings)
+    job_request, route = routed(body.to_request(), gw.routes, owner.account_id)
     check_provider(gw.adapters, job_request)
     await check_input_image(owner, job_request)
     if body.webhook_url is not None:
         await urls.checked_url(body.webhook_url, gw.settings.allowed_webhook_hosts(), "webhook_url")
     named = None if body.fallback_models is None else fallbacks.checked(
-        gw.adapters, gw.settings, job_request, body.fallback_models, [])
+        gw.adapters, owner.resolve, job_request, body.fallback_models, [])
     return JobOrder(request=job_request, route=route, fallbacks=named, metadata=body.metadata,
                     webhook_url=body.webhook_url, webhook_events=_job_events(body), max_wait_s=body.max_wait_s,
                     lane=Lane.of(body.priority), body_hash=idempotency.digest(body))

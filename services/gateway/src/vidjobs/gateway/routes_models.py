@@ -6,23 +6,12 @@ from __future__ import annotations
 from aiohttp import web
 
 from vidjobs.common import ratecard
-from vidjobs.common.settings import RouteShare
 from vidjobs.gateway.apierrors import ErrorOut
 from vidjobs.gateway.bodies import ModelList, ModelOut
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant
 from vidjobs.providers.base import ModelInfo
-
-
-def _aliases(routes: dict[str, list[RouteShare]]) -> dict[str, list[str]]:
-    """Real model -> the aliases that send it a share of their jobs."""
-    out: dict[str, list[str]] = {}
-    for alias, shares in sorted(routes.items()):
-        for share in shares:
-            if share.share > 0:
-                out.setdefault(share.model, []).append(alias)
-    return out
 
 
 def _price(card: ratecard.RateCard, model: str, resolution: str) -> float | None:
@@ -45,7 +34,7 @@ def model_out(info: ModelInfo, card: ratecard.RateCard, aliases: list[str]) -> M
 async def list_models(request: web.Request) -> web.Response:
     gw = gateway(request)
     card = await tenant(request).rate_card()
-    aliases = _aliases(gw.settings.model_routes)
+    aliases = gw.routes.aliases()
     models = [model_out(info, card, aliases.get(info.id, []))
               for name in sorted(gw.adapters) for info in gw.adapters[name].models()]
     return json_response(ModelList(data=models, rate_card_version=card.version))

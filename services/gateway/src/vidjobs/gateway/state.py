@@ -12,6 +12,7 @@ from vidjobs.common.estimates import Estimator
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway.accounts import Account
+from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.gateway.processcaps import Bucket, StreamSlots
 from vidjobs.gateway.ratelimit import Buckets
 from vidjobs.providers.base import ProviderAdapter
@@ -31,6 +32,8 @@ class Gateway:
     webhook_rates: dict[str, Bucket]  # stored callbacks, by provider
     # Waiting jobs' estimated start and ready times, from reads every request and stream of the process shares.
     estimator: Estimator
+    # The model routes, read from the database and kept current: a create picks its route from here.
+    routes: LiveRoutes
     # Set when the server begins shutting down, so long-lived streams end instead of holding it open.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     # Wakes the delivery of webhooks to apps now rather than at its next look (appwebhooks.deliveries.Deliverer).

@@ -28,6 +28,7 @@ from vidjobs.gateway import accounts, fallbacks, idempotency, sealing
 from vidjobs.gateway.accounts import Account
 from vidjobs.gateway.appwebhooks import endpoints, history, secrets
 from vidjobs.gateway.appwebhooks.endpoints import Endpoint
+from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.gateway.state import ACCOUNT, gateway
 from vidjobs.providers.base import ProviderAdapter
 
@@ -183,13 +184,19 @@ def _owned(row: asyncpg.Record) -> OwnedJob:
 class Tenant:
     """Reads and changes of one account's jobs, uploads, credit and ledger."""
 
-    __slots__ = ("_adapters", "_estimator", "_rt", "account_id")
+    __slots__ = ("_adapters", "_estimator", "_routes", "_rt", "account_id")
 
-    def __init__(self, rt: Runtime, account_id: str, estimator: Estimator, adapters: dict[str, ProviderAdapter]):
+    def __init__(self, rt: Runtime, account_id: str, estimator: Estimator, adapters: dict[str, ProviderAdapter],
+                 routes: LiveRoutes):
         self._rt = rt
         self.account_id = account_id
         self._estimator = estimator  # the process's, whose reads every request and stream share
         self._adapters = adapters  # the process's: which of the account's default fallbacks can take a job
+        self._routes = routes  # the process's model routes, read from memory
+
+    def resolve(self, model: str) -> str:
+        """The real model `model` is for this account: an alias's sticky route, else the model itself."""
+        return self._routes.route(model, self.account_id)[0]
 
     # --- creating a job ---------------------------------------------------------------------------------
     async def create(self, order: JobOrder, key: str | None) -> Created:
@@ -240,7 +247,7 @@ class Tenant:
         if order.fallbacks is not None:
             return order.fallbacks
         default = await conn.fetchval("SELECT fallback_models FROM accounts WHERE id = $1", self.account_id)
-        return fallbacks.checked(self._adapters, self._rt.settings, order.request, None, list(default or []))
+        return fallbacks.checked(self._adapters, self.resolve, order.request, None, list(default or []))
 
     async def _replayed(self, conn: asyncpg.Connection, job_id: str) -> OwnedJob:
         job = await self.job(job_id, conn=conn)
@@ -368,4 +375,4 @@ def tenant(request: web.Request) -> Tenant:
     if ACCOUNT not in request:
         raise RuntimeError(f"route {request.match_info.route.name!r} has no authenticated account")
     gw = gateway(request)
-    return Tenant(gw.rt, request[ACCOUNT].id, gw.estimator, gw.adapters)
+    return Tenant(gw.rt, request[ACCOUNT].id, gw.estimator, gw.adapters, gw.routes)
