@@ -87,6 +87,7 @@ class Measured(msgspec.Struct, frozen=True, kw_only=True):
     samples: int
     hold_p50_s: float = 0.0
     hold_p90_s: float = 0.0
+    hold_p99_s: float = 0.0  # what a render's deadline starts from (vidjobs.common.render_deadlines)
     ready_p50_s: float = 0.0
     ready_p90_s: float = 0.0
 
@@ -193,6 +194,7 @@ _MEASURED = f"""
 SELECT count(*) AS samples,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY hold_s) AS hold_p50,
        percentile_cont(0.9) WITHIN GROUP (ORDER BY hold_s) AS hold_p90,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY hold_s) AS hold_p99,
        percentile_cont(0.5) WITHIN GROUP (ORDER BY ready_s) AS ready_p50,
        percentile_cont(0.9) WITHIN GROUP (ORDER BY ready_s) AS ready_p90
 FROM (SELECT extract(epoch FROM COALESCE(j.rendered_at, j.completed_at) - j.submitted_at) AS hold_s,
@@ -246,7 +248,7 @@ async def read_measured(conn: Conn, model: str, settings: Settings) -> Measured:
     if not row["samples"]:
         return Measured(samples=0)
     return Measured(samples=row["samples"], hold_p50_s=row["hold_p50"], hold_p90_s=row["hold_p90"],
-                    ready_p50_s=row["ready_p50"], ready_p90_s=row["ready_p90"])
+                    hold_p99_s=row["hold_p99"], ready_p50_s=row["ready_p50"], ready_p90_s=row["ready_p90"])
 
 
 # ---- the arithmetic ----------------------------------------------------------------------------------------
@@ -416,13 +418,18 @@ class Estimator:
                         ) -> Estimate:
         provider = model.split("/", 1)[0]
         queue = await self.queue(conn, provider)
-        measured = await self._fresh("model", model, lambda: read_measured(conn, model, self._settings))
+        measured = await self.measured(conn, model)
         account = queue.accounts.get(account_id) if waiting_there else None
         if account is None:
             account = await self._fresh("account", account_id, lambda: read_account(conn, account_id))
         return estimate(Inputs(model=model, place=place, account_id=account_id, account=account, queue=queue,
                                measured=measured, limits=self._settings.limits_for(provider),
                                settings=self._settings))
+
+    async def measured(self, conn: Conn, model: str) -> Measured:
+        """The model's renders measured here, read at most once per refresh interval (render deadlines share
+        the read with the estimates)."""
+        return await self._fresh("model", model, lambda: read_measured(conn, model, self._settings))
 
     async def queue(self, conn: Conn, provider: str) -> ProviderQueue:
         return await self._fresh("provider", provider, lambda: read_queue(conn, provider))
