@@ -2,7 +2,7 @@
 
 A render's deadline runs from its submission. It is the p99 of how long the model's recent renders held their
 provider slot (submitted to the render leaving the provider; the very measurements the estimates of waiting
-jobs use, vidjobs.common.estimates, read once per refresh interval and shared with them), times
+jobs use, vidjobs.common.measurements, read at most once per model and `estimate_refresh_s`), times
 1 + margin, kept between a floor and a ceiling. While too few renders are measured (a new model, a quiet
 one) the fixed `unmeasured_s` (VIDJOBS_RENDER_DEADLINE_S) holds instead. Each part can be set per provider
 (VIDJOBS_RENDER_DEADLINES); the model names its provider.
@@ -13,11 +13,13 @@ counting it would push the deadline out behind every hung render.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import msgspec
 
-from vidjobs.common.estimates import Conn, Estimator, Measured
+from vidjobs.common.measurements import Conn, Measured, read_measured
 from vidjobs.common.settings import Settings
 
 
@@ -68,15 +70,25 @@ def deadline_for(model: str, measured: Measured, settings: Settings) -> RenderDe
 
 
 class RenderDeadlines:
-    """Deadlines for the renders a process starts, from the measurements its estimator reads (one read per model
-    and refresh interval, however many renders start)."""
+    """Deadlines for the renders a process starts: each model's measurements read at most once per
+    `estimate_refresh_s`, however many of its renders start (two starting together may both read)."""
 
-    def __init__(self, settings: Settings, estimator: Estimator | None = None) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
         self._settings = settings
-        self._estimator = estimator or Estimator(settings)
+        self._clock = clock
+        self._measured: dict[str, tuple[float, Measured]] = {}  # model -> (fresh until, figures)
 
     async def for_model(self, conn: Conn, model: str) -> RenderDeadline:
-        return deadline_for(model, await self._estimator.measured(conn, model), self._settings)
+        return deadline_for(model, await self._read(conn, model), self._settings)
+
+    async def _read(self, conn: Conn, model: str) -> Measured:
+        now = self._clock()
+        kept = self._measured.get(model)
+        if kept is not None and kept[0] > now:
+            return kept[1]
+        measured = await read_measured(conn, model, self._settings)
+        self._measured[model] = (now + self._settings.estimate_refresh_s, measured)  # one entry per model
+        return measured
 
 
 async def render_deadline(deadlines: RenderDeadlines | None, conn: Conn, settings: Settings,

@@ -84,9 +84,9 @@ async def main(rt: Runtime) -> None:
         timeout = call_timeout(rt.settings)
         session = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=timeout, trace_configs=tracing.client_trace_configs()))
-        estimator = estimates.Estimator(rt.settings)
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session), policies=Policies(rt.settings),
-                      storage=storage, estimator=estimator, deadlines=RenderDeadlines(rt.settings, estimator))
+                      storage=storage, estimator=estimates.Estimator(rt.settings),
+                      deadlines=RenderDeadlines(rt.settings))
         # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
         spec = consumer(rt, events.SUBMIT_DURABLE, events.SUBMIT, partial(handle, ctx),
                         concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
