@@ -91,7 +91,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # JSON: {"runway": {"floor_s": 300, "ceiling_s": 3600, "margin": 1.0, "unmeasured_s": 1800}}
     render_deadline_s: float = 900.0
     render_deadline_floor_s: float = 120.0
-    render_deadline_ceiling_s: float = 3600.0
+    render_deadline_ceiling_s: float = 900.0  # above 20 min, raise VidjobsJobStuck's threshold with it
     render_deadline_margin: float = 0.5
     render_deadline_min_samples: int = 20
     render_deadlines: dict[str, DeadlinePolicy] = {}
