@@ -127,7 +127,8 @@ async def _render_timed_out(ctx: Context, conn: asyncpg.Connection, job: JobRow)
     """The render passed its deadline: it fails with `render_timeout` (tried again only where the provider's
     retry policy says `retry_on_timeout`), its credit reservation is released as every failure's is, and the
     provider is asked to stop it, whatever happens next."""
-    error = JobError.of(ErrorCode.RENDER_TIMEOUT, _timeout_message(job))
+    retried = ctx.policies.for_provider(job.provider).retry_on_timeout
+    error = JobError.of(ErrorCode.RENDER_TIMEOUT, _timeout_message(job, retried=retried))
     moved = await fail_or_retry(conn, job, error, policies=ctx.policies, reason="render deadline passed",
                                 expect=[JobStatus.SUBMITTED, JobStatus.PROCESSING], guard=_same_render(job))
     if moved is not None:
@@ -141,9 +142,10 @@ def _same_render(job: JobRow) -> Guard:
     return Guard(attempt=job.attempt, provider_job_id=job.provider_job_id)
 
 
-def _timeout_message(job: JobRow) -> str:
+def _timeout_message(job: JobRow, *, retried: bool) -> str:
     allowed = ""
     if job.deadline_at is not None and job.submitted_at is not None:
         allowed = f" within {(job.deadline_at - job.submitted_at).total_seconds():.0f} s"
-    return (f"The provider did not finish the render{allowed}, its deadline (set from how long this model's renders "
-            "take here); it was stopped and its credit released. Render it again to try once more.")
+    then = ("it was stopped and is tried again while attempts remain" if retried
+            else "it was stopped and its credit released. Render it again to try once more")
+    return f"The provider did not finish the render{allowed}, its deadline; {then}."
