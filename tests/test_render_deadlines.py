@@ -140,6 +140,8 @@ async def _regenerations(stack: Stack, model: str) -> float | None:
 
 
 async def test_deadlines_follow_each_model_and_a_hung_render_fails_once_and_is_rerun(settings, tmp_path):
+    # One stack for the whole story (about 35 s on two cores, most of it the stack starting, the ~3 s deadline
+    # running out and the CLI's own processes): a stack of its own for each part would cost that many times.
     await _seed_measured_renders(settings.database_url)
     async with running_stack(settings) as stack:
         assert await _regenerations(stack, FAST) == 0  # exported from the start, for every model offered
