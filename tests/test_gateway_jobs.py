@@ -18,6 +18,7 @@ API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updat
                 # beside what docs/API.md names: the request echoed, the job's times, links and metadata
                 "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image", "params",
                 "metadata", "fallback_models", "max_wait_s", "started_at", "completed_at", "deadline_at", "retry_at",
+                "rerun_of",
                 "urls"}
 
 

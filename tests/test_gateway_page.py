@@ -433,3 +433,29 @@ async def test_a_failed_job_says_what_to_do_and_is_still_there_after_returning(h
     assert shown[1].startswith("The render ran past its deadline. Try again")
     assert await browser.js(f"{CURRENT_STAGE} ?? null") is None
     assert await browser.js(STEP) == []
+
+
+async def test_render_again_reruns_the_job_shown_and_follows_the_new_one(h, browser):
+    _, key = await h.account()
+    _, job = await h.post_job(key, prompt="a heron taking off")
+    error = JobError.of(ErrorCode.RENDER_TIMEOUT, "The provider did not finish the render within 90 s.")
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED, JobStatus.FAILED, update=JobUpdate(error=error))
+    await browser.sign_in(h.settings.gateway_url, key)
+    await browser.until(f"!!{_item(job['id'])}", "the list")
+    assert await browser.js("document.getElementById('rerun').hidden") is True  # no job shown yet
+    await browser.js(f"{_item(job['id'])}.querySelector('.open').click()")
+    await browser.until("document.getElementById('job-error-code').textContent === 'render_timeout'", "the error")
+    assert "Render again" in await browser.js("document.getElementById('job-advice').textContent")
+
+    await browser.js("document.getElementById('rerun').click()")
+    title = "document.getElementById('job-title').textContent"
+    again = await browser.until(f"{title} !== '{job['id']}' && {title}.match(/^job_/) && {title}", "the new job")
+    _, shown = await h.get(key, f"/v1/jobs/{again}")
+    assert (shown["rerun_of"], shown["prompt"]) == (job["id"], "a heron taking off")
+    assert await browser.until("document.getElementById('job-rerun-of').textContent", "the link") == \
+        f"Renders {job['id']} again."
+    assert await browser.until(f"{CURRENT_STAGE} === 'queued'", "the new job followed")
+    assert await browser.js("[document.getElementById('rerun').hidden, document.getElementById('cancel').hidden]") \
+        == [True, False]  # a live job is canceled, not rendered again
+    await browser.until(f"!!{_item(again)}", "the new job in the list")
+    assert await browser.js("localStorage.getItem('vidjobs.job')") == again

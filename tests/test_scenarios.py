@@ -20,7 +20,9 @@ EXPECTED: dict[str, tuple[str, str | None, bool | None, int, int]] = {
     "unavailable_then_succeed": ("completed", None, None, 3, 1),
     "content_rejected": ("failed", "content_rejected", False, 1, 1),
     "fail_always": ("failed", "provider_unavailable", True, 3, 3),
-    "hang": ("failed", "timeout", True, 3, 3),
+    # Past its deadline the render is stopped and the job fails, once: no second paid render unless the
+    # provider's retry policy says retry_on_timeout; its owner may render it again.
+    "hang": ("failed", "render_timeout", True, 1, 1),
     "bad_output": ("failed", "verification_failed", False, 1, 1),
     # The render was copied on the first request, before the provider's URL expired.
     "expired_output": ("completed", None, None, 1, 1),

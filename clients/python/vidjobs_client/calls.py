@@ -118,6 +118,12 @@ def cancel_job(job_id: str) -> Call[models.Job]:
     return Call("POST", _job(job_id) + "/cancel", models.Job)  # cancelling twice is cancelling once
 
 
+def rerun_job(job_id: str, idempotency_key: str | None) -> Call[models.Job]:
+    # Keyed like a create: a rerun sent again after a lost answer answers the same new job.
+    return Call("POST", _job(job_id) + "/rerun", models.Job,
+                headers={"Idempotency-Key": idempotency_key or new_idempotency_key()})
+
+
 def delete_job(job_id: str) -> Call[None]:
     return Call("DELETE", _job(job_id), None)
 

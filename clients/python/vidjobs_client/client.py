@@ -95,6 +95,11 @@ class Client:
         """Cancel a job; one already finished is answered unchanged."""
         return self._send(calls.cancel_job(job_id))
 
+    def rerun_job(self, job_id: str, *, idempotency_key: str | None = None) -> models.Job:
+        """Render a job's request again as a new job (its `rerun_of` names the original). An idempotency key
+        is generated unless given, so a retried rerun never makes a second job."""
+        return self._send(calls.rerun_job(job_id, idempotency_key))
+
     def delete_job(self, job_id: str) -> None:
         """Delete a job and its files."""
         self._send(calls.delete_job(job_id))

@@ -134,6 +134,7 @@ class Job(_Model, kw_only=True):
     completed_at: datetime | None = None
     deadline_at: datetime | None = None
     retry_at: datetime | None = None
+    rerun_of: str | None = None  # the job it renders again
     urls: JobUrls | None = None
 
     @property

@@ -112,8 +112,11 @@ def add_commands(sub: Subcommands, epilog: str) -> Subcommands:
         parser.set_defaults(handler=_reporting(handler), needs_settings=False)
         return parser
 
-    render = command(sub, "render", _render, "render a video from a prompt")
-    render.add_argument("prompt", metavar="PROMPT")
+    render = command(sub, "render", _render, "render a video from a prompt, or render a job again (--again)")
+    render.add_argument("prompt", metavar="PROMPT", nargs="?")
+    render.add_argument("--again", metavar="JOB_ID",
+                        help="render that job's request again as a new job (after a render_timeout, say); takes "
+                             "no PROMPT or request options")
     render.add_argument("-m", "--model", help="<provider>/<model> (default: the first `vidjobs models` lists)")
     render.add_argument("-d", "--duration", type=int, metavar="S", help="seconds of video")
     render.add_argument("--aspect", choices=["16:9", "9:16", "1:1"], help="aspect ratio")
@@ -253,11 +256,33 @@ def _ended(vj: Client, job: Job, args: argparse.Namespace, *, output: str | None
     return Exit.OK
 
 
-def _render(args: argparse.Namespace) -> Exit:
-    with _client(args) as vj:
+# What `--again` takes from the job it renders again, so none of these may be given beside it.
+_REQUEST_FLAGS = {"prompt": "PROMPT", "model": "--model", "duration": "--duration", "aspect": "--aspect",
+                  "resolution": "--resolution", "seed": "--seed", "negative": "--negative", "image": "--image",
+                  "param": "--param", "meta": "--meta", "fallbacks": "--fallback", "no_fallback": "--no-fallback",
+                  "max_wait": "--max-wait", "batch": "--batch"}
+
+
+def _made(vj: Client, args: argparse.Namespace) -> Job:
+    """The job the command makes: a new one from PROMPT and the options, or (--again) a rerun of one."""
+    if args.again is None:
+        if not args.prompt:
+            raise ConfigError("give a PROMPT, or --again JOB_ID to render a job again")
         options = _options(vj, args)
         model = args.model or _default_model(vj)
-        job = vj.create_job(model, args.prompt, idempotency_key=args.idempotency_key, **options)
+        return vj.create_job(model, args.prompt, idempotency_key=args.idempotency_key, **options)
+    given = [flag for name, flag in _REQUEST_FLAGS.items() if getattr(args, name)]
+    if given:
+        raise ConfigError(f"--again renders {args.again}'s own request; drop {', '.join(given)}")
+    job = vj.rerun_job(args.again, idempotency_key=args.idempotency_key)
+    if show.interactive():
+        show.err.print(f"[dim]{job.id} renders {escape_text(args.again)} again[/]")
+    return job
+
+
+def _render(args: argparse.Namespace) -> Exit:
+    with _client(args) as vj:
+        job = _made(vj, args)
         if not (args.wait or args.output or args.timeout):
             _emit(args, job, plain=job.id)
             return Exit.OK

@@ -31,6 +31,8 @@ WHAT_TO_DO = {
     "content_rejected": "change the prompt (or the input image) and render again",
     "provider_unavailable": "the provider could not take it; render again later",
     "timeout": "the render took too long; render again, perhaps shorter",
+    "render_timeout": "the provider took longer than its renders here do, and it was stopped; "
+                      "`vidjobs render --again JOB_ID` renders it again",
     "download_failed": "the finished render could not be copied; render again",
     "verification_failed": "the finished render was not a usable video; render again",
     "quota_exhausted": "the account is out of credit: `vidjobs account` shows it",
@@ -118,6 +120,10 @@ def job_details(job: Job) -> None:
                               + (f"; {job.queue_reason}" if job.queue_reason else "")))
     if (estimate := waiting(job)) is not None:
         rows.append(("estimate", estimate))
+    if job.rerun_of:
+        rows.insert(3, ("renders again", job.rerun_of))
+    if job.deadline_at and job.status in ("submitted", "processing"):
+        rows.append(("deadline", _when(job.deadline_at)))
     if job.error:
         rows.append(("error", f"{job.error.code}: {job.error.message}"))
     if job.outputs:

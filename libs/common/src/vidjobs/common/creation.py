@@ -31,7 +31,7 @@ async def enqueue(
     recovery_delay_s: float, route: str | None = None, rate_card_version: int | None = None,
     max_waiting: int | None = None, metadata: dict[str, str] | None = None, webhook_url: str | None = None,
     webhook_events: list[str] | None = None, fallback_models: list[str] | None = None, max_wait_s: int | None = None,
-    lane: Lane = Lane.INTERACTIVE,
+    lane: Lane = Lane.INTERACTIVE, rerun_of: str | None = None,
 ) -> Created:
     """Reserve the estimate, then insert a pending job with its creation audit row, its submit event and its
     first recovery check. Raises QuotaExhausted (and creates nothing) when the account's credit or
@@ -51,14 +51,14 @@ async def enqueue(
         """
         INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, recover_at, route,
                           rate_card_version, request_id, metadata, webhook_url, webhook_events, fallback_models,
-                          max_wait_s, max_wait_until, lane)
+                          max_wait_s, max_wait_until, lane, rerun_of)
         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11, $12, $13, $14,
-                $15::integer, now() + make_interval(secs => $15::integer), $16)
+                $15::integer, now() + make_interval(secs => $15::integer), $16, $17)
         RETURNING *
         """,
         job_id, account_id, request.model, request.provider, msgspec.to_builtins(request),
         estimated_credits, recovery_delay_s, route, rate_card_version, requestids.current(), metadata or {},
-        webhook_url, webhook_events, fallback_models or [], max_wait_s, lane,
+        webhook_url, webhook_events, fallback_models or [], max_wait_s, lane, rerun_of,
     )
     assert row is not None, "INSERT ... RETURNING answers the row it inserted"
     job = row_to_job(row)

@@ -15,6 +15,9 @@ class ErrorCode(enum.StrEnum):
     RATE_LIMITED = "rate_limited"  # the provider asked us to slow down
     PROVIDER_UNAVAILABLE = "provider_unavailable"  # the provider is down or answered 5xx
     TIMEOUT = "timeout"  # a stage passed its deadline
+    # The render passed its deadline (its model's measured p99 and a margin): stopped at the provider, not
+    # charged, and tried again only where the provider's retry policy says so; the owner may render it again.
+    RENDER_TIMEOUT = "render_timeout"
     CONTENT_REJECTED = "content_rejected"  # the provider's content policy refused the prompt or image
     INVALID_INPUT = "invalid_input"  # the request can never succeed as written
     QUOTA_EXHAUSTED = "quota_exhausted"  # no credit left
@@ -28,6 +31,7 @@ RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.RATE_LIMITED: True,
     ErrorCode.PROVIDER_UNAVAILABLE: True,
     ErrorCode.TIMEOUT: True,
+    ErrorCode.RENDER_TIMEOUT: True,  # the same request may well render in time later (not retried by itself)
     ErrorCode.CONTENT_REJECTED: False,
     ErrorCode.INVALID_INPUT: False,
     ErrorCode.QUOTA_EXHAUSTED: False,
@@ -41,6 +45,8 @@ DEFAULT_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.RATE_LIMITED: "The provider is rate limiting us; the job will be retried automatically.",
     ErrorCode.PROVIDER_UNAVAILABLE: "The video provider is unavailable; the job will be retried.",
     ErrorCode.TIMEOUT: "The job took longer than its deadline allows.",
+    ErrorCode.RENDER_TIMEOUT: "The provider did not finish the render within its deadline; it was stopped and "
+                              "its credit released. Render it again to try once more.",
     ErrorCode.CONTENT_REJECTED: "The provider refused this prompt under its content policy; change it.",
     ErrorCode.INVALID_INPUT: "The request cannot be rendered as written; fix the named field.",
     ErrorCode.QUOTA_EXHAUSTED: "The account has no credit left for this job; add credit and retry.",

@@ -52,8 +52,9 @@ import msgspec
 
 from vidjobs.common import breakers, metrics, switch
 from vidjobs.common.jobs import JobRow
+from vidjobs.common.measurements import Measured, read_measured
 from vidjobs.common.settings import ProviderLimits, Settings
-from vidjobs.common.states import SQL_PENDING, SQL_RENDERING, JobStatus, sql
+from vidjobs.common.states import SQL_PENDING, SQL_RENDERING, JobStatus
 
 Conn = asyncpg.Connection | asyncpg.Pool
 T = TypeVar("T")
@@ -79,16 +80,6 @@ class Estimate(msgspec.Struct, frozen=True, kw_only=True):
 
     def times(self) -> tuple[datetime | None, ...]:
         return self.start_p50, self.start_p90, self.ready_p50, self.ready_p90
-
-
-class Measured(msgspec.Struct, frozen=True, kw_only=True):
-    """A model's renders measured here: seconds each held a provider slot, and took from start to ready."""
-
-    samples: int
-    hold_p50_s: float = 0.0
-    hold_p90_s: float = 0.0
-    ready_p50_s: float = 0.0
-    ready_p90_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -187,24 +178,6 @@ SELECT a.concurrent_jobs AS cap,
 FROM accounts a WHERE a.id = $1
 """
 
-# The model's most recent renders in the window (jobs_model_completed, newest first). A job completed before
-# `rendered_at` existed counts its time to ready as its hold.
-_MEASURED = f"""
-SELECT count(*) AS samples,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY hold_s) AS hold_p50,
-       percentile_cont(0.9) WITHIN GROUP (ORDER BY hold_s) AS hold_p90,
-       percentile_cont(0.5) WITHIN GROUP (ORDER BY ready_s) AS ready_p50,
-       percentile_cont(0.9) WITHIN GROUP (ORDER BY ready_s) AS ready_p90
-FROM (SELECT extract(epoch FROM COALESCE(j.rendered_at, j.completed_at) - j.submitted_at) AS hold_s,
-             extract(epoch FROM j.completed_at - j.submitted_at) AS ready_s
-      FROM jobs j
-      WHERE j.model = $1 AND j.status = {sql(JobStatus.COMPLETED)}
-        AND j.completed_at > clock_timestamp() - make_interval(secs => $2) AND j.submitted_at IS NOT NULL
-      ORDER BY j.completed_at DESC
-      LIMIT $3) AS recent
-"""
-
-
 async def place_at_provider(conn: Conn, job: JobRow) -> int:
     """The waiting job's place among its account's jobs waiting at its provider (1 is next)."""
     return await conn.fetchval(f"SELECT {place_sql('j')} FROM jobs j WHERE j.id = $1", job.id) or 1
@@ -238,15 +211,6 @@ async def read_account(conn: Conn, account_id: str) -> AccountLoad:
     row = await conn.fetchrow(_ACCOUNT, account_id)
     # An account that is gone has no jobs to estimate; one slot keeps the arithmetic defined.
     return AccountLoad(1, ()) if row is None else AccountLoad(row["cap"], tuple(row["rendering"]))
-
-
-async def read_measured(conn: Conn, model: str, settings: Settings) -> Measured:
-    row = await conn.fetchrow(_MEASURED, model, settings.estimate_window_s, settings.estimate_samples)
-    assert row is not None, "an aggregate without GROUP BY answers one row"
-    if not row["samples"]:
-        return Measured(samples=0)
-    return Measured(samples=row["samples"], hold_p50_s=row["hold_p50"], hold_p90_s=row["hold_p90"],
-                    ready_p50_s=row["ready_p50"], ready_p90_s=row["ready_p90"])
 
 
 # ---- the arithmetic ----------------------------------------------------------------------------------------
@@ -416,13 +380,17 @@ class Estimator:
                         ) -> Estimate:
         provider = model.split("/", 1)[0]
         queue = await self.queue(conn, provider)
-        measured = await self._fresh("model", model, lambda: read_measured(conn, model, self._settings))
+        measured = await self.measured(conn, model)
         account = queue.accounts.get(account_id) if waiting_there else None
         if account is None:
             account = await self._fresh("account", account_id, lambda: read_account(conn, account_id))
         return estimate(Inputs(model=model, place=place, account_id=account_id, account=account, queue=queue,
                                measured=measured, limits=self._settings.limits_for(provider),
                                settings=self._settings))
+
+    async def measured(self, conn: Conn, model: str) -> Measured:
+        """The model's renders measured here, read at most once per refresh interval."""
+        return await self._fresh("model", model, lambda: read_measured(conn, model, self._settings))
 
     async def queue(self, conn: Conn, provider: str) -> ProviderQueue:
         return await self._fresh("provider", provider, lambda: read_queue(conn, provider))

@@ -98,6 +98,7 @@ class JobRow(msgspec.Struct, kw_only=True):
     max_wait_s: int | None = None  # the owner's limit on waiting for a slot
     max_wait_until: datetime | None = None  # created_at + max_wait_s
     lane: Lane = Lane.INTERACTIVE  # its lane in its account's queue
+    rerun_of: str | None = None  # the job it renders again (POST /v1/jobs/{id}/rerun)
 
     @property
     def finished(self) -> bool:

@@ -62,6 +62,10 @@ JOB_MOVES = Counter("vidjobs_job_moves_total",
                     "Waiting jobs moved to a fallback model, by the model they left and the one they moved to, "
                     "the alias they were routed through ('' for none) and why (breaker, max_wait)",
                     ["from_model", "to_model", "route", "reason"])
+# Created jobs that render again what their account already had ready (vidjobs.common.regenerations), once each.
+REGENERATIONS = Counter("vidjobs_regenerations_total",
+                        "Created jobs that are a rerun, or repeat the model and normalised prompt of a job of "
+                        "their account ready within VIDJOBS_REGENERATION_WINDOW_S", ["model"])
 JOB_ERRORS = Counter("vidjobs_job_errors_total",
                      "Committed moves to retrying or failed, by the error the job took and its provider",
                      ["code", "provider"])

@@ -17,6 +17,8 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
     base_s: float = 2.0
     cap_s: float = 60.0
     max_elapsed_s: float = 3600.0
+    # A render past its deadline is tried again (a new paid render) only where the provider's policy says so.
+    retry_on_timeout: bool = False
 
     @classmethod
     def from_settings(cls, settings: Settings, provider: str | None = None) -> RetryPolicy:
@@ -28,7 +30,8 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
         overrides = settings.retry_policies.get(provider or "")
         if overrides is None:
             return policy
-        return msgspec.structs.replace(policy, **msgspec.to_builtins(overrides))
+        changes = {k: v for k, v in msgspec.to_builtins(overrides).items() if v is not None}
+        return msgspec.structs.replace(policy, **changes)
 
 
 class Policies:
@@ -55,6 +58,8 @@ def next_retry(
     """When to retry, or None to give up."""
     if not error.retryable:
         return None
+    if error.code is ErrorCode.RENDER_TIMEOUT and not policy.retry_on_timeout:
+        return None  # its owner decides whether another paid render is worth it (POST /v1/jobs/{id}/rerun)
     if spends_attempt(error) and attempt >= policy.max_attempts:
         return None
     delay = random.uniform(0, min(policy.cap_s, policy.base_s * 2 ** (attempt - 1)))

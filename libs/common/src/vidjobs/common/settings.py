@@ -18,7 +18,7 @@ from vidjobs.common.errors import ConfigError
 PREFIX = "VIDJOBS_"
 
 # Settings whose environment value is JSON.
-_JSON_FIELDS = {"retry_policies", "provider_limits", "model_routes"}
+_JSON_FIELDS = {"retry_policies", "provider_limits", "model_routes", "render_deadlines"}
 
 # Variables the test harness and CLI set for their own use; they are not service settings.
 _NOT_SETTINGS = {"VIDJOBS_TEST_DATABASE_URL", "VIDJOBS_TEST_NATS_URL", "VIDJOBS_FAULTS_LOGS", "VIDJOBS_ABUSE_FIGURES",
@@ -34,6 +34,19 @@ class ProviderPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, o
     base_s: float | None = None
     cap_s: float | None = None
     max_elapsed_s: float | None = None
+    # A render past its deadline (`render_timeout`) is tried again as a new attempt (a new paid render) only
+    # where this is true; by default the job fails and its owner decides whether to render it again.
+    retry_on_timeout: bool | None = None
+
+
+class DeadlinePolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """Render deadline overrides for one provider; unset fields take the global settings."""
+
+    floor_s: float | None = None
+    ceiling_s: float | None = None
+    margin: float | None = None
+    unmeasured_s: float | None = None  # while too few renders are measured (the global: render_deadline_s)
+    min_samples: int | None = None
 
 
 class ProviderLimits(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -73,14 +86,24 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     estimate_min_samples: int = 5
     estimate_refresh_s: float = 3.0
 
-    render_deadline_s: float = 900.0  # a render's hard deadline, from its submission
+    # A render's deadline, from its submission (vidjobs.common.render_deadlines): the p99 of how long its model's
+    # renders held their provider slot, of those measured as for estimates (the last `estimate_window_s`, at
+    # most `estimate_samples`), times 1 + `render_deadline_margin`, kept between the floor and the ceiling;
+    # `render_deadline_s` while fewer than `render_deadline_min_samples` renders are measured. Per provider, as
+    # JSON: {"runway": {"floor_s": 300, "ceiling_s": 3600, "margin": 1.0, "unmeasured_s": 1800}}
+    render_deadline_s: float = 900.0
+    render_deadline_floor_s: float = 120.0
+    render_deadline_ceiling_s: float = 900.0  # above 20 min, raise VidjobsJobStuck's threshold with it
+    render_deadline_margin: float = 0.5
+    render_deadline_min_samples: int = 20
+    render_deadlines: dict[str, DeadlinePolicy] = {}
     download_deadline_s: float = 300.0  # copying a finished render into storage, from the render's end
     download_attempts: int = 4  # deliveries of one download before the job fails with download_failed
     max_attempts: int = 3  # attempts (renders asked for) per job before it fails
     # The backoff before a job's next attempt: exponential from base to cap, with full jitter.
     retry_base_s: float = 2.0
     retry_cap_s: float = 60.0
-    # Per provider, as JSON: {"replicate": {"max_attempts": 5, "cap_s": 120}}
+    # Per provider, as JSON: {"replicate": {"max_attempts": 5, "cap_s": 120, "retry_on_timeout": true}}
     retry_policies: dict[str, ProviderPolicy] = {}
 
     provider_timeout_s: float = 30.0  # one HTTP call to a provider
@@ -103,8 +126,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     model_routes: dict[str, list[RouteShare]] = {}
     # A gateway rereads the routes table at once when told of a change (LISTEN/NOTIFY), and this often anyway.
     routes_refresh_s: float = 5.0
-    # A job counts as regenerated when the same account creates a job of the same model with the same
-    # normalised prompt within this long of its completion (`vidjobs routes compare`).
+    # A created job renders again what its account already had ready (it counts in
+    # vidjobs_regenerations_total and in `vidjobs routes compare`'s regenerate rate) when it is a rerun, or has
+    # the same model and normalised prompt as one of its jobs completed within this long before it.
     regeneration_window_s: float = 3600.0
     ack_wait_s: float = 30.0  # a consumer's message is redelivered if not acked (or heartbeated) this long
     max_deliveries: int = 10  # failed handlings of one message before it is dead-lettered

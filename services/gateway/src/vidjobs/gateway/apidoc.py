@@ -81,6 +81,27 @@ the job's trail (`GET /v1/jobs/{id}/events`, from `pending` to `pending`, with t
 is told to the account's webhook endpoints as `job.moved`, and is counted in `vidjobs_job_moves_total` by
 model, route and reason. `fallback_models` then lists only those after the model it moved to. Without
 fallbacks a job never moves.
+
+## Render deadlines and rerunning
+
+A render has a deadline from when its provider accepted it, shown while it renders as `deadline_at`: the p99
+of how long the model's renders took here (the renders the estimates measure), with a margin, between a floor
+and a ceiling (by default 1.5 x p99, between 2 and 15 minutes; 15 minutes while fewer than 20 renders of the
+model are measured; a deployment may set each part per provider). A render still unfinished at its deadline
+is stopped at the provider and the job fails with `error.code` `render_timeout` (`retryable` true: the same
+request may well render in time later); its credit reservation is released, and the account pays only what
+the provider billed for the render, if anything. It is not tried again by itself (a deployment may allow
+that per provider): whether another paid render is worth it is its owner's choice.
+
+`POST /v1/jobs/{id}/rerun` renders a job's request again as a new job, which names the original in
+`rerun_of` (null on every other job): the same model (through the same alias, chosen again), prompt, format,
+seed, input image, params, metadata, webhook, priority and `max_wait_s`, with the account's default fallback
+models as they stand. It is checked and priced as a create is at the time of the rerun (a model no longer
+offered, or an input image deleted since, answers 422) and reserves its own credit. Any of the account's jobs
+may be rerun, whatever its status; a deleted one answers 409 `conflict`, another account's 404. An
+`Idempotency-Key` makes a rerun safe to send again (the same key answers the same new job, 200 with
+`Idempotent-Replayed: true`); a key is bound to the job it reran, so using it for a create or another rerun
+answers 409.
 """
 
 

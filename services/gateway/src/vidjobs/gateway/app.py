@@ -13,7 +13,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import bus, events, modelroutes, netguard, tracing
+from vidjobs.common import bus, events, modelroutes, netguard, regenerations, tracing
 from vidjobs.common.bus import Delivery
 from vidjobs.common.estimates import Estimator
 from vidjobs.common.events import AppEventDue
@@ -31,6 +31,7 @@ from vidjobs.gateway import (
     routes_models,
     routes_ops,
     routes_page,
+    routes_reruns,
     routes_uploads,
     sealing,
     stream,
@@ -58,7 +59,7 @@ _NO_DEPENDENCY = frozenset({"healthz", "metrics"})  # answered from the process 
 
 def route_table(settings: Settings) -> list[Route]:
     routes = [
-        *routes_jobs.ROUTES, *routes_models.ROUTES, *routes_app_webhooks.ROUTES,
+        *routes_jobs.ROUTES, *routes_reruns.ROUTES, *routes_models.ROUTES, *routes_app_webhooks.ROUTES,
         *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
         *routes_callbacks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
     ]
@@ -119,6 +120,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROVIDER_TIMEOUT_S),
                                   trace_configs=tracing.client_trace_configs()))
         adapters = build_adapters(settings, session)
+        regenerations.offer(info.id for adapter in adapters.values() for info in adapter.models())
         for adapter in adapters.values():
             stack.push_async_callback(adapter.close)
         if settings.api_metrics == "off":

@@ -165,8 +165,9 @@ class JobOut(msgspec.Struct, kw_only=True):
     max_wait_s: int | None  # its limit on waiting for a slot, as asked
     started_at: datetime | None  # when the provider accepted its current attempt
     completed_at: datetime | None  # when it reached its ending: completed, failed or canceled
-    deadline_at: datetime | None  # when its current stage gives up
+    deadline_at: datetime | None  # when its current stage gives up (a render's: from its model's measured renders)
     retry_at: datetime | None  # while retrying: when the next attempt is queued
+    rerun_of: str | None  # the job it renders again (POST /v1/jobs/{id}/rerun); null for any other job
     urls: JobUrls  # where to read, cancel and follow it
 
 

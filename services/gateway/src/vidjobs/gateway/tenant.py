@@ -16,7 +16,18 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import cancels, creation, credits, deletion, estimates, ratecard, renders, uploads, waiting
+from vidjobs.common import (
+    cancels,
+    creation,
+    credits,
+    deletion,
+    estimates,
+    ratecard,
+    regenerations,
+    renders,
+    uploads,
+    waiting,
+)
 from vidjobs.common.credits import Entry
 from vidjobs.common.estimates import Estimate, Estimator
 from vidjobs.common.jobs import JobRequest, JobRow, Lane, row_to_job
@@ -59,11 +70,13 @@ class JobOrder(msgspec.Struct, frozen=True, kw_only=True):
     max_wait_s: int | None
     lane: Lane
     body_hash: bytes  # idempotency.digest of the body: a key's earlier request must have had the same
+    rerun_of: str | None = None  # the job it renders again
 
 
 class Created(msgspec.Struct, frozen=True):
     job: OwnedJob
     created: bool  # False: the job an earlier request with the same idempotency key made
+    regenerated: bool = False  # it renders again what the account had ready (vidjobs.common.regenerations)
 
 
 class CreateRefused(Exception):
@@ -213,6 +226,8 @@ class Tenant:
             made = await self._create_once(order, key)
         if not made.created:
             return made
+        if made.regenerated:
+            regenerations.count(made.job.job.model)  # committed: counted once, here
         return Created(await self.estimated(made.job), created=True)
 
     async def _create_once(self, order: JobOrder, key: str | None) -> Created:
@@ -233,13 +248,16 @@ class Tenant:
                                          route=order.route, rate_card_version=card.version,
                                          max_waiting=settings.max_queued_jobs, metadata=order.metadata,
                                          webhook_url=order.webhook_url, webhook_events=order.webhook_events,
-                                         fallback_models=movable, max_wait_s=order.max_wait_s, lane=order.lane)
+                                         fallback_models=movable, max_wait_s=order.max_wait_s, lane=order.lane,
+                                         rerun_of=order.rerun_of)
             if key is not None:
                 await idempotency.remember(conn, self.account_id, key, order.body_hash, created.job.id,
                                            settings.idempotency_ttl_s)
             # Its place was counted as it was queued, under the account's lock: no second count.
             at_provider = await estimates.place_at_provider(conn, created.job)
-            return Created(OwnedJob(created.job, created.waiting_ahead + 1, provider_position=at_provider), True)
+            again = await regenerations.is_regeneration(conn, created.job, settings.regeneration_window_s)
+            return Created(OwnedJob(created.job, created.waiting_ahead + 1, provider_position=at_provider), True,
+                           regenerated=again)
 
     async def _fallbacks(self, conn: asyncpg.Connection, order: JobOrder) -> list[str]:
         """What the job names, else its account's default as it is now (read in the create's transaction),
@@ -272,6 +290,13 @@ class Tenant:
         sql, values = page_sql(wanted, after)
         rows = await self._rt.pool.fetch(sql, self.account_id, limit, *values)
         return [await self.estimated(_owned(r)) for r in rows]
+
+    async def original(self, job_id: str) -> JobRow | None:
+        """The account's job as stored, deleted or not, for a rerun to tell a deleted job from none at all (a
+        job of another account is none)."""
+        row = await self._rt.pool.fetchrow("SELECT * FROM jobs WHERE id = $1 AND account_id = $2", job_id,
+                                          self.account_id)
+        return None if row is None else row_to_job(row)
 
     async def estimated(self, owned: OwnedJob, *, conn: Conn | None = None) -> OwnedJob:
         """The job with its estimate made afresh (a waiting job's; None for any other) from the reads the

@@ -93,5 +93,6 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,
         metadata=job.metadata, fallback_models=job.fallback_models, max_wait_s=job.max_wait_s,
         started_at=_utc(job.submitted_at), completed_at=_utc(job.completed_at),
-        deadline_at=_utc(job.deadline_at), retry_at=_utc(job.retry_at), urls=job_urls(job.id, base_url),
+        deadline_at=_utc(job.deadline_at), retry_at=_utc(job.retry_at), rerun_of=job.rerun_of,
+        urls=job_urls(job.id, base_url),
     )

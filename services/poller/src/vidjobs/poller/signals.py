@@ -14,6 +14,7 @@ from vidjobs.common.errors import ErrorCode, JobError, Redeliver
 from vidjobs.common.events import CancelRequested, DownloadRequested
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.outcomes import fail_or_retry
+from vidjobs.common.render_deadlines import RenderDeadlines, render_deadline
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import RENDERING, JobStatus
@@ -37,6 +38,8 @@ class LearnedBy(enum.StrEnum):
 class SignalContext:
     rt: Runtime
     policies: Policies
+    # A render adopted here gets its deadline from its model's measured renders; None: the fixed one.
+    deadlines: RenderDeadlines | None = None
 
 
 def is_stale(job: JobRow, sig: ProviderSignal) -> bool:
@@ -92,12 +95,13 @@ async def _adopt(
     """The provider answered through another door before the submitter recorded its answer."""
     if sig.attempt != job.attempt:
         raise Redeliver("signal for a job whose submission is not recorded yet", delay=0.5)
+    deadline = await render_deadline(ctx.deadlines, conn, ctx.rt.settings, job.model)
     now = datetime.now(UTC)
     moved = await transition(
         conn, job.id, JobStatus.SUBMITTED, reason=f"{source} arrived before the submit answer",
         expect=[JobStatus.PENDING], guard=Guard(attempt=sig.attempt, provider_job_id=None),
         update=JobUpdate(provider_job_id=sig.provider_job_id, submitted_at=now,
-                         deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s)),
+                         deadline_at=deadline.at(now)),
     )
     if moved is not None:
         await recovery_checks.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)

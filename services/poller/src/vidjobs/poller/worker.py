@@ -17,6 +17,7 @@ from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, InboxReceived, PollRequested
 from vidjobs.common.jobs import JobRow
+from vidjobs.common.render_deadlines import RenderDeadlines
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, consumer, pause
 from vidjobs.common.states import RENDERING
@@ -43,7 +44,8 @@ async def main(rt: Runtime) -> None:
     timeout = call_timeout(rt.settings)
     async with aiohttp.ClientSession(timeout=timeout, trace_configs=tracing.client_trace_configs()) as session:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
-                      signals=SignalContext(rt=rt, policies=Policies(rt.settings)))
+                      signals=SignalContext(rt=rt, policies=Policies(rt.settings),
+                                            deadlines=RenderDeadlines(rt.settings)))
         inbox = consumer(rt, "poller-inbox", events.INBOX, partial(on_inbox, ctx), concurrency=16)
         polls = consumer(rt, "poller-poll", events.POLL, partial(on_poll, ctx), concurrency=16)
         cancels = consumer(rt, "poller-cancel", events.CANCEL, partial(on_cancel, ctx), concurrency=8)

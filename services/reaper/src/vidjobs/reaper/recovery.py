@@ -25,7 +25,7 @@ from vidjobs.common.outcomes import fail_or_retry, next_attempt
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import JobStatus
-from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.common.transitions import Guard, JobUpdate, transition
 from vidjobs.reaper import leases
 from vidjobs.reaper.backlog import SubmitQueue
 
@@ -124,10 +124,28 @@ async def _end_backoff(ctx: Context, conn: asyncpg.Connection, job: JobRow, now:
 
 
 async def _render_timed_out(ctx: Context, conn: asyncpg.Connection, job: JobRow) -> None:
-    seconds = int(ctx.rt.settings.render_deadline_s)
-    error = JobError.of(ErrorCode.TIMEOUT, f"The provider did not finish the render within {seconds} s.")
+    """The render passed its deadline: it fails with `render_timeout` (tried again only where the provider's
+    retry policy says `retry_on_timeout`), its credit reservation is released as every failure's is, and the
+    provider is asked to stop it, whatever happens next."""
+    retried = ctx.policies.for_provider(job.provider).retry_on_timeout
+    error = JobError.of(ErrorCode.RENDER_TIMEOUT, _timeout_message(job, retried=retried))
     moved = await fail_or_retry(conn, job, error, policies=ctx.policies, reason="render deadline passed",
-                                expect=[JobStatus.SUBMITTED, JobStatus.PROCESSING])
+                                expect=[JobStatus.SUBMITTED, JobStatus.PROCESSING], guard=_same_render(job))
     if moved is not None:
+        log.info("render timed out", extra={"job_id": job.id, "to": moved.job.status.value,
+                                            "provider_job_id": job.provider_job_id})
         # Whatever happens next, this render is abandoned: stop paying for it.
         await outbox.add(conn, jobs.stop_at_provider(job))
+
+
+def _same_render(job: JobRow) -> Guard:
+    return Guard(attempt=job.attempt, provider_job_id=job.provider_job_id)
+
+
+def _timeout_message(job: JobRow, *, retried: bool) -> str:
+    allowed = ""
+    if job.deadline_at is not None and job.submitted_at is not None:
+        allowed = f" within {(job.deadline_at - job.submitted_at).total_seconds():.0f} s"
+    then = ("it was stopped and is tried again while attempts remain" if retried
+            else "it was stopped and its credit released. Render it again to try once more")
+    return f"The provider did not finish the render{allowed}, its deadline; {then}."

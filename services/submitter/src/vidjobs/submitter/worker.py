@@ -14,7 +14,7 @@ import contextlib
 import enum
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import partial
 
 import aiohttp
@@ -44,6 +44,7 @@ from vidjobs.common.errors import ErrorCode, ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, JobQueued, PollRequested, SlotFreed
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.outcomes import fail_or_retry
+from vidjobs.common.render_deadlines import RenderDeadlines, render_deadline
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, consumer, every
 from vidjobs.common.states import SQL_PENDING, JobStatus
@@ -72,6 +73,8 @@ class Context:
     storage: Storage  # signs the URLs providers fetch input images from
     # When waiting jobs are likely to start, for a move past a job's max_wait_s (failover); None: no such moves.
     estimator: estimates.Estimator | None = None
+    # Each accepted render's deadline, from its model's measured renders; None: the fixed render_deadline_s.
+    deadlines: RenderDeadlines | None = None
 
 
 async def main(rt: Runtime) -> None:
@@ -81,8 +84,9 @@ async def main(rt: Runtime) -> None:
         timeout = call_timeout(rt.settings)
         session = await stack.enter_async_context(
             aiohttp.ClientSession(timeout=timeout, trace_configs=tracing.client_trace_configs()))
-        ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
-                      policies=Policies(rt.settings), storage=storage, estimator=estimates.Estimator(rt.settings))
+        ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session), policies=Policies(rt.settings),
+                      storage=storage, estimator=estimates.Estimator(rt.settings),
+                      deadlines=RenderDeadlines(rt.settings))
         # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
         spec = consumer(rt, events.SUBMIT_DURABLE, events.SUBMIT, partial(handle, ctx),
                         concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
@@ -374,6 +378,7 @@ async def _one_call(ctx: Context, adapter: ProviderAdapter, req: SubmitRequest, 
 async def _accepted(
     ctx: Context, job: JobRow, adapter: ProviderAdapter, req: SubmitRequest, accepted: Submission,
 ) -> None:
+    deadline = await render_deadline(ctx.deadlines, ctx.rt.pool, ctx.rt.settings, job.model)
     now = datetime.now(UTC)
     emit = [] if adapter.supports_callbacks else [PollRequested(job_id=job.id, reason="submitted")]
     async with ctx.rt.tx() as conn:
@@ -385,7 +390,7 @@ async def _accepted(
             expect=[JobStatus.PENDING], emit=emit,
             update=JobUpdate(
                 provider_job_id=accepted.provider_job_id, submitted_at=now, error=None, retry_at=None,
-                deadline_at=now + timedelta(seconds=ctx.rt.settings.render_deadline_s),
+                deadline_at=deadline.at(now),
             ),
         )
         if moved is not None:
@@ -397,7 +402,8 @@ async def _accepted(
             await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,
                                                     provider_job_id=accepted.provider_job_id)])
     log.info("submitted", extra={"job_id": job.id, "provider_job_id": accepted.provider_job_id,
-                                 "attempt": job.attempt})
+                                 "attempt": job.attempt, "deadline_s": deadline.seconds,
+                                 "deadline_samples": deadline.samples})
 
 
 async def _orphaned(conn: asyncpg.Connection, job_id: str, provider_job_id: str) -> bool:

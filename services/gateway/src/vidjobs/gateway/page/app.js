@@ -18,6 +18,7 @@ const ADVICE = {
   rate_limited: "The provider was busy. Try again in a few minutes.",
   provider_unavailable: "The provider was down. Try again later.",
   timeout: "The render ran past its deadline. Try again, perhaps with a shorter clip.",
+  render_timeout: "The provider took longer than this model's renders do here, so it was stopped. Render again to try once more.",
   content_rejected: "Change the prompt (or the image) and render again; the same request will be refused again.",
   invalid_input: "Fix the field the message names, then render again.",
   quota_exhausted: "Add credit to the account, then render again.",
@@ -30,6 +31,7 @@ const ADVICE = {
 const $ = (id) => document.getElementById(id);
 let following = null; // AbortController of the stream being read
 let pendingCreate = null; // {body, key}: a retried press of Render reuses its Idempotency-Key
+let pendingRerun = null; // {jobId, key}: likewise for a retried press of Render again
 let models = new Map(); // id -> the model as GET /v1/models describes it
 let image = null; // {file, upload: Promise of the upload}: the chosen image, uploaded as soon as it is chosen
 let announced = ""; // the stage last read out, so progress updates do not repeat it
@@ -313,6 +315,9 @@ function renderJob(job) {
   $("job-cost").textContent = costLine(job.cost);
   renderFailure(job);
   $("cancel").hidden = TERMINAL.has(job.status);
+  $("rerun").hidden = !TERMINAL.has(job.status);
+  $("job-rerun-of").hidden = !job.rerun_of;
+  $("job-rerun-of").textContent = job.rerun_of ? `Renders ${job.rerun_of} again.` : "";
   renderResult(job);
   markInList(job);
 }
@@ -323,6 +328,7 @@ function showGone(jobId) {
   $("job-cost").textContent = "";
   showProblem("This job no longer exists (deleted, or it belongs to another key).");
   $("cancel").hidden = true;
+  $("rerun").hidden = true;
   $("result").hidden = true;
   localStorage.removeItem(JOB_STORE);
 }
@@ -639,6 +645,29 @@ async function cancelJob() {
   }
 }
 
+// The job shown, rendered again as a new job (POST /v1/jobs/{id}/rerun), which the page then follows.
+async function rerunJob() {
+  const jobId = localStorage.getItem(JOB_STORE);
+  if (!jobId) return;
+  if (!pendingRerun || pendingRerun.jobId !== jobId) pendingRerun = { jobId, key: randomKey() };
+  $("rerun").disabled = true;
+  try {
+    const job = await api(`${jobPath(jobId)}/rerun`, {
+      method: "POST", headers: { "Idempotency-Key": pendingRerun.key },
+    });
+    pendingRerun = null;
+    renderJob(job);
+    refreshList();
+    follow(job.id);
+  } catch (err) {
+    // A network failure keeps the key: pressing Render again once more cannot make a second job.
+    if (err instanceof ApiError) pendingRerun = null;
+    showProblem(explain(err));
+  } finally {
+    $("rerun").disabled = false;
+  }
+}
+
 function saveKey(event) {
   event.preventDefault();
   localStorage.setItem(KEY_STORE, $("api-key").value.trim());
@@ -664,6 +693,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("image").addEventListener("change", chooseImage);
   $("image-clear").addEventListener("click", clearImage);
   $("cancel").addEventListener("click", cancelJob);
+  $("rerun").addEventListener("click", rerunJob);
   $("refresh").addEventListener("click", refreshList);
   $("status-filter").addEventListener("change", refreshList);
   $("more").addEventListener("click", loadMore);
