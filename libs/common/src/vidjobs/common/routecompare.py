@@ -9,10 +9,10 @@ through the alias since a moment.
   included, which is what the account saw.
 - failure rate: failed jobs over ended ones (completed, expired or failed; canceled ones are left out), in
   all and by error code.
-- regenerate rate: the fraction of its completed jobs followed, within VIDJOBS_REGENERATION_WINDOW_S of the
-  completion, by another job of the same account asking for the same model (the alias, or the model named
-  when there was none) with the same normalised prompt: trimmed, runs of white space made one space, lower
-  case. A regeneration says the first render was not what was wanted.
+- regenerate rate: the fraction of its completed jobs rerun (POST /v1/jobs/{id}/rerun, at any time) or
+  followed, within VIDJOBS_REGENERATION_WINDOW_S of the completion, by another job of the same account asking
+  for the same model (the alias, or the model named when there was none) with the same normalised prompt
+  (vidjobs.common.regenerations). A regeneration says the first render was not what was wanted.
 - credits per job: the mean of what its ended jobs were charged (actual_credits); provider cost per job: the
   mean of what the provider reported billing for them, in credits (provider_cost_credits), where it did.
 """
@@ -25,19 +25,18 @@ from decimal import Decimal
 import asyncpg
 import msgspec
 
+from vidjobs.common.regenerations import normalised_prompt_sql
 from vidjobs.common.states import JobStatus, sql
 
 _DONE = sql(frozenset({JobStatus.COMPLETED, JobStatus.EXPIRED}))  # rendered; expired jobs were completed first
 _FAILED = sql(JobStatus.FAILED)
 _ENDED = sql(frozenset({JobStatus.COMPLETED, JobStatus.EXPIRED, JobStatus.FAILED}))
-# The normalised prompt, in SQL: trimmed, each run of white space one space, lower case.
-NORMALISED_PROMPT = r"lower(regexp_replace(btrim({prompt}), '\s+', ' ', 'g'))"
 
 _ROUTED = f"""
 WITH routed AS (
     SELECT j.id, j.account_id, j.model, j.status, j.error ->> 'code' AS code, j.created_at, j.submitted_at,
            j.rendered_at, j.completed_at, j.actual_credits, j.provider_cost_credits, j.route,
-           {NORMALISED_PROMPT.format(prompt="j.request ->> 'prompt'")} AS prompt
+           {normalised_prompt_sql("j.request ->> 'prompt'")} AS prompt
     FROM jobs j WHERE j.route = $1 AND j.created_at >= $2
 )"""
 
@@ -55,9 +54,10 @@ SELECT r.model,
            FILTER (WHERE r.status IN {_DONE} AND r.completed_at IS NOT NULL) AS ready_s,
        count(*) FILTER (WHERE r.status IN {_DONE} AND r.completed_at IS NOT NULL AND EXISTS (
            SELECT 1 FROM jobs n
-           WHERE n.account_id = r.account_id AND n.id <> r.id AND COALESCE(n.route, n.model) = r.route
-             AND n.created_at > r.completed_at AND n.created_at <= r.completed_at + make_interval(secs => $3)
-             AND {NORMALISED_PROMPT.format(prompt="n.request ->> 'prompt'")} = r.prompt)) AS regenerated,
+           WHERE n.account_id = r.account_id AND n.id <> r.id AND (n.rerun_of = r.id OR (
+                 COALESCE(n.route, n.model) = r.route AND n.created_at > r.completed_at
+                 AND n.created_at <= r.completed_at + make_interval(secs => $3)
+                 AND {normalised_prompt_sql("n.request ->> 'prompt'")} = r.prompt)))) AS regenerated,
        avg(r.actual_credits) FILTER (WHERE r.status IN {_ENDED} AND r.actual_credits IS NOT NULL)
            AS credits_per_job,
        avg(r.provider_cost_credits) FILTER (WHERE r.provider_cost_credits IS NOT NULL) AS provider_cost_per_job

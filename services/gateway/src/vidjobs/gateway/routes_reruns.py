@@ -44,7 +44,7 @@ async def rerun_order(request: web.Request, original: JobRow) -> JobOrder:
     gw = gateway(request)
     asked = original.request if original.route is None else msgspec.structs.replace(original.request,
                                                                                    model=original.route)
-    job_request, route = routed(asked, gw.settings)
+    job_request, route = routed(asked, gw.routes, original.account_id)
     check_provider(gw.adapters, job_request)
     await check_input_image(tenant(request), job_request)
     if original.webhook_url is not None:
