@@ -43,6 +43,9 @@ async def checked_destination(url: str, hosts: frozenset[str]) -> str:
 async def start_export(request: web.Request) -> web.Response:
     gw, owner = gateway(request), tenant(request)
     job_id = job_id_of(request)
+    # Another account's job answers as a missing one does, whatever the body.
+    if await owner.job(job_id) is None:
+        raise not_found()
     body = await read_json(request, ExportIn, gw.settings.max_body_bytes)
     host = await checked_destination(body.url, gw.settings.allowed_export_hosts())
     try:
