@@ -31,7 +31,8 @@ class Outputs(_Model, kw_only=True):
     thumbnail_url: str
     preview_url: str | None = None
     expires_at: datetime
-    retained_until: datetime | None = None
+    retained_until: datetime | None = None  # null while kept
+    kept: bool = False  # kept past retention until released
     duration_s: float
     width: int
     height: int
