@@ -194,6 +194,15 @@ class Limits(_Model, kw_only=True):
     webhook_deliveries_in_flight: int
     webhook_deliveries_per_minute: int
     max_webhook_manual_retries: int
+    max_exports_in_flight: int = 10
+
+
+class Storage(_Model, kw_only=True):
+    """What the account's kept clips hold, against its storage quota."""
+
+    used_bytes: int
+    limit_bytes: int
+    kept_jobs: int
 
 
 class Account(_Model, kw_only=True):
@@ -206,6 +215,7 @@ class Account(_Model, kw_only=True):
     queued_jobs: int
     uploads_today: int
     fallback_models: list[str] = []  # the default for a job that names none
+    storage: Storage | None = None  # None from a server older than keeping clips
 
 
 class LedgerEntry(_Model, kw_only=True):

@@ -69,12 +69,15 @@ async def create_account(
         await conn.execute(
             """
             INSERT INTO accounts (id, name, concurrent_jobs, daily_spend_cap, max_job_credits, requests_per_s,
-                                  request_burst, storage_quota_bytes)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                  request_burst)
+            VALUES ($1, $2, $3, $4, $5, $6, $7)
             """,
             account_id, name, concurrency, daily_spend_cap, max_job_credits, requests_per_s, request_burst,
-            storage_quota_bytes,
         )
+        if storage_quota_bytes is not None:
+            # Set apart, so an account without a quota of its own can be made on a schema before 0024.
+            await conn.execute("UPDATE accounts SET storage_quota_bytes = $2 WHERE id = $1", account_id,
+                               storage_quota_bytes)
         if credits:
             await grant(conn, account_id, credits, "opening credit")
         await add_api_key(conn, account_id, key)
