@@ -56,12 +56,12 @@ async def test_accounts_create_list_and_set(vidjobs, pool):
     assert rows["acme"] == {
         "id": acme.id, "name": "acme", "concurrent_jobs": 3, "credits_balance": 500, "credits_reserved": 0,
         "daily_spend_cap": 2000, "max_job_credits": 300, "requests_per_s": 2.5, "request_burst": 5,
-        "fallback_models": [], "live_keys": 1, "active_jobs": 1,
+        "fallback_models": [], "storage_quota_bytes": None, "live_keys": 1, "active_jobs": 1,
     }
     assert rows["plain"] | {"id": None} == {
         "id": None, "name": "plain", "concurrent_jobs": 2, "credits_balance": 10_000, "credits_reserved": 0,
         "daily_spend_cap": None, "max_job_credits": None, "requests_per_s": None, "request_burst": None,
-        "fallback_models": [], "live_keys": 1, "active_jobs": 0,
+        "fallback_models": [], "storage_quota_bytes": None, "live_keys": 1, "active_jobs": 0,
     }
     header, *lines = table.out.splitlines()
     assert header.split()[:4] == ["id", "name", "balance", "reserved"] and "active jobs" in header
@@ -69,13 +69,15 @@ async def test_accounts_create_list_and_set(vidjobs, pool):
     assert len(lines) == 2
 
     changed, unknown = await asyncio.gather(
-        vidjobs("accounts", "set", acme.id, "--concurrency", "1", "--daily-cap", "none", "--rate", "10"),
+        vidjobs("accounts", "set", acme.id, "--concurrency", "1", "--daily-cap", "none", "--rate", "10",
+                "--storage-quota", "1000000"),
         vidjobs("accounts", "set", "acct_nope", "--burst", "2"),
     )
     assert changed.code == 0 and changed.out == "", changed.err
     after = await accounts.fetch(pool, acme.id)
     # What was named changed (a cap cleared with `none`); the rest stayed.
     assert (after.concurrent_jobs, after.daily_spend_cap, after.requests_per_s) == (1, None, 10.0)
+    assert after.storage_quota_bytes == 1_000_000
     assert (after.max_job_credits, after.request_burst, after.credits_balance) == (300, 5, 500)
     assert unknown.code == Exit.NOT_FOUND and unknown.out == ""
     assert unknown.err.startswith("vidjobs: no account 'acct_nope'") and "vidjobs accounts list" in unknown.err

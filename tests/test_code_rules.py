@@ -20,8 +20,10 @@ from vidjobs.common.states import JobStatus
 ROOT = Path(__file__).parents[1]
 _QUOTED_STATUS = re.compile(r"'(" + "|".join(s.value for s in JobStatus) + r")'")
 _QUOTED_BREAKER_STATE = re.compile(r"'(" + "|".join(s.value for s in BreakerState) + r")'")
-# webhook_deliveries has statuses of its own (pending, delivered, failed, disabled), not a job's.
-_OTHER_STATUSES = "services/gateway/src/vidjobs/gateway/appwebhooks/"
+# webhook_deliveries has statuses of its own (pending, delivered, failed, disabled), not a job's; so has
+# job_exports (pending, done, failed).
+_OTHER_STATUSES = ("services/gateway/src/vidjobs/gateway/appwebhooks/",
+                   "services/gateway/src/vidjobs/gateway/exports.py", "services/media/src/vidjobs/media/exporting.py")
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:

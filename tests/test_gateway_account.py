@@ -38,8 +38,9 @@ async def test_the_account_shows_credit_limits_spend_and_jobs(h):
                    "max_open_streams_per_key": 50, "max_uploads_per_day": 1000, "max_body_bytes": 65536,
                    "max_upload_bytes": 10 * 1024 * 1024, "max_webhook_endpoints": 20,
                    "webhook_deliveries_in_flight": 16, "webhook_deliveries_per_minute": 600,
-                   "max_webhook_manual_retries": 5},
+                   "max_webhook_manual_retries": 5, "max_exports_in_flight": 10},
         "spent_today": 100, "active_jobs": 2, "queued_jobs": 1, "uploads_today": 0, "fallback_models": [],
+        "storage": {"used_bytes": 0, "limit_bytes": 10 * 1024**3, "kept_jobs": 0},
     }
 
 

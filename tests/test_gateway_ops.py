@@ -113,7 +113,7 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
             assert ("429" in op["responses"]) == rated, (method, path)
     assert set(schemas["AccountOut"]["properties"]) == {
         "id", "name", "credits", "limits", "spent_today", "active_jobs", "queued_jobs", "uploads_today",
-        "fallback_models"}
+        "fallback_models", "storage"}
 
 
 async def test_a_production_deployment_refuses_fake_models_and_keeps_metrics_off_the_api_port(

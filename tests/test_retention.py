@@ -20,8 +20,9 @@ RETENTION_S = 4.0
 
 @pytest.fixture
 def settings(tmp_path, database_url, nats_url):
+    # No warning before removal here (tests/test_keep.py has it): the window is exactly the retention.
     return stack_settings(tmp_path, database_url, nats_url, retention_days=RETENTION_S / 86400,
-                          retention_sweep_interval_s=0.5)
+                          retention_sweep_interval_s=0.5, expiry_warning_days=0)
 
 
 async def test_a_completed_job_expires_keeping_its_thumbnail_until_deleted(settings):
@@ -30,7 +31,7 @@ async def test_a_completed_job_expires_keeping_its_thumbnail_until_deleted(setti
         done = await stack.wait_for_status(created["id"], "completed", within=60)
         out = done["outputs"]
         retained_until = datetime.fromisoformat(out["retained_until"])
-        assert retained_until - datetime.fromisoformat(done["updated_at"]) == timedelta(seconds=RETENTION_S)
+        assert retained_until - datetime.fromisoformat(done["completed_at"]) == timedelta(seconds=RETENTION_S)
         for url in (out["video_url"], out["preview_url"], out["thumbnail_url"]):
             assert (await stack.download(url))[0] == 200
 

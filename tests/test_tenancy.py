@@ -152,7 +152,7 @@ def test_the_store_module_is_gone():
 
 PARAM = re.compile(r"\{(\w+)\}")
 MISSING = {"job_id": "job_" + "0" * 26, "upload_id": "upl_" + "0" * 26, "endpoint_id": "whe_" + "0" * 26,
-           "delivery_id": "msg_" + "0" * 26}
+           "delivery_id": "msg_" + "0" * 26, "export_id": "exp_" + "0" * 26}
 READ_ONLY = ["status", "cost", "account_id", "account", "id", "estimated_credits", "actual_credits", "attempt",
              "outputs"]
 
@@ -192,7 +192,10 @@ async def test_another_accounts_ids_answer_like_missing_ones_on_every_route(h):
     await h.pool.execute("INSERT INTO webhook_deliveries (id, account_id, endpoint_id, job_id, event_type, event_key, "
                          "url, status) VALUES ('msg_a', $1, $2, $3, 'job.completed', 'k', 'https://x', 'failed')",
                          a_id, endpoint_id, job["id"])
-    a_ids = {"job_id": job["id"], "upload_id": upload_id, "endpoint_id": endpoint_id, "delivery_id": "msg_a"}
+    await h.pool.execute("INSERT INTO job_exports (id, job_id, account_id, host) VALUES ('exp_a', $1, $2, 'x')",
+                         job["id"], a_id)
+    a_ids = {"job_id": job["id"], "upload_id": upload_id, "endpoint_id": endpoint_id, "delivery_id": "msg_a",
+             "export_id": "exp_a"}
 
     with_ids = [(m, p) for m, p in tenant_routes(h) if PARAM.search(p)]
     assert ("GET", "/v1/jobs/{job_id}") in with_ids and ("DELETE", "/v1/jobs/{job_id}") in with_ids

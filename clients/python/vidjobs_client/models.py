@@ -31,7 +31,8 @@ class Outputs(_Model, kw_only=True):
     thumbnail_url: str
     preview_url: str | None = None
     expires_at: datetime
-    retained_until: datetime | None = None
+    retained_until: datetime | None = None  # null while kept
+    kept: bool = False  # kept past retention until released
     duration_s: float
     width: int
     height: int
@@ -194,6 +195,15 @@ class Limits(_Model, kw_only=True):
     webhook_deliveries_in_flight: int
     webhook_deliveries_per_minute: int
     max_webhook_manual_retries: int
+    max_exports_in_flight: int = 10
+
+
+class Storage(_Model, kw_only=True):
+    """What the account's kept clips hold, against its storage quota."""
+
+    used_bytes: int
+    limit_bytes: int
+    kept_jobs: int
 
 
 class Account(_Model, kw_only=True):
@@ -206,6 +216,7 @@ class Account(_Model, kw_only=True):
     queued_jobs: int
     uploads_today: int
     fallback_models: list[str] = []  # the default for a job that names none
+    storage: Storage | None = None  # None from a server older than keeping clips
 
 
 class LedgerEntry(_Model, kw_only=True):

@@ -48,6 +48,8 @@ _LIMIT_OPTIONS: tuple[tuple[str, str, Callable[[str], int | float], str, str], .
     ("--max-job", "max_job_credits", _integer(1), "N", "the most credits one job may be estimated at"),
     ("--rate", "requests_per_s", _positive(), "R", "API requests per second per key, if not the platform's"),
     ("--burst", "request_burst", _integer(1), "N", "requests per key allowed at once after a quiet spell"),
+    ("--storage-quota", "storage_quota_bytes", _integer(0), "BYTES",
+     "what the account's kept clips may hold, if not the platform's"),
 )
 
 

@@ -129,7 +129,8 @@ async def set_limits(conn: asyncpg.Connection, account_id: str, changes: dict[st
         raise NotFound(_no_account(account_id))
     _note(f"{account.id} ({account.name}) now: concurrency {account.concurrent_jobs}, daily cap "
           f"{_cell(account.daily_spend_cap)}, per-job max {_cell(account.max_job_credits)}, rate/s "
-          f"{_cell(account.requests_per_s)}, burst {_cell(account.request_burst)} (-: none or the default)")
+          f"{_cell(account.requests_per_s)}, burst {_cell(account.request_burst)}, storage quota "
+          f"{_cell(account.storage_quota_bytes)} (-: none or the default)")
 
 
 async def delete_account(conn: asyncpg.Connection, account_id: str, *, purge: bool, wait_s: float,

@@ -51,6 +51,13 @@ class AssetsDeleteRequested(msgspec.Struct, tag="assets.delete_requested"):
     job_id: str
 
 
+class ExportRequested(msgspec.Struct, tag="export.requested"):
+    """The owner asked for a copy of the job's stored original at a URL of theirs (the `job_exports` row)."""
+
+    export_id: str
+    job_id: str
+
+
 class CancelRequested(msgspec.Struct, tag="cancel.requested"):
     """We stopped caring about a render (canceled, deleted, past its deadline): ask the provider to stop."""
 
@@ -70,7 +77,7 @@ class AppEventDue(msgspec.Struct, tag="app_event.due"):
     """A job moved in a way its account's app may want to hear of: deliver it to the app's webhooks."""
 
     job_id: str
-    types: list[str]  # job.stage, job.completed, job.failed, job.canceled (states.app_events)
+    types: list[str]  # job.stage, job.completed, job.failed, job.canceled (states.app_events), job.expiring
     key: str  # names the move: each move is delivered once per event type and destination
 
 
@@ -96,6 +103,7 @@ INBOX = "vidjobs.work.inbox"
 POLL = "vidjobs.work.poll"
 DOWNLOAD = "vidjobs.work.download"
 ASSETS_DELETE = "vidjobs.work.assets_delete"
+EXPORT = "vidjobs.work.export"
 RECOVERY = "vidjobs.work.recovery"
 CANCEL = "vidjobs.work.cancel"
 APP_EVENTS = "vidjobs.work.app_events"
@@ -112,6 +120,7 @@ SUBJECT_EVENTS: dict[str, object] = {
     POLL: PollRequested,
     DOWNLOAD: DownloadRequested,
     ASSETS_DELETE: AssetsDeleteRequested,
+    EXPORT: ExportRequested,
     RECOVERY: RecoveryDue,
     CANCEL: CancelRequested,
     APP_EVENTS: AppEventDue,
@@ -119,7 +128,7 @@ SUBJECT_EVENTS: dict[str, object] = {
 
 WorkEvent = (
     JobQueued | SlotFreed | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
-    | CancelRequested | AppEventDue
+    | CancelRequested | AppEventDue | ExportRequested
 )
 Hint = JobChanged | QueueMoved  # core NATS, after commit (vidjobs.common.changes)
 Event = WorkEvent | Hint

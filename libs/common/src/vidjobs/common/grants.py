@@ -82,6 +82,7 @@ OWNERS: dict[str, str] = {
     "poll_schedule": "poller",
     "assets": "media",
     "media_copies": "media",
+    "job_exports": "media",
     "recovery_leases": "reaper",
     "jobs": "common",
     "job_transitions": "common",
@@ -141,7 +142,8 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "webhook_attempts": SEL | INS,  # pruned with their deliveries (ON DELETE CASCADE runs as the owner)
         "rate_cards": SEL,  # prices a job at create
         "rate_card_prices": SEL,
-        "assets": SEL,  # a finished job's outputs are read from the media service's record of its files
+        "assets": SEL,  # a finished job's outputs, and what kept clips hold, from the media service's record
+        "job_exports": SEL | INS,  # records an export (the media service copies and settles it), shows how it went
         # A waiting job's estimate says when the switch or the provider's breaker holds it back (estimates.py).
         "platform_controls": SEL,
         "provider_breakers": SEL,
@@ -171,6 +173,7 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
     "media": _with_common({
         "assets": SEL | INS | UPD,
         "media_copies": SEL | INS | UPD | DEL,
+        "job_exports": SEL | UPD,  # copies an export's clip and settles it
         "uploads": SEL,  # the orphan sweep keeps objects a live upload names
     }),
     "reaper": _with_common({

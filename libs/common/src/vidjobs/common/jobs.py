@@ -99,6 +99,8 @@ class JobRow(msgspec.Struct, kw_only=True):
     max_wait_until: datetime | None = None  # created_at + max_wait_s
     lane: Lane = Lane.INTERACTIVE  # its lane in its account's queue
     rerun_of: str | None = None  # the job it renders again (POST /v1/jobs/{id}/rerun)
+    kept_at: datetime | None = None  # kept past retention by its owner since then (vidjobs.common.retention)
+    expiry_warned_at: datetime | None = None  # when its app was told `job.expiring` for its current window
 
     @property
     def finished(self) -> bool:

@@ -96,6 +96,16 @@ class Purpose:
 DOWNLOADS = Purpose()
 
 
+class UnsafeDestination(ValueError):
+    """An export's destination the guard refuses; its message says why and what to do."""
+
+
+# A copy of a stored clip to a URL its owner names (a presigned PUT of their bucket). Its author reads the
+# refusals, so they never name the addresses a host resolved to.
+EXPORTS = Purpose(doing="export the clip", setting="VIDJOBS_EXPORT_ALLOW_HOSTS", error=UnsafeDestination,
+                  names_resolved=False)
+
+
 # --- addresses ------------------------------------------------------------------------------------------
 
 
@@ -286,3 +296,25 @@ def guarded_session(allowed_hosts: Iterable[str], *, lookup: AbstractResolver | 
     connector = aiohttp.TCPConnector(resolver=GuardedResolver(guard, lookup), use_dns_cache=False)
     return aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
                                  middlewares=(guard.middleware,), trace_configs=tracing.client_trace_configs())
+
+
+# --- a destination checked when it is named --------------------------------------------------------------
+
+
+async def check_destination(url: str, guard: DownloadGuard, lookup: AbstractResolver | None = None) -> URL:
+    """Raises the guard's purpose's error unless `url` may be sent to now: its form, its literal address, and
+    every address its name resolves to at this moment. For a URL an account names (a webhook endpoint, an
+    export's destination), so a refusal is told when it is named; the guarded session checks it again when
+    it connects, since a name may resolve elsewhere by then."""
+    purpose = guard.purpose
+    parsed = screen_url(url, purpose)
+    guard.check_request(parsed)
+    host, port = parsed.raw_host or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    if literal_address(host) is not None or guard.allows(host, port):
+        return parsed
+    try:
+        found = await (lookup or BoundedResolver.shared()).resolve(host, port)
+    except OSError as exc:
+        raise purpose.error(f"We refused to {purpose.doing} at {host}: the name does not resolve ({exc}).") from exc
+    guard.check_resolved(host, port, found)
+    return parsed

@@ -262,6 +262,17 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # thumbnails stay while the job exists.
     retention_days: float = 30.0
     retention_sweep_interval_s: float = 300.0  # how often the reaper looks for jobs past retention
+    # An account's app hears `job.expiring` this long before retention removes a clip (at most the retention
+    # itself), once per window; a clip is never removed sooner than this after its warning. 0: no warnings.
+    expiry_warning_days: float = 3.0
+    # What an account's kept clips (POST /v1/jobs/{id}/keep) may hold in all, unless the account has its own.
+    storage_quota_bytes: int = 10 * 1024**3
+    # Exports of a clip to an account's own bucket: hosts a presigned URL may name although private or plain
+    # http (local development, a test's S3 server), tries of one export before it fails, and exports of one
+    # account under way at once (more are refused with 429 until one ends).
+    export_allow_hosts: str = ""
+    export_attempts: int = 4
+    max_exports_in_flight: int = 10
     orphan_sweep_interval_s: float = 3600.0  # how often media looks for stored objects no job owns
     orphan_grace_s: float = 3600.0  # objects younger than this are never called orphans (a copy may be running)
 
@@ -287,6 +298,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def app_webhook_retries(self) -> list[float]:
         """Seconds before each retry after the first attempt; as many retries as there are entries."""
         return [float(part) for part in self.app_webhook_retry_s.split(",") if part.strip()]
+
+    def allowed_export_hosts(self) -> frozenset[str]:
+        return frozenset(h.strip().lower() for h in self.export_allow_hosts.split(",") if h.strip())
 
     def allowed_download_hosts(self) -> frozenset[str]:
         return frozenset(h.strip().lower() for h in self.download_allow_hosts.split(",") if h.strip())

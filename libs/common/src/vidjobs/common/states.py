@@ -95,7 +95,9 @@ def _follow_ups(src: JobStatus, to: JobStatus) -> frozenset[FollowUp]:
 
 
 # What an account's app may subscribe to (webhook endpoints, a job's own webhook_url).
-APP_EVENT_TYPES = ("job.completed", "job.failed", "job.canceled", "job.stage", "job.moved")
+# `job.expiring` is no move: the reaper sends it before retention removes a clip (vidjobs.reaper.retention).
+APP_EVENT_TYPES = ("job.completed", "job.failed", "job.canceled", "job.stage", "job.moved", "job.expiring")
+EXPIRING_EVENT = "job.expiring"
 _ENDING_EVENTS = {S.COMPLETED: "job.completed", S.FAILED: "job.failed", S.CANCELED: "job.canceled"}
 
 

@@ -120,7 +120,7 @@ _ACTUAL_SQL = "actual_credits = " + owed_sql(
 
 
 # Whether any webhook of the job's app would hear of a move: its own URL, or one of its account's endpoints.
-_APPS_LISTEN = """(j.webhook_url IS NOT NULL OR EXISTS (
+APPS_LISTEN = """(j.webhook_url IS NOT NULL OR EXISTS (
     SELECT 1 FROM webhook_endpoints e
     WHERE e.account_id = j.account_id AND e.deleted_at IS NULL AND e.disabled_at IS NULL))"""
 
@@ -165,7 +165,7 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
         )
         UPDATE jobs AS j SET {", ".join(sets)}
         FROM prev WHERE j.id = prev.id
-        RETURNING prev.status AS from_status, prev.stage_at AS left_stage_at, j.*, {_APPS_LISTEN} AS apps_listen
+        RETURNING prev.status AS from_status, prev.stage_at AS left_stage_at, j.*, {APPS_LISTEN} AS apps_listen
     """
     return sql, values
 

@@ -59,6 +59,10 @@ class Storage(Protocol):
 
     async def get_bytes(self, key: str) -> bytes: ...
 
+    def read_chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        """The object's bytes in chunks of at most `chunk_bytes`, read as they are asked for, so memory holds
+        one chunk whatever the object's size. Raises ObjectNotFound (at the first chunk)."""
+
     async def head(self, key: str) -> ObjectInfo:
         """Raises ObjectNotFound."""
 

@@ -98,6 +98,17 @@ class FileStorage:
         except FileNotFoundError as exc:
             raise ObjectNotFound(key) from exc
 
+    async def read_chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        try:
+            source = await asyncio.to_thread(open, self.path_for(key), "rb")
+        except FileNotFoundError as exc:
+            raise ObjectNotFound(key) from exc
+        try:
+            while chunk := await asyncio.to_thread(source.read, chunk_bytes):
+                yield chunk
+        finally:
+            source.close()
+
     async def head(self, key: str) -> ObjectInfo:
         path = self.path_for(key)
         try:

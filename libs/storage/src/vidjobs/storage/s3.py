@@ -231,6 +231,19 @@ class S3Storage:
                 data: bytes = await body.read()
                 return data
 
+    async def read_chunks(self, key: str, chunk_bytes: int) -> AsyncIterator[bytes]:
+        # Each chunk is bounded on its own: a long object takes as long as it takes, a stalled store does not.
+        async with _bounded("read", key, self.limits.call_s()):
+            s3 = await self.client()
+            answer = await s3.get_object(Bucket=self.bucket, Key=self.full_key(key))
+        async with answer["Body"] as body:
+            while True:
+                async with _bounded("read", key, self.limits.call_s(chunk_bytes)):
+                    chunk: bytes = await body.read(chunk_bytes)
+                if not chunk:
+                    return
+                yield chunk
+
     async def head(self, key: str) -> ObjectInfo:
         async with _bounded("look up", key, self.limits.call_s()):
             s3 = await self.client()

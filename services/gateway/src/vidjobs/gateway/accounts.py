@@ -32,6 +32,7 @@ class Account(msgspec.Struct, frozen=True, kw_only=True):
     requests_per_s: float | None = None  # API requests per second per key; None: the platform default
     request_burst: int | None = None
     fallback_models: list[str] = []  # tried in order when a job that names none must move (failover)
+    storage_quota_bytes: int | None = None  # what its kept clips may hold; None: the platform default
 
 
 def columns(alias: str = "") -> str:
@@ -59,6 +60,7 @@ def hash_key(key: str) -> bytes:
 async def create_account(
     conn: asyncpg.Connection, name: str, *, credits: int, concurrency: int, daily_spend_cap: int | None = None,
     max_job_credits: int | None = None, requests_per_s: float | None = None, request_burst: int | None = None,
+    storage_quota_bytes: int | None = None,
 ) -> tuple[str, str]:
     """A new account with its opening credit (a ledger entry) and limits; returns (account_id, api_key)."""
     account_id = ids.new("acct")
@@ -72,6 +74,10 @@ async def create_account(
             """,
             account_id, name, concurrency, daily_spend_cap, max_job_credits, requests_per_s, request_burst,
         )
+        if storage_quota_bytes is not None:
+            # Set apart, so an account without a quota of its own can be made on a schema before 0024.
+            await conn.execute("UPDATE accounts SET storage_quota_bytes = $2 WHERE id = $1", account_id,
+                               storage_quota_bytes)
         if credits:
             await grant(conn, account_id, credits, "opening credit")
         await add_api_key(conn, account_id, key)
@@ -146,7 +152,8 @@ class KeyInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 # Limits an operator may change (`update_limits`), each an `accounts` column.
-LIMITS = frozenset({"concurrent_jobs", "daily_spend_cap", "max_job_credits", "requests_per_s", "request_burst"})
+LIMITS = frozenset({"concurrent_jobs", "daily_spend_cap", "max_job_credits", "requests_per_s", "request_burst",
+                    "storage_quota_bytes"})
 
 
 async def list_accounts(conn: asyncpg.Connection | asyncpg.Pool) -> list[AccountSummary]:

@@ -33,6 +33,7 @@ class GatewayCode(enum.StrEnum):
     NOT_READY = "not_ready"  # a dependency (database, NATS) is unreachable
     UNAVAILABLE = "unavailable"  # a part we run on did not answer in time, or failed; retry after Retry-After
     LIMIT_REACHED = "limit_reached"  # a cap on what one account may hold (streams, queued jobs, uploads)
+    STORAGE_QUOTA_EXCEEDED = "storage_quota_exceeded"  # keeping this clip would pass the account's storage quota
 
 
 Code = ErrorCode | GatewayCode

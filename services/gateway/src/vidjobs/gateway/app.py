@@ -26,8 +26,10 @@ from vidjobs.gateway import (
     routes_account,
     routes_app_webhooks,
     routes_callbacks,
+    routes_exports,
     routes_files,
     routes_jobs,
+    routes_keep,
     routes_models,
     routes_ops,
     routes_page,
@@ -59,8 +61,9 @@ _NO_DEPENDENCY = frozenset({"healthz", "metrics"})  # answered from the process 
 
 def route_table(settings: Settings) -> list[Route]:
     routes = [
-        *routes_jobs.ROUTES, *routes_reruns.ROUTES, *routes_models.ROUTES, *routes_app_webhooks.ROUTES,
-        *stream.ROUTES, *routes_uploads.ROUTES, *routes_account.ROUTES,
+        *routes_jobs.ROUTES, *routes_reruns.ROUTES, *routes_keep.ROUTES, *routes_exports.ROUTES,
+        *routes_models.ROUTES, *routes_app_webhooks.ROUTES, *stream.ROUTES, *routes_uploads.ROUTES,
+        *routes_account.ROUTES,
         *routes_callbacks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
     ]
     if settings.api_metrics == "off":

@@ -26,7 +26,7 @@ Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9
 Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S",
                              examples=["a red fox in snow"])]
 UploadId = Annotated[str, Meta(pattern=r"^upl_[0-9a-z]{1,64}$", description="an id from POST /v1/uploads")]
-AppEvent = Literal["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved"]
+AppEvent = Literal["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved", "job.expiring"]
 DEFAULT_JOB_EVENTS = ["job.completed", "job.failed", "job.canceled"]
 WebhookUrl = Annotated[str, Meta(min_length=1, max_length=2048, description="an https URL of your app",
                                   examples=["https://app.example/hooks/vidjobs"])]
@@ -89,7 +89,9 @@ class JobOutputs(msgspec.Struct, kw_only=True):
     thumbnail_url: str  # a JPEG poster frame; signed and expiring
     preview_url: str | None  # a short low-resolution clip of its start; null once expired
     expires_at: datetime  # when these links stop working; read the job again for fresh ones
-    retained_until: datetime  # when the original is removed (the job becomes `expired`)
+    # when the original is removed (the job becomes `expired`; warned `job.expiring` before); null while kept
+    retained_until: datetime | None
+    kept: bool  # kept past retention (POST /v1/jobs/{id}/keep) until released (DELETE /v1/jobs/{id}/keep)
     duration_s: float  # of the stored video
     width: int  # of the stored video, in pixels
     height: int  # of the stored video, in pixels
@@ -224,6 +226,15 @@ class Limits(msgspec.Struct, kw_only=True):
     webhook_deliveries_in_flight: int  # webhook attempts under way at once; more wait their turn
     webhook_deliveries_per_minute: int  # webhook attempts a minute; more wait their turn
     max_webhook_manual_retries: int  # times one delivery may be sent again by hand
+    max_exports_in_flight: int  # exports pending at once (POST /v1/jobs/{id}/export); more answer 429
+
+
+class StorageOut(msgspec.Struct, kw_only=True):
+    """What the account's kept clips hold (POST /v1/jobs/{id}/keep), against its storage quota."""
+
+    used_bytes: int  # the stored videos of its kept jobs
+    limit_bytes: int  # the most they may hold; a keep that would pass it answers 409 storage_quota_exceeded
+    kept_jobs: int  # jobs kept past retention
 
 
 class AccountOut(msgspec.Struct, kw_only=True):
@@ -238,6 +249,7 @@ class AccountOut(msgspec.Struct, kw_only=True):
     queued_jobs: int  # of those, waiting for a slot
     uploads_today: int  # image uploads made today (UTC), as the daily cap counts them
     fallback_models: list[str]  # the default for a job that names none (PATCH /v1/account)
+    storage: StorageOut  # what kept clips hold, and the most they may
 
 
 class AccountPatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -329,9 +341,10 @@ class EndpointIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/webhook-endpoints`."""
 
     url: WebhookUrl  # an https URL of your app
-    # which events it hears; default all five
+    # which events it hears; default all six
     events: Annotated[list[AppEvent], Meta(min_length=1)] = msgspec.field(
-        default_factory=lambda: ["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved"])
+        default_factory=lambda: ["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved",
+                                 "job.expiring"])
     description: Annotated[str, Meta(max_length=200)] = ""  # your own note
 
 
@@ -366,7 +379,7 @@ class AttemptOut(msgspec.Struct, kw_only=True):
 class DeliveryOut(msgspec.Struct, kw_only=True):
     id: str  # its webhook-id header: the same on every attempt
     job_id: str  # the job it tells of
-    event_type: str  # job.completed, job.failed, job.canceled, job.stage or job.moved
+    event_type: str  # job.completed, job.failed, job.canceled, job.stage, job.moved or job.expiring
     # pending (more attempts to come), delivered, failed (schedule used up) or disabled (410)
     status: Literal["pending", "delivered", "failed", "disabled"]
     next_attempt_at: datetime | None  # when it is tried next, while pending
@@ -411,3 +424,33 @@ class WebhookSecretOut(msgspec.Struct, kw_only=True):
     created_at: datetime | None  # when it was made; null: none yet (POST /v1/account/webhook-secret makes it)
     # until then deliveries are signed with the secret the last rotation replaced too; null: only the current
     previous_secret_expires_at: datetime | None
+
+
+MAX_EXPORT_URL_CHARS = 4096
+
+
+class ExportIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Body of `POST /v1/jobs/{job_id}/export`."""
+
+    # a presigned PUT URL of your own bucket (https); the clip is PUT there as it is stored
+    url: Annotated[str, Meta(min_length=1, max_length=MAX_EXPORT_URL_CHARS,
+                             description="a presigned PUT URL of your own bucket, https, at most 4096 characters",
+                             examples=["https://my-bucket.s3.amazonaws.com/clips/fox.mp4?X-Amz-Signature=..."])]
+
+
+class ExportOut(msgspec.Struct, kw_only=True):
+    """An export of a job's stored original to a URL of yours."""
+
+    id: str  # exp_...
+    job_id: str  # the job whose clip it copies
+    host: str  # where it goes (the URL itself is a credential of yours and is not shown)
+    status: Literal["pending", "done", "failed"]  # pending until the copy is stored there, or given up
+    reason: str | None  # failed: why; pending: what the last try met, when one failed (it is tried again)
+    attempts: int  # tries that failed so far
+    bytes: int | None  # sent, once done
+    created_at: datetime  # when it was asked for
+    finished_at: datetime | None  # when it was done or given up
+
+
+class ExportList(msgspec.Struct, kw_only=True):
+    data: list[ExportOut]  # newest first, the last 20

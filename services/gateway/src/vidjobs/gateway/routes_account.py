@@ -1,4 +1,4 @@
-"""`GET /v1/account`: credit, limits, today's spend and the account's jobs in flight; and
+"""`GET /v1/account`: credit, limits, today's spend, the account's jobs in flight and what its kept clips hold; and
 `GET /v1/account/ledger`: every change of its credit, newest first. Both through the caller's Tenant."""
 
 from __future__ import annotations
@@ -8,7 +8,16 @@ from aiohttp import web
 from vidjobs.common.credits import Entry
 from vidjobs.gateway import cursor, fallbacks, ratelimit
 from vidjobs.gateway.apierrors import ErrorOut, not_found
-from vidjobs.gateway.bodies import AccountOut, AccountPatch, Credits, LedgerEntryOut, LedgerPage, LedgerQuery, Limits
+from vidjobs.gateway.bodies import (
+    AccountOut,
+    AccountPatch,
+    Credits,
+    LedgerEntryOut,
+    LedgerPage,
+    LedgerQuery,
+    Limits,
+    StorageOut,
+)
 from vidjobs.gateway.decoding import read_json, read_query
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
@@ -17,9 +26,11 @@ from vidjobs.gateway.tenant import tenant
 
 async def get_account(request: web.Request) -> web.Response:
     # Reread rather than reuse the row auth loaded: credit may have moved since.
-    state = await tenant(request).account()
+    owner = tenant(request)
+    state = await owner.account()
     if state is None:
         raise not_found("account")
+    use = await owner.storage_use()
     found = state.account
     settings = gateway(request).settings
     rate, burst = ratelimit.limits_of(found, settings)
@@ -37,12 +48,14 @@ async def get_account(request: web.Request) -> web.Response:
                       max_webhook_endpoints=settings.max_webhook_endpoints,
                       webhook_deliveries_in_flight=settings.webhook_deliveries_in_flight,
                       webhook_deliveries_per_minute=settings.webhook_deliveries_per_minute,
-                      max_webhook_manual_retries=settings.max_webhook_manual_retries),
+                      max_webhook_manual_retries=settings.max_webhook_manual_retries,
+                      max_exports_in_flight=settings.max_exports_in_flight),
         spent_today=state.spent_today,
         active_jobs=state.active_jobs,
         queued_jobs=state.queued_jobs,
         uploads_today=state.uploads_today,
         fallback_models=found.fallback_models,
+        storage=StorageOut(used_bytes=use.used_bytes, limit_bytes=use.limit_bytes, kept_jobs=use.kept_jobs),
     ))
 
 

@@ -35,7 +35,7 @@ from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.uploads import UploadRow
-from vidjobs.gateway import accounts, fallbacks, idempotency, sealing
+from vidjobs.gateway import accounts, exports, fallbacks, idempotency, keeping, sealing
 from vidjobs.gateway.accounts import Account
 from vidjobs.gateway.appwebhooks import endpoints, history, secrets
 from vidjobs.gateway.appwebhooks.endpoints import Endpoint
@@ -328,6 +328,36 @@ class Tenant:
         """Hide the job from every read and have its assets removed; False if the account has no such job."""
         async with self._rt.tx() as conn:
             return await deletion.soft_delete(conn, job_id, self.account_id)
+
+    # --- keeping and exporting a clip ---------------------------------------------------------------------
+    async def keep(self, job_id: str) -> OwnedJob | None:
+        """Keep the job's clip past retention; the job as it now stands, or None. Raises keeping.NotKeepable
+        and keeping.OverQuota."""
+        async with self._rt.tx() as conn:
+            if not await keeping.keep(conn, self.account_id, job_id, self._rt.settings.storage_quota_bytes):
+                return None
+        return await self.job(job_id)
+
+    async def release(self, job_id: str) -> OwnedJob | None:
+        """Stop keeping the job's clip (retention counts from its completion again); the job, or None."""
+        await keeping.release(self._rt.pool, self.account_id, job_id)
+        return await self.job(job_id)
+
+    async def storage_use(self) -> keeping.StorageUse:
+        return await keeping.storage_use(self._rt.pool, self.account_id, self._rt.settings.storage_quota_bytes)
+
+    async def start_export(self, job_id: str, url: str, host: str) -> exports.ExportRow | None:
+        """Record an export of the job's original to `url` and queue its copy; None if there is no such job.
+        Raises exports.NotExportable and exports.TooManyExports."""
+        async with self._rt.tx() as conn:
+            return await exports.start(conn, self.account_id, job_id, url, host,
+                                       max_pending=self._rt.settings.max_exports_in_flight)
+
+    async def export(self, job_id: str, export_id: str) -> exports.ExportRow | None:
+        return await exports.one(self._rt.pool, self.account_id, job_id, export_id)
+
+    async def exports(self, job_id: str, limit: int) -> list[exports.ExportRow]:
+        return await exports.of_job(self._rt.pool, self.account_id, job_id, limit)
 
     # --- webhooks to the account's app -------------------------------------------------------------------
     async def add_endpoint(self, url: str, events: list[str], description: str, *, cap: int,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import cast
 
+from vidjobs.common import expiry
 from vidjobs.common.estimates import Estimate
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.renders import Outputs, StoredFile
+from vidjobs.common.settings import Settings
 from vidjobs.common.states import STAGE_OF, JobStatus
 from vidjobs.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls, Priority, QueueEstimate
 from vidjobs.storage.base import Storage
@@ -23,20 +25,27 @@ def _measured(video: StoredFile) -> tuple[float, int, int]:
     return video.duration_s, video.width, video.height
 
 
-def _outputs(job: JobRow, outputs: Outputs, storage: Storage, ttl_s: int, retention_days: float) -> JobOutputs:
+def _retained_until(job: JobRow, settings: Settings) -> datetime | None:
+    """When the original is removed (None while it is kept), or (expired) when it was."""
+    if job.status is not JobStatus.COMPLETED:
+        return job.updated_at.astimezone(UTC)  # expiry is its last move
+    until = expiry.removal_at(job, settings, datetime.now(UTC))
+    return None if until is None else until.astimezone(UTC)
+
+
+def _outputs(job: JobRow, outputs: Outputs, storage: Storage, settings: Settings) -> JobOutputs:
     # An expired job keeps its thumbnail and its facts; the video and its preview are gone.
     live = job.status is JobStatus.COMPLETED
     video, thumbnail, preview = outputs.video, outputs.thumbnail, outputs.preview
     duration_s, width, height = _measured(video)
+    ttl_s = settings.signed_url_ttl_s
     thumbnail_url, expires = storage.signed_url(thumbnail.key, ttl_s)
     video_url = storage.signed_url(video.key, ttl_s)[0] if live else None
     preview_url = storage.signed_url(preview.key, ttl_s)[0] if live and preview else None
-    retained_until = job.updated_at.astimezone(UTC)  # when it completed, or (expired) when it expired
-    if live:
-        retained_until += timedelta(days=retention_days)
     return JobOutputs(
         video_url=video_url, thumbnail_url=thumbnail_url, preview_url=preview_url,
-        expires_at=datetime.fromtimestamp(expires, UTC), retained_until=retained_until,
+        expires_at=datetime.fromtimestamp(expires, UTC), retained_until=_retained_until(job, settings),
+        kept=live and job.kept_at is not None,
         duration_s=duration_s, width=width, height=height, bytes=video.bytes, sha256=video.sha256,
         thumbnail_width=thumbnail.width, thumbnail_height=thumbnail.height,
         preview_width=preview.width if live and preview else None,
@@ -73,8 +82,8 @@ def job_urls(job_id: str, base_url: str = "") -> JobUrls:
     return JobUrls(get=own, cancel=f"{own}/cancel", stream=f"{own}/stream")
 
 
-def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None, storage: Storage, ttl_s: int,
-             retention_days: float = 30.0, base_url: str = "", estimate: Estimate | None = None) -> JobOut:
+def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None, storage: Storage,
+             settings: Settings, estimate: Estimate | None = None) -> JobOut:
     """`waiting_position` is the job's place among its account's waiting jobs, computed with the read;
     `outputs` its stored files, read with it from their one record; `estimate` a waiting job's."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
@@ -87,12 +96,12 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         priority=cast(Priority, job.lane.priority),  # Lane.priority spells the API's names
         estimate=estimate_out(estimate) if job.status is JobStatus.PENDING else None,
         progress=job.progress, error=job.error,
-        outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs is not None else None,
+        outputs=_outputs(job, outputs, storage, settings) if shown and outputs is not None else None,
         cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
         duration_s=asked.duration_s, aspect_ratio=asked.aspect_ratio, resolution=asked.resolution, seed=asked.seed,
         negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,
         metadata=job.metadata, fallback_models=job.fallback_models, max_wait_s=job.max_wait_s,
         started_at=_utc(job.submitted_at), completed_at=_utc(job.completed_at),
         deadline_at=_utc(job.deadline_at), retry_at=_utc(job.retry_at), rerun_of=job.rerun_of,
-        urls=job_urls(job.id, base_url),
+        urls=job_urls(job.id, settings.public_url),
     )

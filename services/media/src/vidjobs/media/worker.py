@@ -1,6 +1,6 @@
 """The media worker: copies a finished render from its provider into our storage, verifies it, makes its
-thumbnail and preview and completes the job; removes the objects of deleted and expired jobs; and sweeps
-storage for orphans.
+thumbnail and preview and completes the job; removes the objects of deleted and expired jobs; copies a stored
+original to its owner's bucket when asked (exporting); and sweeps storage for orphans.
 
 Downloading is its own stage with its own retries: a failed download is tried again (JetStream redelivers
 the request with backoff) until its delivery budget or the stage deadline runs out, and never causes a
@@ -30,7 +30,7 @@ from vidjobs.common.runtime import Runtime, consumer
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
-from vidjobs.media import assets, copies, media_metrics, orphans, readiness, scratch
+from vidjobs.media import assets, copies, exporting, media_metrics, orphans, readiness, scratch
 from vidjobs.media.isolation import DecodeGate
 from vidjobs.media.pipeline import Copier, PreviewSpec
 from vidjobs.providers.base import ProviderAdapter
@@ -52,6 +52,7 @@ class Media:
     storage: Storage
     copier: Copier
     adapters: dict[str, ProviderAdapter]
+    exports: aiohttp.ClientSession  # PUTs to the URLs owners name for their exports (guarded, like downloads)
     gate: DecodeGate = field(default_factory=DecodeGate)  # suspects decode alone
 
 
@@ -72,11 +73,14 @@ async def opened(rt: Runtime) -> AsyncIterator[Media]:
         # a session of their own that refuses anything but public addresses (and the allowed hosts).
         async with (aiohttp.ClientSession(timeout=SESSION_TIMEOUT, trace_configs=tracing.client_trace_configs())
                     as session,
-                    netguard.guarded_session(rt.settings.allowed_download_hosts(), timeout=SESSION_TIMEOUT) as fetch):
+                    netguard.guarded_session(rt.settings.allowed_download_hosts(), timeout=SESSION_TIMEOUT) as fetch,
+                    netguard.guarded_session(rt.settings.allowed_export_hosts(), timeout=SESSION_TIMEOUT,
+                                             purpose=netguard.EXPORTS) as send):
             copier = Copier(session=fetch, storage=storage, max_bytes=rt.settings.max_download_bytes,
                             transcoder=transcoder, preview=preview_spec(rt.settings),
                             store_attempts=rt.settings.store_verify_attempts)
-            yield Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session))
+            yield Media(rt=rt, storage=storage, copier=copier, adapters=build_adapters(rt.settings, session),
+                        exports=send)
     finally:
         transcoder.shutdown(wait=True, cancel_futures=True)
         await storage.close()
@@ -96,9 +100,14 @@ async def serve(media: Media) -> None:
                          concurrency=settings.download_concurrency)
     deletes = consumer(media.rt, "media-assets-delete", events.ASSETS_DELETE, partial(on_assets_delete, media),
                        concurrency=4)
+    # A dead export settles its row as failed; it never fails its (completed) job.
+    exports = consumer(media.rt, "media-export", events.EXPORT,
+                       partial(exporting.on_export, media.rt, media.exports, media.storage),
+                       concurrency=settings.download_concurrency, on_dead=partial(exporting.on_dead, media.rt))
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(media.rt.js, downloads, media.rt.stop), name="download-consumer")
         tg.create_task(bus.consume(media.rt.js, deletes, media.rt.stop), name="assets-delete-consumer")
+        tg.create_task(bus.consume(media.rt.js, exports, media.rt.stop), name="export-consumer")
         tg.create_task(orphans.run(media.rt, media.storage), name="orphan-sweep")
 
 

@@ -4,7 +4,6 @@ on every request (the delivering session is guarded too, when it connects)."""
 from __future__ import annotations
 
 from vidjobs.common import netguard
-from vidjobs.common.dns import BoundedResolver
 from vidjobs.gateway.apierrors import invalid
 
 ALLOW_SETTING = "VIDJOBS_WEBHOOK_ALLOW_HOSTS"
@@ -26,17 +25,7 @@ def guard(settings_hosts: frozenset[str]) -> netguard.DownloadGuard:
 async def check_endpoint_url(url: str, hosts: frozenset[str]) -> None:
     """Raises UnsafeEndpoint unless the URL may be delivered to: its form, its literal address, and every
     address its name resolves to now (each delivery checks again, when it connects)."""
-    checker = guard(hosts)
-    parsed = netguard.screen_url(url, WEBHOOKS)
-    checker.check_request(parsed)
-    host, port = parsed.raw_host or "", parsed.port or (443 if parsed.scheme == "https" else 80)
-    if netguard.literal_address(host) is not None or checker.allows(host, port):
-        return
-    try:
-        found = await BoundedResolver.shared().resolve(host, port)
-    except OSError as exc:
-        raise UnsafeEndpoint(f"We refused to deliver webhooks to {host}: the name does not resolve ({exc}).") from exc
-    checker.check_resolved(host, port, found)
+    await netguard.check_destination(url, guard(hosts))
 
 
 async def checked_url(url: str, settings_hosts: frozenset[str], field: str) -> None:

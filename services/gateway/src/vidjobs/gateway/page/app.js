@@ -284,6 +284,14 @@ function renderFailure(job) {
   showProblem(job.error ? job.error.message : job.status, job.error?.code || "", advice(job));
 }
 
+// Retention counts from completion: the answer's retained_until says when, null while the clip is kept.
+function keptLine(job) {
+  const out = job.outputs;
+  if (job.status !== "completed") return "";
+  if (out.kept) return "Kept until released.";
+  return out.retained_until ? `Removed after ${new Date(out.retained_until).toLocaleString()} unless kept.` : "";
+}
+
 function renderResult(job) {
   const out = job.outputs;
   $("result").hidden = !out;
@@ -303,7 +311,7 @@ function renderResult(job) {
   if ($("thumbnail").getAttribute("src") !== out.thumbnail_url) $("thumbnail").src = out.thumbnail_url;
   const mb = (out.bytes / 1e6).toFixed(2);
   $("result-meta").textContent = `${out.width}×${out.height}, ${out.duration_s.toFixed(1)} s, ${mb} MB. ` +
-    `Links valid until ${new Date(out.expires_at).toLocaleString()}.`;
+    `Links valid until ${new Date(out.expires_at).toLocaleString()}. ` + keptLine(job);
 }
 
 function renderJob(job) {
