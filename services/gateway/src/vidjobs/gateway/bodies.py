@@ -105,6 +105,12 @@ class JobOutputs(msgspec.Struct, kw_only=True):
 class Cost(msgspec.Struct, kw_only=True):
     estimated_credits: int  # reserved when the job was created, and the most it can cost
     actual_credits: int | None  # charged when it ended; null until then
+    # what the provider billed for every attempt's render, in credits at the job's rate card; null while no
+    # attempt's bill is known
+    provider_credits: int | None = None
+    # once it ended: the part of provider_credits not charged (retried attempts, a bill above the estimate),
+    # which the platform paid; null until then
+    absorbed_credits: int | None = None
 
 
 class JobUrls(msgspec.Struct, kw_only=True):
@@ -264,6 +270,8 @@ class LedgerEntryOut(msgspec.Struct, kw_only=True):
     reserved_after: int  # credits
     note: str  # why, in words
     at: datetime  # when
+    # on an `absorb` entry: credits the provider billed for the job beyond its charge, which the platform paid
+    absorbed: int = 0
 
 
 class LedgerPage(msgspec.Struct, kw_only=True):

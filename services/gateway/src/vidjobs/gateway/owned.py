@@ -18,7 +18,7 @@ JOB_ID = re.compile(r"^job_[0-9a-z]{1,64}$")
 
 def view(gw: Gateway, owned: OwnedJob) -> JobOut:
     return job_view(owned.job, owned.waiting_position, owned.outputs, gw.storage, gw.settings.signed_url_ttl_s,
-                    gw.settings.retention_days, gw.settings.public_url, owned.estimate)
+                    gw.settings.retention_days, gw.settings.public_url, owned.estimate, owned.provider_credits)
 
 
 def job_id_of(request: web.Request) -> str:

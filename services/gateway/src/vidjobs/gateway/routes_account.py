@@ -59,7 +59,8 @@ async def patch_account(request: web.Request) -> web.Response:
 def _entry_out(entry: Entry) -> LedgerEntryOut:
     return LedgerEntryOut(id=entry.id, kind=entry.kind, job_id=entry.job_id, balance_change=entry.balance_change,
                           reserved_change=entry.reserved_change, balance_after=entry.balance_after,
-                          reserved_after=entry.reserved_after, note=entry.note, at=entry.at)
+                          reserved_after=entry.reserved_after, note=entry.note, at=entry.at,
+                          absorbed=entry.absorbed)
 
 
 async def get_ledger(request: web.Request) -> web.Response:

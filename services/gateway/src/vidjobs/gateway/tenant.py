@@ -16,7 +16,7 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import creation, credits, deletion, estimates, jobs, outbox, ratecard, renders, uploads, waiting
+from vidjobs.common import attempt_costs, creation, credits, deletion, estimates, jobs, outbox, ratecard, renders, uploads, waiting
 from vidjobs.common.credits import Entry
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.estimates import Estimate, Estimator
@@ -44,6 +44,7 @@ class OwnedJob(msgspec.Struct, frozen=True):
     outputs: Outputs | None = None  # the stored render's files, from the media service's asset rows
     provider_position: int | None = None  # its place among the account's jobs waiting at its provider
     estimate: Estimate | None = None  # while it waits: when it is likely to start and be ready
+    provider_credits: int | None = None  # what the provider billed for its attempts (attempt_costs); None: unknown
 
 
 class JobOrder(msgspec.Struct, frozen=True, kw_only=True):
@@ -94,7 +95,8 @@ SELECT j.*,
        CASE WHEN j.status = {SQL_PENDING} THEN {waiting.queue_place_sql("$2", "j.lane", "j.created_at", "j.id")}
        END AS waiting_position,
        CASE WHEN j.status = {SQL_PENDING} THEN {estimates.place_sql("j")} END AS provider_position,
-       {renders.outputs_sql("j.id")} AS outputs
+       {renders.outputs_sql("j.id")} AS outputs,
+       {attempt_costs.billed_sql("j.id")} AS provider_credits
 FROM jobs j
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 """
@@ -113,7 +115,8 @@ WITH waiting AS MATERIALIZED (
 ),
 places AS MATERIALIZED ({estimates.places_sql("$1")})
 SELECT j.*, w.position AS waiting_position, p.place AS provider_position,
-       {renders.outputs_sql("j.id")} AS outputs
+       {renders.outputs_sql("j.id")} AS outputs,
+       {attempt_costs.billed_sql("j.id")} AS provider_credits
 FROM jobs j LEFT JOIN waiting w ON w.id = j.id LEFT JOIN places p ON p.id = j.id
 WHERE j.account_id = $1 AND j.deleted_at IS NULL {{filters}}
 ORDER BY j.created_at DESC, j.id DESC
@@ -179,7 +182,7 @@ class JobFilter(msgspec.Struct, frozen=True, kw_only=True):
 
 def _owned(row: asyncpg.Record) -> OwnedJob:
     return OwnedJob(row_to_job(row), row["waiting_position"], renders.decode(row["outputs"]),
-                    provider_position=row["provider_position"])
+                    provider_position=row["provider_position"], provider_credits=row["provider_credits"])
 
 
 class Tenant:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
+from vidjobs.common import attempt_costs
 from vidjobs.common.estimates import Estimate
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.renders import Outputs, StoredFile
@@ -63,6 +64,14 @@ def estimate_out(made: Estimate | None) -> QueueEstimate | None:
                          unavailable=made.unavailable, note=made.note)
 
 
+def cost(job: JobRow, provider_credits: int | None) -> Cost:
+    """What it was quoted and charged, what its renders cost, and, once it ended, what of that the platform paid
+    (an ended job is settled: its charge is `actual_credits`)."""
+    ended = job.actual_credits if job.finished else None
+    return Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits,
+                provider_credits=provider_credits, absorbed_credits=attempt_costs.absorbed(provider_credits, ended))
+
+
 def _utc(moment: datetime | None) -> datetime | None:
     return None if moment is None else moment.astimezone(UTC)
 
@@ -74,9 +83,11 @@ def job_urls(job_id: str, base_url: str = "") -> JobUrls:
 
 
 def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None, storage: Storage, ttl_s: int,
-             retention_days: float = 30.0, base_url: str = "", estimate: Estimate | None = None) -> JobOut:
+             retention_days: float = 30.0, base_url: str = "", estimate: Estimate | None = None,
+             provider_credits: int | None = None) -> JobOut:
     """`waiting_position` is the job's place among its account's waiting jobs, computed with the read;
-    `outputs` its stored files, read with it from their one record; `estimate` a waiting job's."""
+    `outputs` its stored files, read with it from their one record; `estimate` a waiting job's;
+    `provider_credits` what the provider billed for its attempts, read with it."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
     shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED)
     asked = job.request
@@ -88,7 +99,7 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         estimate=estimate_out(estimate) if job.status is JobStatus.PENDING else None,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs is not None else None,
-        cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
+        cost=cost(job, provider_credits),
         duration_s=asked.duration_s, aspect_ratio=asked.aspect_ratio, resolution=asked.resolution, seed=asked.seed,
         negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,
         metadata=job.metadata, fallback_models=job.fallback_models, max_wait_s=job.max_wait_s,

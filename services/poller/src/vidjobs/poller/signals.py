@@ -102,8 +102,7 @@ async def _apply(
     if sig.cost is not None:
         # Before the move it comes with, so the charge at the end of the job can read it.
         cost = await ratecard.provider_cost_credits(conn, job.rate_card_version, sig.cost)
-        await provider_reports.record_provider_cost(conn, job.id, cost, attempt=job.attempt,
-                                                    provider_job_id=job.provider_job_id)
+        await provider_reports.record_provider_cost(conn, job, credits=cost, usd=sig.cost)
     match sig.state:
         case ProviderState.QUEUED:
             if sig.queue_position is not None and job.status is JobStatus.SUBMITTED:
