@@ -3,9 +3,9 @@
 A job's estimate is reserved when it is created, under the account's row lock and against its guardrails
 (free credit, the per-job maximum, the daily spend cap), so racing requests can never overspend. When the
 job ends the reservation is released, and what is owed is charged: a delivered render, or a failed or
-canceled one the provider billed for. A charge never exceeds the estimate: the estimate is the quote. What the provider billed beyond the charge
-(every attempt's render is billed, the charge is for the one at hand) the platform absorbs: the settlement
-enters it as an `absorb` entry that moves no credit (attempt_costs).
+canceled one the provider billed for. A charge never exceeds the estimate: the estimate is the quote. What
+the provider billed beyond the charge (every attempt's render is billed, the charge is for the one at hand)
+the platform absorbs: the settlement enters it as an `absorb` entry that moves no credit (attempt_costs).
 
 The changes themselves are PostgreSQL functions (migration 0014_credit_functions.sql): no service may write
 an account's credit, the ledger or the day's spend directly (vidjobs.common.grants). The gateway may call

@@ -3,7 +3,8 @@
 
 `params.scenario` picks a behaviour from API.md's table and `params.render_s` how long rendering takes. A
 finished render reports what it was billed (`cost_usd`): `params.cost_usd`, or by default USD_PER_SECOND of
-video; a render that failed after it started reports `params.failed_cost_usd`, if given. An `input_image_url` is fetched when the render starts, as a real provider would, and must decode as an
+video; a render that failed after it started reports `params.failed_cost_usd`, if given (a partial render).
+An `input_image_url` is fetched when the render starts, as a real provider would, and must decode as an
 image; if it cannot be fetched or read, the render fails with `invalid_request`. The image's mean colour tints
 the clip, and what was fetched is recorded in the counters (`input_images`, by job).
 """

@@ -16,7 +16,19 @@ import asyncpg
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import attempt_costs, creation, credits, deletion, estimates, jobs, outbox, ratecard, renders, uploads, waiting
+from vidjobs.common import (
+    attempt_costs,
+    creation,
+    credits,
+    deletion,
+    estimates,
+    jobs,
+    outbox,
+    ratecard,
+    renders,
+    uploads,
+    waiting,
+)
 from vidjobs.common.credits import Entry
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.estimates import Estimate, Estimator
@@ -26,7 +38,7 @@ from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.common.uploads import UploadRow
-from vidjobs.gateway import accounts, fallbacks, idempotency, sealing
+from vidjobs.gateway import account_usage, accounts, fallbacks, idempotency, sealing
 from vidjobs.gateway.accounts import Account
 from vidjobs.gateway.appwebhooks import endpoints, history, secrets
 from vidjobs.gateway.appwebhooks.endpoints import Endpoint
@@ -365,6 +377,11 @@ class Tenant:
         spent = await credits.committed_on(self._rt.pool, self.account_id)  # today, UTC
         return AccountState(account=account, active_jobs=row["active_jobs"], queued_jobs=row["queued_jobs"],
                             spent_today=spent, uploads_today=await self.uploads_today())
+
+    async def usage(self, grouping: account_usage.Grouping, start: datetime, end: datetime,
+                    ) -> tuple[list[account_usage.Group], bool]:
+        """The account's jobs created in [start, end), grouped; and whether groups were cut off."""
+        return await account_usage.report(self._rt.pool, self.account_id, grouping, start, end)
 
     async def ledger(self, *, before_id: int | None, limit: int) -> list[Entry]:
         """The account's credit ledger, newest first, strictly before entry `before_id`."""
