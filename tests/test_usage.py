@@ -11,6 +11,7 @@ import pytest
 
 from tests.gateway_harness import assert_error, drive, gateway_settings, running_gateway, store_outputs
 from vidjobs.common.states import JobStatus
+from vidjobs_client import AsyncClient
 
 ESTIMATE = 50  # the harness's body: 5 s at 720p, 10 credits a second
 DAY1, DAY2 = datetime(2026, 3, 1, 10, tzinfo=UTC), datetime(2026, 3, 2, 23, 59, tzinfo=UTC)
@@ -72,6 +73,11 @@ async def test_usage_groups_by_model(h, account):
                        "credits_reserved": 0, "seconds_delivered": 0.0},
     }
     assert [g["key"] for g in body["data"]] == ["fake/default", "fake/other"]
+    async with AsyncClient(str(h.client.make_url("")), account) as vj:
+        seen = await vj.usage(group_by="model", start=datetime.fromisoformat(RANGE["from"]),
+                              end=datetime.fromisoformat(RANGE["to"]))
+    assert (seen.from_, [(g.key, g.jobs, g.credits_charged) for g in seen.data]) == (
+        datetime(2026, 3, 1, tzinfo=UTC), [("fake/default", 2, ESTIMATE), ("fake/other", 2, 0)])
 
 
 async def test_usage_groups_by_utc_day(h, account):

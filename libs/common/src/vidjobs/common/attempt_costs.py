@@ -7,8 +7,9 @@ gave none. The poller writes a row with each report (provider_reports.record_pro
 report of an attempt stands, so a repeated callback does not count twice.
 
 A job's provider cost is the sum over its attempts. What the account is charged is decided as before
-(credits.owed_sql: the attempt at hand, never above the estimate); the rest, when the provider billed more
-than was charged, the platform absorbed: settle_job_credit writes it to the ledger as an `absorb` entry.
+(credits.owed_sql: for the attempt at hand, never above the estimate); the platform absorbs the rest: the bills
+of the earlier attempts, and whatever the last one's exceeds the charge by. settle_job_credit writes that to
+the ledger as an `absorb` entry, which moves no credit, and a job's view reads it from there.
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ def usd(value: float | None) -> Decimal | None:
     return None if value is None else Decimal(str(value))
 
 
-def absorbed(billed: int | None, charged: int | None) -> int | None:
-    """What the platform paid beyond the charge, once the job has ended (`charged` set); as settle_job_credit
-    computes it."""
-    if charged is None:
-        return None
-    return max(0, (billed or 0) - charged)
+def absorbed_sql(job_id: str) -> str:
+    """A scalar subquery: what the ledger's `absorb` entry for the job says the platform paid beyond its charge;
+    NULL without one (nothing absorbed, or the job has not ended). Served by the ledger's job index."""
+    return f"(SELECT l.absorbed FROM credit_ledger l WHERE l.job_id = {job_id} AND l.kind = 'absorb')"

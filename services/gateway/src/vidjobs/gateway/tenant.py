@@ -57,6 +57,7 @@ class OwnedJob(msgspec.Struct, frozen=True):
     provider_position: int | None = None  # its place among the account's jobs waiting at its provider
     estimate: Estimate | None = None  # while it waits: when it is likely to start and be ready
     provider_credits: int | None = None  # what the provider billed for its attempts (attempt_costs); None: unknown
+    absorbed: int | None = None  # what its ledger says the platform paid beyond its charge; None: no such entry
 
 
 class JobOrder(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,7 +109,7 @@ SELECT j.*,
        END AS waiting_position,
        CASE WHEN j.status = {SQL_PENDING} THEN {estimates.place_sql("j")} END AS provider_position,
        {renders.outputs_sql("j.id")} AS outputs,
-       {attempt_costs.billed_sql("j.id")} AS provider_credits
+       {attempt_costs.billed_sql("j.id")} AS provider_credits, {attempt_costs.absorbed_sql("j.id")} AS absorbed
 FROM jobs j
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 """
@@ -128,7 +129,7 @@ WITH waiting AS MATERIALIZED (
 places AS MATERIALIZED ({estimates.places_sql("$1")})
 SELECT j.*, w.position AS waiting_position, p.place AS provider_position,
        {renders.outputs_sql("j.id")} AS outputs,
-       {attempt_costs.billed_sql("j.id")} AS provider_credits
+       {attempt_costs.billed_sql("j.id")} AS provider_credits, {attempt_costs.absorbed_sql("j.id")} AS absorbed
 FROM jobs j LEFT JOIN waiting w ON w.id = j.id LEFT JOIN places p ON p.id = j.id
 WHERE j.account_id = $1 AND j.deleted_at IS NULL {{filters}}
 ORDER BY j.created_at DESC, j.id DESC
@@ -194,7 +195,8 @@ class JobFilter(msgspec.Struct, frozen=True, kw_only=True):
 
 def _owned(row: asyncpg.Record) -> OwnedJob:
     return OwnedJob(row_to_job(row), row["waiting_position"], renders.decode(row["outputs"]),
-                    provider_position=row["provider_position"], provider_credits=row["provider_credits"])
+                    provider_position=row["provider_position"], provider_credits=row["provider_credits"],
+                    absorbed=row["absorbed"])
 
 
 class Tenant:

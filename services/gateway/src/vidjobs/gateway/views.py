@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
-from vidjobs.common import attempt_costs
 from vidjobs.common.estimates import Estimate
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.renders import Outputs, StoredFile
@@ -64,12 +63,12 @@ def estimate_out(made: Estimate | None) -> QueueEstimate | None:
                          unavailable=made.unavailable, note=made.note)
 
 
-def cost(job: JobRow, provider_credits: int | None) -> Cost:
-    """What it was quoted and charged, what its renders cost, and, once it ended, what of that the platform paid
-    (an ended job is settled: its charge is `actual_credits`)."""
-    ended = job.actual_credits if job.finished else None
+def cost(job: JobRow, provider_credits: int | None, absorbed: int | None) -> Cost:
+    """What it was quoted and charged, what its renders were billed (`provider_credits`, summed over its
+    attempts), and, once it ended and was settled, what the platform absorbed (`absorbed`, its ledger's entry;
+    none: nothing)."""
     return Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits,
-                provider_credits=provider_credits, absorbed_credits=attempt_costs.absorbed(provider_credits, ended))
+                provider_credits=provider_credits, absorbed_credits=(absorbed or 0) if job.finished else None)
 
 
 def _utc(moment: datetime | None) -> datetime | None:
@@ -84,10 +83,11 @@ def job_urls(job_id: str, base_url: str = "") -> JobUrls:
 
 def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None, storage: Storage, ttl_s: int,
              retention_days: float = 30.0, base_url: str = "", estimate: Estimate | None = None,
-             provider_credits: int | None = None) -> JobOut:
+             charges: Cost | None = None) -> JobOut:
     """`waiting_position` is the job's place among its account's waiting jobs, computed with the read;
     `outputs` its stored files, read with it from their one record; `estimate` a waiting job's;
-    `provider_credits` what the provider billed for its attempts, read with it."""
+    `charges` its cost as read with it (what its renders were billed, what the platform absorbed); without it,
+    only what the job row holds."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
     shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED)
     asked = job.request
@@ -99,7 +99,7 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         estimate=estimate_out(estimate) if job.status is JobStatus.PENDING else None,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, outputs, storage, ttl_s, retention_days) if shown and outputs is not None else None,
-        cost=cost(job, provider_credits),
+        cost=charges or cost(job, None, None),
         duration_s=asked.duration_s, aspect_ratio=asked.aspect_ratio, resolution=asked.resolution, seed=asked.seed,
         negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,
         metadata=job.metadata, fallback_models=job.fallback_models, max_wait_s=job.max_wait_s,

@@ -2,9 +2,9 @@
 -- settlement function that charges exactly what the old one did.
 -- What each attempt's render cost the platform (libs/common/attempt_costs.py), and what of it the platform paid
 -- without charging the account: a job's provider cost is the sum over its attempts; its charge stays within
--- its reservation, as before. At settlement the difference, when positive, is written to the ledger as an
--- `absorb` entry, which moves no credit: the renders of attempts that failed and were retried, and whatever
--- a provider billed above the estimate.
+-- its reservation and is for the attempt at hand, as before. At settlement what was not charged is written to
+-- the ledger as an `absorb` entry, which moves no credit: the bills of the attempts before the one at hand
+-- (failed and retried), and whatever the provider billed for the one at hand above its charge.
 -- Safe beside the release before it: that release writes no attempt rows, so for its jobs the new settlement
 -- charges and releases what the old one did and writes no `absorb` entry. (A gateway of that release cannot
 -- name the new kind: once a job this release's poller priced settles, its ledger page answers 500 there until
@@ -34,8 +34,8 @@ CREATE TABLE attempt_costs (
 ALTER TABLE credit_ledger ADD COLUMN absorbed bigint NOT NULL DEFAULT 0 CHECK (absorbed >= 0);
 ALTER TYPE ledger_kind ADD VALUE IF NOT EXISTS 'absorb';
 
--- As 0019's, and then: what the provider billed for all of the job's attempts, less what was charged, is
--- entered as absorbed. It runs as its owner, so it reads the attempt rows whoever settles; an account's
+-- As 0019's, and then: the bills of the job's earlier attempts, and what its last attempt's bill exceeds the
+-- charge by, are entered as absorbed. It runs as its owner, so it reads the attempt rows whoever settles; an account's
 -- credit is not touched by it.
 CREATE OR REPLACE FUNCTION settle_job_credit(p_job_id text, p_note text) RETURNS credit_ledger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
@@ -44,7 +44,8 @@ DECLARE
     amount bigint;
     job record;
     charge bigint;
-    billed bigint;
+    earlier bigint;
+    last bigint;
     attempts integer;
 BEGIN
     SELECT * INTO held FROM credit_ledger WHERE job_id = p_job_id AND kind = 'reserve';
@@ -58,7 +59,7 @@ BEGIN
         RAISE EXCEPTION 'settle_job_credit refuses: % is settled already', p_job_id
             USING ERRCODE = 'insufficient_privilege';
     END IF;
-    SELECT account_id, status, deleted_at, actual_credits, created_at INTO job FROM jobs WHERE id = p_job_id;
+    SELECT account_id, status, deleted_at, actual_credits, created_at, attempt INTO job FROM jobs WHERE id = p_job_id;
     IF NOT FOUND OR job.account_id IS DISTINCT FROM held.account_id
             OR (job.deleted_at IS NULL AND job.status NOT IN ('completed', 'failed', 'canceled', 'expired')) THEN
         RAISE EXCEPTION 'settle_job_credit refuses: % has not ended on the account it reserved from', p_job_id
@@ -70,14 +71,19 @@ BEGIN
                         -charge, -amount, p_job_id, p_note);
     -- After the account's row, as reserving does. The day is the job's: the one its estimate was committed on.
     PERFORM credit_commit_day(held.account_id, (job.created_at AT TIME ZONE 'UTC')::date, charge - amount);
-    SELECT COALESCE(sum(cost_credits), 0), count(cost_credits) INTO billed, attempts
+    -- The charge is for the attempt at hand (credits.owed_sql); no earlier attempt's bill is ever charged.
+    SELECT COALESCE(sum(cost_credits) FILTER (WHERE attempt <> job.attempt), 0),
+           COALESCE(sum(cost_credits) FILTER (WHERE attempt = job.attempt), 0), count(cost_credits)
+    INTO earlier, last, attempts
     FROM attempt_costs WHERE job_id = p_job_id;
-    IF billed > charge THEN
+    IF earlier + GREATEST(last - charge, 0) > 0 THEN
         INSERT INTO credit_ledger (account_id, job_id, kind, balance_change, reserved_change, balance_after,
                                    reserved_after, absorbed, note)
-        VALUES (held.account_id, p_job_id, 'absorb', 0, 0, held.balance_after, held.reserved_after, billed - charge,
-                format('%s: the provider billed %s credits over %s attempt(s) and %s were charged; the platform '
-                       'absorbed %s', p_job_id, billed, attempts, charge, billed - charge));
+        VALUES (held.account_id, p_job_id, 'absorb', 0, 0, held.balance_after, held.reserved_after,
+                earlier + GREATEST(last - charge, 0),
+                format('%s: the provider billed %s credits over %s attempt(s) (%s for attempt %s) and %s were '
+                       'charged; the platform absorbed %s', p_job_id, earlier + last, attempts, last, job.attempt,
+                       charge, earlier + GREATEST(last - charge, 0)));
     END IF;
     RETURN held;
 END $$;
