@@ -12,7 +12,7 @@ import pytest
 
 from tests.gateway_harness import assert_error, drive, gateway_settings, running_gateway
 from tests.stack import running_stack, stack_settings
-from vidjobs.common import jobs, provider_reports, ratecard
+from vidjobs.common import attempt_costs, jobs, ratecard
 from vidjobs.common.ratecard import Price, RateCardIn
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
@@ -217,7 +217,7 @@ async def _report_cost(h, job_id: str, credits_owed: int) -> None:
     job = await jobs.fetch(h.pool, job_id)
     assert job is not None
     async with h.pool.acquire() as conn:
-        await provider_reports.record_provider_cost(conn, job, credits=credits_owed, usd=None)
+        await attempt_costs.record(conn, job, credits=credits_owed, usd=None)
 
 
 async def _charge_entry(h, account_id: str, job_id: str) -> asyncpg.Record:
