@@ -105,12 +105,8 @@ class JobOutputs(msgspec.Struct, kw_only=True):
 class Cost(msgspec.Struct, kw_only=True):
     estimated_credits: int  # reserved when the job was created, and the most it can cost
     actual_credits: int | None  # charged when it ended; null until then
-    # what the provider billed for every attempt's render, in credits at the job's rate card; null while no
-    # attempt's bill is known
-    provider_credits: int | None = None
-    # once it ended: the part of provider_credits not charged (retried attempts, a bill above the estimate),
-    # which the platform paid; null until then
-    absorbed_credits: int | None = None
+    provider_credits: int | None  # what the provider billed for all its attempts, in credits; null: not known yet
+    absorbed_credits: int | None  # once it ended: what of provider_credits the platform paid, not you; else null
 
 
 class JobUrls(msgspec.Struct, kw_only=True):
@@ -270,8 +266,7 @@ class LedgerEntryOut(msgspec.Struct, kw_only=True):
     reserved_after: int  # credits
     note: str  # why, in words
     at: datetime  # when
-    # on an `absorb` entry: credits the provider billed for the job beyond its charge, which the platform paid
-    absorbed: int = 0
+    absorbed: int  # credits the provider billed beyond the job's charge, paid by the platform (absorb entries)
 
 
 class LedgerPage(msgspec.Struct, kw_only=True):
@@ -282,7 +277,7 @@ class LedgerPage(msgspec.Struct, kw_only=True):
 MAX_USAGE_RANGE_DAYS = 366
 UsageGrouping = Annotated[str, Meta(
     pattern=r"^(model|day|metadata\.[A-Za-z0-9_.-]{1,40})$",
-    description="model, day (UTC) or metadata.<key> (a key of 1-40 letters, digits, `_`, `.` or `-`)",
+    description="model, day (UTC; the default) or metadata.<key> (a key of 1-40 letters, digits, `_`, `.` or `-`)",
     examples=["model", "day", "metadata.customer"])]
 
 
