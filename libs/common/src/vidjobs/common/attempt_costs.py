@@ -10,6 +10,10 @@ A job's provider cost is the sum over its attempts. What the account is charged 
 (credits.owed_sql: for the attempt at hand, never above the estimate); the platform absorbs the rest: the bills
 of the earlier attempts, and whatever the last one's exceeds the charge by. settle_job_credit writes that to
 the ledger as an `absorb` entry, which moves no credit, and a job's view reads it from there.
+
+Only bills reported while the job is on the attempt they are for are kept: a late report about an attempt
+given up on, or about a render the job does not use (a stray), is not recorded, and a job that ended keeps
+the figures it was settled with.
 """
 
 from __future__ import annotations
