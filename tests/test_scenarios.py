@@ -20,8 +20,6 @@ EXPECTED: dict[str, tuple[str, str | None, bool | None, int, int]] = {
     "unavailable_then_succeed": ("completed", None, None, 3, 1),
     "content_rejected": ("failed", "content_rejected", False, 1, 1),
     "fail_always": ("failed", "provider_unavailable", True, 3, 3),
-    # Two renders fail, the third attempt's succeeds.
-    "fail_then_succeed": ("completed", None, None, 3, 3),
     "hang": ("failed", "timeout", True, 3, 3),
     "bad_output": ("failed", "verification_failed", False, 1, 1),
     # The render was copied on the first request, before the provider's URL expired.
