@@ -209,8 +209,8 @@ def _usage_parser(parser: argparse.ArgumentParser) -> None:
                              "30 days before --to)")
     parser.add_argument("--to", dest="end", type=_moment, metavar="WHEN",
                         help="jobs created before this (default: now)")
-    parser.add_argument("--group-by", type=spending.GroupBy, choices=list(spending.GroupBy),
-                        default=spending.GroupBy.PROVIDER, help="one row per provider (default), model or UTC day")
+    parser.add_argument("--group-by", choices=[g.value for g in spending.GroupBy], default="provider",
+                        help="one row per provider (default), model or UTC day")
     _json_flag(parser)
     parser.set_defaults(handler=_usage)
 
@@ -328,7 +328,8 @@ def _usage(args: argparse.Namespace, settings: Settings) -> int:
     start = args.start or end - timedelta(days=30)
     if start >= end:
         raise ConfigError(f"--from ({start.isoformat()}) must be before --to ({end.isoformat()})")
-    return _admin(settings, partial(admin.usage, group_by=args.group_by, start=start, end=end, as_json=args.json))
+    return _admin(settings, partial(admin.usage, group_by=spending.GroupBy(args.group_by), start=start, end=end,
+                                    as_json=args.json))
 
 
 def _submissions_set(args: argparse.Namespace, settings: Settings, *, paused: bool) -> int:
