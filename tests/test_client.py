@@ -236,7 +236,8 @@ _SCHEMAS = {
     models.WebhookEndpoint: "EndpointCreated", models.Delivery: "DeliveryOut", models.Attempt: "AttemptOut",
     models.WebhookSecret: "WebhookSecretOut", models.NewWebhookSecret: "SecretIssued",
     models.EndpointList: "EndpointList",
-    models.DeliveryList: "DeliveryList", models.Trail: "Trail",
+    models.DeliveryList: "DeliveryList", models.Trail: "Trail", models.Usage: "UsageReport",
+    models.UsageGroup: "UsageGroup",
 }
 
 

@@ -73,6 +73,6 @@ def test_the_job_row_is_below_what_writes_jobs():
     graph = _graph()
     # The row reads: it knows the statuses, the error type and the stop message, and nothing that writes.
     assert graph["jobs"] <= {"errors", "events", "states"}, graph["jobs"]
-    writers = {"creation", "deletion", "waiting", "credits", "recovery_checks", "provider_reports"}
+    writers = {"creation", "deletion", "waiting", "credits", "recovery_checks", "provider_reports", "attempt_costs"}
     assert not {name for name in writers if "transitions" in graph[name]}
     assert {"jobs", "credits", "waiting"} <= graph["transitions"]

@@ -82,8 +82,10 @@ async def test_a_job_moves_to_a_cheaper_fallback_when_its_provider_is_down(tmp_p
 
     assert moving["fallback_models"] == ["fake-poll/default"] and moving["cost"]["estimated_credits"] == 20
     assert (done["status"], done["model"], done["fallback_models"]) == ("completed", "fake-poll/default", [])
-    # Charged the fallback's price (2 s at 5 credits), not the 20 first reserved.
-    assert done["cost"] == {"estimated_credits": 10, "actual_credits": 10}
+    # Charged the fallback's price (2 s at 5 credits), not the 20 first reserved. The provider billed its list
+    # price ($0.10 a second: 20 credits at 100 a USD), above that quote: the platform absorbed the rest.
+    assert done["cost"] == {"estimated_credits": 10, "actual_credits": 10, "provider_credits": 20,
+                            "absorbed_credits": 10}
     moves = [m for m in trail if m["from"] == "pending" and m["to"] == "pending"]
     assert len(moves) == 1 and "moved from fake/default to fake-poll/default" in moves[0]["reason"], trail
     assert "unavailable" in moves[0]["reason"]

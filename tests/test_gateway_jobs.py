@@ -40,7 +40,8 @@ async def test_create_answers_201_with_the_job_and_reserves_its_credit(h):
     assert job["outputs"] is None and job["error"] is None
     assert job["queue_position"] == 1  # the account's only waiting job
     assert job["priority"] == "interactive"  # the default lane
-    assert job["cost"] == {"estimated_credits": 50, "actual_credits": None}
+    assert job["cost"] == {"estimated_credits": 50, "actual_credits": None, "provider_credits": None,
+                           "absorbed_credits": None}
     assert job["created_at"].endswith("Z")
     status, account = await h.get(key, "/v1/account")
     assert status == 200

@@ -12,7 +12,7 @@ import pytest
 
 from tests.gateway_harness import assert_error, drive, gateway_settings, running_gateway
 from tests.stack import running_stack, stack_settings
-from vidjobs.common import jobs, provider_reports, ratecard
+from vidjobs.common import attempt_costs, jobs, ratecard
 from vidjobs.common.ratecard import Price, RateCardIn
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
@@ -107,7 +107,9 @@ async def test_the_provider_reported_cost_is_charged_never_above_the_estimate(h)
     assert "capped at the estimate" in next(e["note"] for e in entries if e["job_id"] == dear["id"]
                                             and e["kind"] == "charge")
     status, job = await h.get(key, f"/v1/jobs/{cheap['id']}")
-    assert status == 200 and job["cost"] == {"estimated_credits": ESTIMATE, "actual_credits": 30}
+    # Written straight onto the row: no attempt's bill was recorded, so nothing is known to be absorbed.
+    assert status == 200 and job["cost"] == {"estimated_credits": ESTIMATE, "actual_credits": 30,
+                                             "provider_credits": None, "absorbed_credits": 0}
 
 
 async def test_the_per_job_maximum_and_the_daily_cap_refuse_with_402(h):
@@ -169,9 +171,15 @@ async def test_through_the_stack_the_providers_reported_cost_is_what_is_charged(
             account = await resp.json()
 
     assert [(f["status"], f["cost"]) for f in finals] == [
-        ("completed", {"estimated_credits": ESTIMATE, "actual_credits": 30}),  # $0.30 at 100 credits per USD
-        ("completed", {"estimated_credits": ESTIMATE, "actual_credits": ESTIMATE}),  # the fake's list price
-        ("failed", {"estimated_credits": ESTIMATE, "actual_credits": 0}),  # never billed: released
+        # $0.30 at 100 credits per USD
+        ("completed", {"estimated_credits": ESTIMATE, "actual_credits": 30, "provider_credits": 30,
+                       "absorbed_credits": 0}),
+        # the fake's list price
+        ("completed", {"estimated_credits": ESTIMATE, "actual_credits": ESTIMATE, "provider_credits": ESTIMATE,
+                       "absorbed_credits": 0}),
+        # never billed: released
+        ("failed", {"estimated_credits": ESTIMATE, "actual_credits": 0, "provider_credits": None,
+                    "absorbed_credits": 0}),
     ]
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
     try:
@@ -207,9 +215,9 @@ async def test_creates_racing_settlements_on_one_account_neither_deadlock_nor_dr
 async def _report_cost(h, job_id: str, credits_owed: int) -> None:
     """What the poller stores when a signal carries the provider's bill for the job's current render."""
     job = await jobs.fetch(h.pool, job_id)
+    assert job is not None
     async with h.pool.acquire() as conn:
-        await provider_reports.record_provider_cost(conn, job_id, credits_owed, attempt=job.attempt,
-                                                    provider_job_id=job.provider_job_id)
+        await attempt_costs.record(conn, job, credits=credits_owed, usd=None)
 
 
 async def _charge_entry(h, account_id: str, job_id: str) -> asyncpg.Record:
@@ -230,6 +238,12 @@ async def test_a_later_attempt_is_not_charged_an_earlier_attempts_bill(h):
     entry = await _charge_entry(h, account_id, job["id"])
     assert (entry["kind"], entry["balance_change"]) == ("charge", -ESTIMATE), dict(entry)
     assert "the estimate" in entry["note"]
+    # The platform paid attempt 1's bill: an entry of its own, which moves no credit.
+    absorbed = await h.pool.fetch("SELECT * FROM credit_ledger WHERE job_id = $1 AND kind = 'absorb'", job["id"])
+    assert [(e["absorbed"], e["balance_change"], e["reserved_change"]) for e in absorbed] == [(20, 0, 0)]
+    status, seen = await h.get(key, f"/v1/jobs/{job['id']}")
+    assert status == 200 and seen["cost"] == {"estimated_credits": ESTIMATE, "actual_credits": ESTIMATE,
+                                              "provider_credits": 20, "absorbed_credits": 20}
 
 
 async def test_a_reported_cost_of_zero_falls_back_to_the_rate_card(h):

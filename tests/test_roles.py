@@ -44,6 +44,9 @@ REACHABLE_NOT_RUN["gateway"] = {
     ("provider_breakers", Privilege.INSERT): "vidjobs.common.breakers: the gateway's estimates only read "
                                              "whether a breaker holds jobs back (breakers.pausing_sql)",
     ("provider_breakers", Privilege.UPDATE): "vidjobs.common.breakers: opening and closing is the submitter's",
+    ("attempt_costs", Privilege.INSERT): "vidjobs.common.attempt_costs: the gateway reads what attempts were "
+                                         "billed (billed_sql); recording a bill is the poller's (record)",
+    ("attempt_costs", Privilege.UPDATE): "vidjobs.common.attempt_costs: recording a bill is the poller's",
 }
 REACHABLE_NOT_RUN["reaper"] |= {
     ("uploads", Privilege.INSERT): "vidjobs.common.uploads: the reaper only expires uploads",

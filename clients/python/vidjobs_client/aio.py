@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO, TypeVar, Unpack
 
@@ -218,6 +219,12 @@ class AsyncClient:
     async def ledger(self, *, limit: int | None = None, cursor: str | None = None) -> models.LedgerPage:
         """One page of the account's credit ledger, newest first."""
         return await self._send(calls.ledger(limit, cursor))
+
+    async def usage(self, *, group_by: str | None = None, start: datetime | None = None,
+                    end: datetime | None = None) -> models.Usage:
+        """The account's jobs created in [start, end) (default: the last 30 days), grouped by `model`, `day`
+        (UTC, the default) or `metadata.<key>`: jobs by status, credits charged and held, seconds delivered."""
+        return await self._send(calls.usage(group_by, start, end))
 
     async def list_models(self) -> list[models.Model]:
         """The models this deployment renders with, what each takes and its price."""

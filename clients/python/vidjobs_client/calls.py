@@ -161,6 +161,14 @@ def ledger(limit: int | None = None, cursor: str | None = None) -> Call[models.L
     return Call("GET", "/v1/account/ledger", models.LedgerPage, query=query + ([("cursor", cursor)] if cursor else []))
 
 
+def usage(group_by: str | None = None, start: datetime | None = None, end: datetime | None = None,
+          ) -> Call[models.Usage]:
+    query: Query = [(name, value) for name, value in (
+        ("group_by", group_by), ("from", start.isoformat() if start else None),
+        ("to", end.isoformat() if end else None)) if value is not None]
+    return Call("GET", "/v1/account/usage", models.Usage, query=query)
+
+
 def webhook_secret() -> Call[models.WebhookSecret]:
     return Call("GET", "/v1/account/webhook-secret", models.WebhookSecret)
 

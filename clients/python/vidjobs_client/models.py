@@ -48,6 +48,8 @@ class Outputs(_Model, kw_only=True):
 class Cost(_Model, kw_only=True):
     estimated_credits: int
     actual_credits: int | None = None
+    provider_credits: int | None = None  # what the provider billed for every attempt, in credits
+    absorbed_credits: int | None = None  # once ended: what of that was not charged
 
 
 class JobUrls(_Model, kw_only=True):
@@ -229,11 +231,29 @@ class LedgerEntry(_Model, kw_only=True):
     reserved_after: int
     note: str
     at: datetime
+    absorbed: int = 0  # on an `absorb` entry: what the provider billed beyond the charge
 
 
 class LedgerPage(_Model, kw_only=True):
     data: list[LedgerEntry]
     next_cursor: str | None = None
+
+
+class UsageGroup(_Model, kw_only=True):
+    key: str | None = None  # the model, the UTC day or the metadata value; None: jobs without the key
+    jobs: int
+    by_status: dict[str, int] = {}
+    credits_charged: int
+    credits_reserved: int
+    seconds_delivered: float
+
+
+class Usage(_Model, kw_only=True):
+    group_by: str
+    from_: datetime = msgspec.field(name="from")
+    to: datetime
+    data: list[UsageGroup]
+    truncated: bool = False
 
 
 class Format(_Model, kw_only=True):

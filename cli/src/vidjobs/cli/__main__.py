@@ -7,9 +7,10 @@ import argparse
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
-from vidjobs.cli import admin, ops, render, routing
+from vidjobs.cli import admin, ops, render, routing, spending
 from vidjobs.cli.exitcodes import EPILOG, Exit, OperatorFailure
 from vidjobs.common import migrate, routechanges
 from vidjobs.common.errors import ConfigError, StoreError
@@ -93,6 +94,8 @@ def _parser() -> argparse.ArgumentParser:
     _breakers_parser(sub.add_parser("breakers", help="providers' circuit breakers"))
     _routes_parser(sub.add_parser("routes", help="model aliases' routes: shares, rollbacks, their history, "
                                                  "how the routes compare"))
+    _usage_parser(sub.add_parser("usage", help="what providers billed, what accounts were charged and what the "
+                                               "platform absorbed, by provider, model or day"))
     return parser
 
 
@@ -245,6 +248,27 @@ def _credits_parser(parser: argparse.ArgumentParser) -> None:
     ledger.set_defaults(handler=_credits_ledger)
 
 
+def _moment(text: str) -> datetime:
+    """An ISO-8601 date (midnight UTC) or time; one without an offset is UTC."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 date or time: {text!r}") from exc
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _usage_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="start", type=_moment, metavar="WHEN",
+                        help="jobs created at or after this ISO-8601 date or time, UTC unless it says (default: "
+                             "30 days before --to)")
+    parser.add_argument("--to", dest="end", type=_moment, metavar="WHEN",
+                        help="jobs created before this (default: now)")
+    parser.add_argument("--group-by", choices=[g.value for g in spending.GroupBy], default="provider",
+                        help="one row per provider (default), model or UTC day")
+    _json_flag(parser)
+    parser.set_defaults(handler=_usage)
+
+
 def _submissions_parser(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     pause = actions.add_parser("pause", help="send nothing new to any provider; running jobs go on")
@@ -359,6 +383,15 @@ def _credits_grant(args: argparse.Namespace, settings: Settings) -> int:
 
 def _credits_ledger(args: argparse.Namespace, settings: Settings) -> int:
     return _admin(settings, partial(admin.ledger, account_id=args.account_id, limit=args.limit, as_json=args.json))
+
+
+def _usage(args: argparse.Namespace, settings: Settings) -> int:
+    end = args.end or datetime.now(UTC)
+    start = args.start or end - timedelta(days=30)
+    if start >= end:
+        raise ConfigError(f"--from ({start.isoformat()}) must be before --to ({end.isoformat()})")
+    return _admin(settings, partial(admin.usage, group_by=spending.GroupBy(args.group_by), start=start, end=end,
+                                    as_json=args.json))
 
 
 def _submissions_set(args: argparse.Namespace, settings: Settings, *, paused: bool) -> int:

@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from vidjobs.cli import closing
+from vidjobs.cli import closing, spending
 from vidjobs.cli.exitcodes import BackendUnreachable, NotFound, Refused, SchemaAhead, SchemaBehind
 from vidjobs.common import credits, db, grants, ratecard, switch
 from vidjobs.common.errors import ConfigError
@@ -240,6 +240,27 @@ async def ledger(conn: asyncpg.Connection, account_id: str, *, limit: int, as_js
              e.job_id, e.note) for e in rows])
 
 
+# what the platform spent ------------------------------------------------------------------------------
+
+async def usage(conn: asyncpg.Connection, *, group_by: spending.GroupBy, start: datetime, end: datetime,
+                as_json: bool) -> None:
+    rows = await spending.report(conn, group_by, start, end)
+    _note(f"jobs created from {_cell(start)} to {_cell(end)}, by {group_by.value}")
+    if as_json:
+        _json_lines(rows)
+        return
+    _table((group_by.value, "jobs", "attempts billed", "provider USD", "provider credits", "charged", "absorbed"),
+           [(r.group, r.jobs, r.attempts_billed, Usd(r.provider_cost_usd), r.provider_cost_credits,
+             r.credits_charged, r.credits_absorbed) for r in rows])
+
+
+class Usd(float):
+    """A dollar figure, shown to the cent."""
+
+    def __str__(self) -> str:
+        return f"{self:.2f}"
+
+
 # the submission switch ---------------------------------------------------------------------------------
 
 async def set_submissions(conn: asyncpg.Connection, *, paused: bool, reason: str) -> None:
@@ -321,6 +342,8 @@ def _cell(value: object) -> str:
             return "-"
         case datetime():
             return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+        case Usd():
+            return str(value)
         case float():
             return f"{value:g}"
         case _:

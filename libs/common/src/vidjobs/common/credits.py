@@ -3,7 +3,9 @@
 A job's estimate is reserved when it is created, under the account's row lock and against its guardrails
 (free credit, the per-job maximum, the daily spend cap), so racing requests can never overspend. When the
 job ends the reservation is released, and what is owed is charged: a delivered render, or a failed or
-canceled one the provider billed for. A charge never exceeds the estimate: the estimate is the quote.
+canceled one the provider billed for. A charge never exceeds the estimate: the estimate is the quote. What
+the provider billed beyond the charge (every attempt's render is billed, the charge is for the one at hand)
+the platform absorbs: the settlement enters it as an `absorb` entry that moves no credit (attempt_costs).
 
 The changes themselves are PostgreSQL functions (migration 0014_credit_functions.sql): no service may write
 an account's credit, the ledger or the day's spend directly (vidjobs.common.grants). The gateway may call
@@ -35,6 +37,9 @@ class LedgerKind(enum.StrEnum):
     RELEASE = "release"  # a job ended without a charge; its estimate is free again
     CHARGE = "charge"  # a job ended and was billed; its estimate is released and the charge paid
     REPRICE = "reprice"  # a waiting job moved to a cheaper model; the difference is free again
+    # The provider billed more for a job than it was charged (retried attempts, a bill above the estimate): the
+    # platform paid it. Moves no credit; `absorbed` says how much. Written by the settlement (migration 0023).
+    ABSORB = "absorb"
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,6 +53,7 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     reserved_after: int
     note: str
     at: datetime
+    absorbed: int = 0  # on an absorb entry: credits the provider billed beyond the charge
 
 
 class CreditRefused(StoreError):

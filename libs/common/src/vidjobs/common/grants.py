@@ -89,6 +89,7 @@ OWNERS: dict[str, str] = {
     "outbox": "common",
     "credit_ledger": "common",
     "account_daily_spend": "common",
+    "attempt_costs": "common",
     "rate_cards": "operator",
     "rate_card_prices": "operator",
     "platform_controls": "operator",
@@ -144,6 +145,7 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "rate_card_prices": SEL,
         "assets": SEL,  # a finished job's outputs, and what kept clips hold, from the media service's record
         "job_exports": SEL | INS,  # records an export (the media service copies and settles it), shows how it went
+        "attempt_costs": SEL,  # what the provider billed for a job's attempts (its cost, the account's usage)
         # A waiting job's estimate says when the switch or the provider's breaker holds it back (estimates.py).
         "platform_controls": SEL,
         "provider_breakers": SEL,
@@ -169,6 +171,7 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "webhook_inbox": SEL,  # reads the callback the gateway stored
         "rate_cards": SEL,  # prices what the provider reported it billed
         "rate_card_prices": SEL,
+        "attempt_costs": SEL | INS | UPD,  # each attempt's reported bill; a repeated report replaces it
     }),
     "media": _with_common({
         "assets": SEL | INS | UPD,

@@ -3,7 +3,8 @@ that asks its provider to stop.
 
 What writes a job lives beside it, each in a module of its own: `creation` (a new job), `transitions` (every
 status change), `deletion`, `waiting` (the queue and why a job waits), `recovery_checks`, `provider_reports`
-(progress, place in the provider's queue, cost) and `credits` (what a job ending owes). This module imports
+(progress, place in the provider's queue), `attempt_costs` (what each attempt was billed) and `credits` (what
+a job ending owes). This module imports
 none of them: they all read the row through it.
 """
 

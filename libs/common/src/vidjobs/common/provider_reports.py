@@ -1,12 +1,12 @@
 """What a provider reports of a job's render, stored beside its status (none of it is a status change): its
-place in the provider's queue, its progress, and what the provider billed for it."""
+place in the provider's queue and its progress. What the provider billed for it is kept by attempt_costs."""
 
 from __future__ import annotations
 
 import asyncpg
 
 from vidjobs.common import changes
-from vidjobs.common.states import SQL_TERMINAL, JobStatus, sql
+from vidjobs.common.states import JobStatus, sql
 
 
 async def record_queue_position(conn: asyncpg.Connection, job_id: str, position: int) -> None:
@@ -39,18 +39,3 @@ async def record_progress(conn: asyncpg.Connection, job_id: str, progress: float
         return False
     changes.note(job_id, JobStatus.PROCESSING.value, row["updated_at"])
     return True
-
-
-async def record_provider_cost(
-    conn: asyncpg.Connection, job_id: str, credits_owed: int, *, attempt: int, provider_job_id: str | None,
-) -> None:
-    """Store what the provider reported billing for the job's current render (not a status change; the
-    charge is settled when the job ends). A report about an earlier attempt's render changes nothing."""
-    await conn.execute(
-        f"""
-        UPDATE jobs SET provider_cost_credits = $2
-        WHERE id = $1 AND attempt = $3 AND provider_job_id IS NOT DISTINCT FROM $4::text AND deleted_at IS NULL
-          AND status NOT IN {SQL_TERMINAL}
-        """,
-        job_id, credits_owed, attempt, provider_job_id,
-    )

@@ -3,7 +3,8 @@
 
 `params.scenario` picks a behaviour from docs/FAKE_PROVIDER.md's table and `params.render_s` how long rendering takes. A
 finished render reports what it was billed (`cost_usd`): `params.cost_usd`, or by default USD_PER_SECOND of
-video. An `input_image_url` is fetched when the render starts, as a real provider would, and must decode as an
+video; a render that failed after it started reports `params.failed_cost_usd`, if given (a partial render).
+An `input_image_url` is fetched when the render starts, as a real provider would, and must decode as an
 image; if it cannot be fetched or read, the render fails with `invalid_request`. The image's mean colour tints
 the clip, and what was fetched is recorded in the counters (`input_images`, by job).
 """
@@ -36,7 +37,7 @@ from vidjobs.fakeprovider.wire import (
     RenderOut,
     RenderStatus,
     Scenario,
-    billed,
+    billed_as,
     bump,
 )
 
@@ -65,6 +66,7 @@ class RenderRecord:
     output_gets: int = 0
     task: asyncio.Task[None] | None = None
     deliveries: asyncio.Task[None] | None = None  # the latest callback; the next one waits for it (keeps order)
+    ordinal: int = 1  # which of its job's renders this is (fail_then_succeed fails the first few)
 
     @property
     def scenario(self) -> Scenario:
@@ -105,7 +107,7 @@ class FakeProvider(BackgroundTasks):
             created_at=rec.created_at, started_at=rec.started_at, finished_at=rec.finished_at,
             duration_s=req.duration_s, width=rec.clip.width, height=rec.clip.height, seed=rec.clip.seed,
             output_url=self.output_url(rec) if done else None, error=rec.error,
-            cost_usd=billed(req) if done else None,
+            cost_usd=billed_as(req, rec.status, rec.started_at is not None),
             metadata=req.metadata, idempotency_key=rec.idempotency_key,
         )
 
@@ -132,6 +134,7 @@ class FakeProvider(BackgroundTasks):
         self._maybe_refuse(req)
         rec = self._create(req, key)
         bump(self.counters.renders_by_job, job_id)
+        rec.ordinal = self.counters.renders_by_job.get(job_id or "", 1)
         if job_id is not None:
             bump(self.counters.renders_by_attempt, f"{job_id}/{req.metadata.attempt}")
         rec.task = self.spawn(self._run(rec), name=f"render-{rec.id}")
@@ -187,7 +190,8 @@ class FakeProvider(BackgroundTasks):
             log.exception("render crashed", extra={"render_id": rec.id})
             self._finish(rec, RenderStatus.FAILED, RenderError("render_failed", "The renderer crashed; try again."))
             return
-        if rec.scenario is Scenario.FAIL_ALWAYS:
+        if rec.scenario is Scenario.FAIL_ALWAYS or (
+                rec.scenario is Scenario.FAIL_THEN_SUCCEED and rec.ordinal <= rec.request.params.failures):
             self._finish(rec, RenderStatus.FAILED, RenderError(
                 "render_failed", "The render node ran out of GPU memory; try again."))
             return

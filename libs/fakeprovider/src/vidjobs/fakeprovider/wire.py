@@ -29,6 +29,9 @@ class Scenario(enum.StrEnum):
     # (`params.answer_after_s`), or the connection is closed without one. Replays of the key answer at once.
     ACCEPT_THEN_TIMEOUT = "accept_then_timeout"
     ACCEPT_THEN_DROP = "accept_then_drop"
+    # The first `params.failures` renders of a job (by metadata.job_id) fail with a transient error after
+    # rendering; the next one succeeds.
+    FAIL_THEN_SUCCEED = "fail_then_succeed"
 
 
 class RenderStatus(enum.StrEnum):
@@ -50,6 +53,11 @@ class RenderParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_mb: Annotated[int, msgspec.Meta(ge=0, le=2048)] = 0
     # What a finished render is billed, reported with it; by default USD_PER_SECOND of video.
     cost_usd: Annotated[float, msgspec.Meta(ge=0, le=1000)] | None = None
+    # What a render that failed after it started is billed (a partial render), reported with the failure; by
+    # default nothing. A render refused before it started (content_rejected, a bad input image) is never billed.
+    failed_cost_usd: Annotated[float, msgspec.Meta(ge=0, le=1000)] | None = None
+    # fail_then_succeed: how many of the job's renders fail before one succeeds.
+    failures: Annotated[int, msgspec.Meta(ge=0, le=10)] = 2
     # accept_then_timeout: how long the accepted submit's answer is held back.
     answer_after_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 45.0
     # False: the adapter cannot look renders up (as at providers without a list or key lookup).
@@ -82,6 +90,16 @@ def billed(req: CreateRender) -> float:
     return round(req.duration_s * USD_PER_SECOND, 4) if given is None else given
 
 
+def billed_as(req: CreateRender, status: RenderStatus, started: bool) -> float | None:
+    """What a render reports it was billed as it now stands: a finished render its price, a failed one that had
+    started its `failed_cost_usd`; nothing otherwise."""
+    if status is RenderStatus.SUCCEEDED:
+        return billed(req)
+    if status is RenderStatus.FAILED and started:
+        return req.params.failed_cost_usd
+    return None
+
+
 class RenderError(msgspec.Struct):
     code: str  # content_policy_violation | render_failed | invalid_request
     message: str
@@ -102,7 +120,7 @@ class RenderOut(msgspec.Struct, kw_only=True):
     seed: int
     output_url: str | None
     error: RenderError | None
-    cost_usd: float | None  # what the render was billed, once it succeeded
+    cost_usd: float | None  # what the render was billed: once it succeeded, or failed after it started
     metadata: Metadata
     idempotency_key: str | None
 
@@ -162,6 +180,8 @@ _HINTS = {
     "params.scenario": "one of " + ", ".join(Scenario),
     "params.render_s": "seconds from 0 to 600",
     "params.cost_usd": "USD from 0 to 1000",
+    "params.failed_cost_usd": "USD from 0 to 1000",
+    "params.failures": "a whole number from 0 to 10",
 }
 
 

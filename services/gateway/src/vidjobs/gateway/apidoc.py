@@ -102,6 +102,32 @@ may be rerun, whatever its status; a deleted one answers 409 `conflict`, another
 `Idempotency-Key` makes a rerun safe to send again (the same key answers the same new job, 200 with
 `Idempotent-Replayed: true`); a key is bound to the job it reran, so using it for a create or another rerun
 answers 409.
+## What a job costs
+
+A job's `cost.estimated_credits` is reserved when it is created and is the most it can be charged. When it
+ends it is charged `cost.actual_credits`: for a delivered render (or one the provider finished before it was
+canceled or deleted) what the provider billed for that render, converted at the rate card the job was priced
+with, or the estimate where the provider did not say; for a failed or canceled one, what the provider billed
+for the attempt at hand, if anything; never more than the estimate. A transient failure is retried as a new
+attempt (`attempt`), and a provider may bill each attempt's render, even one that failed part-way.
+`cost.provider_credits` is what the provider billed for all of the job's attempts, in credits at its rate
+card (null while no attempt's bill is known); `cost.absorbed_credits`, once the job ended (null until then),
+is the part the platform paid and did not charge: the bills of the attempts before the one charged, and what
+that one's bill exceeds the estimate by. The ledger says the same: a job whose settlement absorbed anything
+has an `absorb` entry with that amount in `absorbed`, which changes neither the balance nor the reservation.
+
+## Usage
+
+`GET /v1/account/usage?group_by=&from=&to=` sums the account's jobs created in [`from`, `to`) for billing
+its own users: per model, UTC day (the default) or value of one of its metadata keys (`metadata.<key>`; the
+jobs without the key are one group with key null, listed last), the jobs and how many are in each status,
+the credits charged (the jobs that ended) and still held (the estimates of those that have not), and the
+seconds of video delivered (completed jobs, as stored). `from` and `to` are ISO-8601 times with an offset; by
+default the 30 days up to now; at most 366 days apart, `from` before `to`. Deleted jobs are left out, as from
+every read (their charges stay in the ledger). At most 1000 groups are answered, in key order; `truncated`
+says when there were more (ask for a shorter range). A bad `group_by` (anything else, or a key that is not
+1-40 letters, digits, `_`, `.` or `-`), a time without an offset, a range backwards or too long, or an unknown
+parameter answers 422 `invalid_input` naming the parameter; a parameter given twice, 400.
 """
 
 

@@ -107,6 +107,8 @@ class JobOutputs(msgspec.Struct, kw_only=True):
 class Cost(msgspec.Struct, kw_only=True):
     estimated_credits: int  # reserved when the job was created, and the most it can cost
     actual_credits: int | None  # charged when it ended; null until then
+    provider_credits: int | None  # what the provider billed for all its attempts, in credits; null: not known yet
+    absorbed_credits: int | None  # once it ended: what of provider_credits the platform paid, not you; else null
 
 
 class JobUrls(msgspec.Struct, kw_only=True):
@@ -277,11 +279,50 @@ class LedgerEntryOut(msgspec.Struct, kw_only=True):
     reserved_after: int  # credits
     note: str  # why, in words
     at: datetime  # when
+    absorbed: int  # credits the provider billed beyond the job's charge, paid by the platform (absorb entries)
 
 
 class LedgerPage(msgspec.Struct, kw_only=True):
     data: list[LedgerEntryOut]  # newest first
     next_cursor: str | None  # pass as `cursor` for the next page; null on the last
+
+
+MAX_USAGE_RANGE_DAYS = 366
+UsageGrouping = Annotated[str, Meta(
+    pattern=r"^(model|day|metadata\.[A-Za-z0-9_.-]{1,40})$",
+    description="model, day (UTC; the default) or metadata.<key> (a key of 1-40 letters, digits, `_`, `.` or `-`)",
+    examples=["model", "day", "metadata.customer"])]
+
+
+class UsageQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Query string of `GET /v1/account/usage`: the jobs created in [from, to), at most 366 days."""
+
+    group_by: UsageGrouping = "day"  # model, day (UTC) or metadata.<key>; default day
+    # jobs created at or after this ISO-8601 time, with its offset; default 30 days before `to`
+    from_: Annotated[datetime, Meta(tz=True)] | None = msgspec.field(default=None, name="from")
+    to: Annotated[datetime, Meta(tz=True)] | None = None  # jobs created before this ISO-8601 time; default now
+
+
+class UsageGroup(msgspec.Struct, kw_only=True):
+    """The account's jobs of one model, UTC day or metadata value, created in the range."""
+
+    # the model, the day (YYYY-MM-DD) or the metadata value; null: the jobs that do not have the metadata key
+    key: str | None
+    jobs: int  # jobs created in the range (deleted ones left out)
+    by_status: dict[str, int]  # of those, how many are in each status now
+    credits_charged: int  # what the jobs that ended were charged
+    credits_reserved: int  # estimates still held for the jobs that have not ended
+    seconds_delivered: float  # seconds of video of the jobs completed (and since expired), as stored
+
+
+class UsageReport(msgspec.Struct, kw_only=True):
+    """Answer of `GET /v1/account/usage`."""
+
+    group_by: str  # as asked
+    from_: datetime = msgspec.field(name="from")  # the range's start, as used
+    to: datetime  # the range's end (not included), as used
+    data: list[UsageGroup]  # in key order; jobs without the metadata key last
+    truncated: bool  # true when there were more than 1000 groups and only the first 1000 are here
 
 
 class WebhookAck(msgspec.Struct, kw_only=True):

@@ -22,6 +22,7 @@ _PATTERN_HINTS = {
     "model": "must be `<provider>/<model name>`, e.g. `fake/default`",
     "prompt": "must not be blank",
     "input_image": "must be an upload id (`upl_...`) from POST /v1/uploads",
+    "group_by": "must be model, day or metadata.<key>, the key 1-40 letters, digits, `_`, `.` or `-`",
 }
 
 

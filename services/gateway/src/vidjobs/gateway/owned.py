@@ -11,13 +11,14 @@ from vidjobs.gateway.apierrors import not_found
 from vidjobs.gateway.bodies import JobOut
 from vidjobs.gateway.state import Gateway
 from vidjobs.gateway.tenant import OwnedJob, tenant
-from vidjobs.gateway.views import job_view
+from vidjobs.gateway.views import cost, job_view
 
 JOB_ID = re.compile(r"^job_[0-9a-z]{1,64}$")
 
 
 def view(gw: Gateway, owned: OwnedJob) -> JobOut:
-    return job_view(owned.job, owned.waiting_position, owned.outputs, gw.storage, gw.settings, owned.estimate)
+    return job_view(owned.job, owned.waiting_position, owned.outputs, gw.storage, gw.settings, owned.estimate,
+                    cost(owned.job, owned.provider_credits, owned.absorbed))
 
 
 def job_id_of(request: web.Request) -> str:

@@ -1,14 +1,19 @@
-"""`GET /v1/account`: credit, limits, today's spend, the account's jobs in flight and what its kept clips hold; and
-`GET /v1/account/ledger`: every change of its credit, newest first. Both through the caller's Tenant."""
+"""`GET /v1/account`: credit, limits, today's spend, the account's jobs in flight and what its kept clips hold;
+`GET /v1/account/ledger`: every change of its credit, newest first; and `GET /v1/account/usage`: its jobs in
+a time range, grouped. All through the caller's Tenant."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
 
 from aiohttp import web
 
 from vidjobs.common.credits import Entry
 from vidjobs.gateway import cursor, fallbacks, ratelimit
-from vidjobs.gateway.apierrors import ErrorOut, not_found
+from vidjobs.gateway.account_usage import Grouping
+from vidjobs.gateway.apierrors import ErrorOut, invalid, not_found
 from vidjobs.gateway.bodies import (
+    MAX_USAGE_RANGE_DAYS,
     AccountOut,
     AccountPatch,
     Credits,
@@ -17,6 +22,9 @@ from vidjobs.gateway.bodies import (
     LedgerQuery,
     Limits,
     StorageOut,
+    UsageGroup,
+    UsageQuery,
+    UsageReport,
 )
 from vidjobs.gateway.decoding import read_json, read_query
 from vidjobs.gateway.routetable import Route, json_response
@@ -72,7 +80,8 @@ async def patch_account(request: web.Request) -> web.Response:
 def _entry_out(entry: Entry) -> LedgerEntryOut:
     return LedgerEntryOut(id=entry.id, kind=entry.kind, job_id=entry.job_id, balance_change=entry.balance_change,
                           reserved_change=entry.reserved_change, balance_after=entry.balance_after,
-                          reserved_after=entry.reserved_after, note=entry.note, at=entry.at)
+                          reserved_after=entry.reserved_after, note=entry.note, at=entry.at,
+                          absorbed=entry.absorbed)
 
 
 async def get_ledger(request: web.Request) -> web.Response:
@@ -84,6 +93,31 @@ async def get_ledger(request: web.Request) -> web.Response:
     return json_response(LedgerPage(data=[_entry_out(e) for e in page], next_cursor=next_cursor))
 
 
+DEFAULT_USAGE_DAYS = 30
+
+
+def usage_range(query: UsageQuery) -> tuple[datetime, datetime]:
+    """[from, to) as asked, defaults filled in; 422 naming the parameter when it is backwards or too long."""
+    end = (query.to or datetime.now(UTC)).astimezone(UTC)
+    start = (query.from_ or end - timedelta(days=DEFAULT_USAGE_DAYS)).astimezone(UTC)
+    if start >= end:
+        raise invalid(f"from: must be before to ({end.isoformat()})")
+    if end - start > timedelta(days=MAX_USAGE_RANGE_DAYS):
+        raise invalid(f"from: the range may span at most {MAX_USAGE_RANGE_DAYS} days; ask for it in parts")
+    return start, end
+
+
+async def get_usage(request: web.Request) -> web.Response:
+    query = read_query(request.query, UsageQuery)
+    start, end = usage_range(query)
+    groups, truncated = await tenant(request).usage(Grouping.parse(query.group_by), start, end)
+    return json_response(UsageReport(
+        group_by=query.group_by, from_=start, to=end, truncated=truncated,
+        data=[UsageGroup(key=g.key, jobs=g.jobs, by_status=g.by_status, credits_charged=g.credits_charged,
+                         credits_reserved=g.credits_reserved, seconds_delivered=g.seconds_delivered)
+              for g in groups]))
+
+
 ROUTES = [
     Route("GET", "/v1/account", get_account, "get_account", "The caller's account",
           responses={200: AccountOut, 401: ErrorOut}),
@@ -93,4 +127,8 @@ ROUTES = [
     Route("GET", "/v1/account/ledger", get_ledger, "get_ledger",
           "The account's credit ledger, newest first, keyset pagination", query=LedgerQuery,
           responses={200: LedgerPage, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
+    Route("GET", "/v1/account/usage", get_usage, "get_usage",
+          "The account's jobs created in a time range, grouped by model, UTC day or a metadata key: jobs by status, "
+          "credits charged and held, seconds delivered", query=UsageQuery,
+          responses={200: UsageReport, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
 ]

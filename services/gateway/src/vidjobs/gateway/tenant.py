@@ -17,6 +17,7 @@ import msgspec
 from aiohttp import web
 
 from vidjobs.common import (
+    attempt_costs,
     cancels,
     creation,
     credits,
@@ -35,7 +36,7 @@ from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.uploads import UploadRow
-from vidjobs.gateway import accounts, exports, fallbacks, idempotency, keeping, sealing
+from vidjobs.gateway import account_usage, accounts, exports, fallbacks, idempotency, keeping, sealing
 from vidjobs.gateway.accounts import Account
 from vidjobs.gateway.appwebhooks import endpoints, history, secrets
 from vidjobs.gateway.appwebhooks.endpoints import Endpoint
@@ -54,6 +55,8 @@ class OwnedJob(msgspec.Struct, frozen=True):
     outputs: Outputs | None = None  # the stored render's files, from the media service's asset rows
     provider_position: int | None = None  # its place among the account's jobs waiting at its provider
     estimate: Estimate | None = None  # while it waits: when it is likely to start and be ready
+    provider_credits: int | None = None  # what the provider billed for its attempts (attempt_costs); None: unknown
+    absorbed: int | None = None  # what its ledger says the platform paid beyond its charge; None: no such entry
 
 
 class JobOrder(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,7 +109,8 @@ SELECT j.*,
        CASE WHEN j.status = {SQL_PENDING} THEN {waiting.queue_place_sql("$2", "j.lane", "j.created_at", "j.id")}
        END AS waiting_position,
        CASE WHEN j.status = {SQL_PENDING} THEN {estimates.place_sql("j")} END AS provider_position,
-       {renders.outputs_sql("j.id")} AS outputs
+       {renders.outputs_sql("j.id")} AS outputs,
+       {attempt_costs.billed_sql("j.id")} AS provider_credits, {attempt_costs.absorbed_sql("j.id")} AS absorbed
 FROM jobs j
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 """
@@ -125,7 +129,8 @@ WITH waiting AS MATERIALIZED (
 ),
 places AS MATERIALIZED ({estimates.places_sql("$1")})
 SELECT j.*, w.position AS waiting_position, p.place AS provider_position,
-       {renders.outputs_sql("j.id")} AS outputs
+       {renders.outputs_sql("j.id")} AS outputs,
+       {attempt_costs.billed_sql("j.id")} AS provider_credits, {attempt_costs.absorbed_sql("j.id")} AS absorbed
 FROM jobs j LEFT JOIN waiting w ON w.id = j.id LEFT JOIN places p ON p.id = j.id
 WHERE j.account_id = $1 AND j.deleted_at IS NULL {{filters}}
 ORDER BY j.created_at DESC, j.id DESC
@@ -191,7 +196,8 @@ class JobFilter(msgspec.Struct, frozen=True, kw_only=True):
 
 def _owned(row: asyncpg.Record) -> OwnedJob:
     return OwnedJob(row_to_job(row), row["waiting_position"], renders.decode(row["outputs"]),
-                    provider_position=row["provider_position"])
+                    provider_position=row["provider_position"], provider_credits=row["provider_credits"],
+                    absorbed=row["absorbed"])
 
 
 class Tenant:
@@ -419,6 +425,11 @@ class Tenant:
         spent = await credits.committed_on(self._rt.pool, self.account_id)  # today, UTC
         return AccountState(account=account, active_jobs=row["active_jobs"], queued_jobs=row["queued_jobs"],
                             spent_today=spent, uploads_today=await self.uploads_today())
+
+    async def usage(self, grouping: account_usage.Grouping, start: datetime, end: datetime,
+                    ) -> tuple[list[account_usage.Group], bool]:
+        """The account's jobs created in [start, end), grouped; and whether groups were cut off."""
+        return await account_usage.report(self._rt.pool, self.account_id, grouping, start, end)
 
     async def ledger(self, *, before_id: int | None, limit: int) -> list[Entry]:
         """The account's credit ledger, newest first, strictly before entry `before_id`."""

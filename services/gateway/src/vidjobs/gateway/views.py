@@ -72,6 +72,14 @@ def estimate_out(made: Estimate | None) -> QueueEstimate | None:
                          unavailable=made.unavailable, note=made.note)
 
 
+def cost(job: JobRow, provider_credits: int | None, absorbed: int | None) -> Cost:
+    """What it was quoted and charged, what its renders were billed (`provider_credits`, summed over its
+    attempts), and, once it ended and was settled, what the platform absorbed (`absorbed`, its ledger's entry;
+    none: nothing)."""
+    return Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits,
+                provider_credits=provider_credits, absorbed_credits=(absorbed or 0) if job.finished else None)
+
+
 def _utc(moment: datetime | None) -> datetime | None:
     return None if moment is None else moment.astimezone(UTC)
 
@@ -83,9 +91,11 @@ def job_urls(job_id: str, base_url: str = "") -> JobUrls:
 
 
 def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None, storage: Storage,
-             settings: Settings, estimate: Estimate | None = None) -> JobOut:
+             settings: Settings, estimate: Estimate | None = None, charges: Cost | None = None) -> JobOut:
     """`waiting_position` is the job's place among its account's waiting jobs, computed with the read;
-    `outputs` its stored files, read with it from their one record; `estimate` a waiting job's."""
+    `outputs` its stored files, read with it from their one record; `estimate` a waiting job's;
+    `charges` its cost as read with it (what its renders were billed, what the platform absorbed); without it,
+    only what the job row holds."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
     shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED)
     asked = job.request
@@ -97,7 +107,7 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         estimate=estimate_out(estimate) if job.status is JobStatus.PENDING else None,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, outputs, storage, settings) if shown and outputs is not None else None,
-        cost=Cost(estimated_credits=job.estimated_credits, actual_credits=job.actual_credits),
+        cost=charges or cost(job, None, None),
         duration_s=asked.duration_s, aspect_ratio=asked.aspect_ratio, resolution=asked.resolution, seed=asked.seed,
         negative_prompt=asked.negative_prompt, input_image=asked.input_image, params=asked.params,
         metadata=job.metadata, fallback_models=job.fallback_models, max_wait_s=job.max_wait_s,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from vidjobs.common import changes, jobs, metrics, outbox, provider_reports, ratecard, recovery_checks
+from vidjobs.common import attempt_costs, changes, jobs, metrics, outbox, provider_reports, ratecard, recovery_checks
 from vidjobs.common.errors import ErrorCode, JobError, Redeliver
 from vidjobs.common.events import CancelRequested, DownloadRequested
 from vidjobs.common.jobs import JobRow
@@ -118,8 +118,7 @@ async def _apply(
     if sig.cost is not None:
         # Before the move it comes with, so the charge at the end of the job can read it.
         cost = await ratecard.provider_cost_credits(conn, job.rate_card_version, sig.cost)
-        await provider_reports.record_provider_cost(conn, job.id, cost, attempt=job.attempt,
-                                                    provider_job_id=job.provider_job_id)
+        await attempt_costs.record(conn, job, credits=cost, usd=sig.cost)
     match sig.state:
         case ProviderState.QUEUED:
             if sig.queue_position is not None and job.status is JobStatus.SUBMITTED:

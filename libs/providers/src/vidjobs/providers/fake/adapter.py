@@ -23,7 +23,7 @@ from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, Signe
 SCENARIOS = (
     "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
     "content_rejected", "fail_always", "hang", "bad_output", "expired_output", "unsafe_output",
-    "accept_then_timeout", "accept_then_drop",
+    "accept_then_timeout", "accept_then_drop", "fail_then_succeed",
 )
 MAX_RENDER_S = 600
 
@@ -33,6 +33,8 @@ PARAM_CHECKS: dict[str, checks.Check] = {
     "render_s": checks.number(0, MAX_RENDER_S, "seconds"),
     "output_mb": checks.number(0, 2048, "megabytes", whole=True),
     "cost_usd": checks.number(0, 1000, "USD"),
+    "failed_cost_usd": checks.number(0, 1000, "USD"),
+    "failures": checks.number(0, 10, "failures", whole=True),
     "answer_after_s": checks.number(0, MAX_RENDER_S, "seconds"),
     "lookup": checks.boolean,
 }
