@@ -19,6 +19,7 @@ from tests import imagefiles
 from tests.stack import Stack, demo_key, running_stack, stack_settings
 from tests.support import operator_command, wait_until
 from vidjobs.cli.embedded import free_port
+from vidjobs.gateway.ratelimit import KEY_CACHE_S
 from vidjobs.cli.exitcodes import Exit
 from vidjobs.gateway.accounts import hash_key
 
@@ -109,12 +110,12 @@ async def test_closing_then_purging_an_account_leaves_nothing_of_it(settings, da
             assert len(_objects(root, account_id)) >= 4  # render, thumbnail, preview, upload
             others_before = await _rows_of(conn, other_id, [other["id"]])
 
-            # Closing: keys revoked (the API refuses them at once), the live job canceled as an owner's cancel is.
+            # Closing: keys revoked (each gateway refuses them once it rereads the key, within KEY_CACHE_S), the
+            # live job canceled as an owner's cancel is.
             closed = await vidjobs("accounts", "delete", account_id, "--json")
             assert closed.code == 0, closed.err
             assert json.loads(closed.out) == {"account_id": account_id, "keys_revoked": 1, "jobs_canceled": [live]}
-            async with stack.session.get(f"{stack.url}/v1/jobs/{live}", headers=stack.auth) as resp:
-                assert resp.status == 401
+            await wait_until(lambda: _refused(stack, live), within=KEY_CACHE_S + 5, what="the revoked key refused")
             job = await conn.fetchrow("SELECT status, error FROM jobs WHERE id = $1", live)
             assert job["status"] == "canceled" and json.loads(job["error"])["code"] == "canceled"
             assert await conn.fetchval("SELECT reason FROM job_transitions WHERE job_id = $1 ORDER BY id DESC LIMIT 1",
@@ -155,3 +156,8 @@ async def test_closing_then_purging_an_account_leaves_nothing_of_it(settings, da
 
         # The rows are gone; the stop request staged with the cancel still went out.
         await wait_until(provider_stopped, within=30, what="the provider to stop the live job's render")
+
+
+async def _refused(stack: Stack, job_id: str) -> bool:
+    async with stack.session.get(f"{stack.url}/v1/jobs/{job_id}", headers=stack.auth) as resp:
+        return resp.status == 401

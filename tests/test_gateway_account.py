@@ -10,7 +10,7 @@ from vidjobs.common.states import JobStatus
 from vidjobs.gateway.accounts import create_account
 
 ENTRY_KEYS = {"id", "kind", "job_id", "balance_change", "reserved_change", "balance_after", "reserved_after", "note",
-              "at"}
+              "at", "absorbed"}
 
 
 @pytest.fixture

@@ -57,9 +57,11 @@ async def test_create_answers_201_with_the_job_and_reserves_its_credit(h):
                    "max_webhook_endpoints": h.settings.max_webhook_endpoints,
                    "webhook_deliveries_in_flight": h.settings.webhook_deliveries_in_flight,
                    "webhook_deliveries_per_minute": h.settings.webhook_deliveries_per_minute,
-                   "max_webhook_manual_retries": h.settings.max_webhook_manual_retries},
+                   "max_webhook_manual_retries": h.settings.max_webhook_manual_retries,
+                   "max_exports_in_flight": h.settings.max_exports_in_flight},
         "spent_today": 50, "active_jobs": 1, "queued_jobs": 1, "uploads_today": 0,
-        "fallback_models": []}
+        "fallback_models": [],
+        "storage": {"used_bytes": 0, "limit_bytes": h.settings.storage_quota_bytes, "kept_jobs": 0}}
     status, same = await h.get(key, f"/v1/jobs/{job['id']}")
     assert status == 200 and same == job
 

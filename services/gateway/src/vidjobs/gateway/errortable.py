@@ -33,7 +33,11 @@ ANSWERS: dict[Code, Answer] = {
     GatewayCode.METHOD_NOT_ALLOWED: Answer((405,), "the route does not take this method; `Allow` lists those it does"),
     GatewayCode.CONFLICT: Answer((409,), (
         "an `Idempotency-Key` used before with a different body, or for a job since deleted; a retry of a "
-        "webhook delivery while one is under way")),
+        "webhook delivery while one is under way; a rerun of a deleted job; keeping a job that is not "
+        "completed")),
+    GatewayCode.STORAGE_QUOTA_EXCEEDED: Answer((409,), (
+        "keeping this clip would pass the account's storage quota; `GET /v1/account` shows `storage`: release "
+        "a kept clip (`DELETE /v1/jobs/{id}/keep`) or export it first")),
     GatewayCode.PAYLOAD_TOO_LARGE: Answer((413,), (
         "a body over its limit: an API body (`VIDJOBS_MAX_BODY_BYTES`), an upload (`VIDJOBS_UPLOAD_MAX_BYTES`) "
         "or a provider callback (`VIDJOBS_WEBHOOK_MAX_BODY_BYTES`)")),
@@ -42,7 +46,8 @@ ANSWERS: dict[Code, Answer] = {
         "(its content is sniffed; the header is not trusted)")),
     GatewayCode.LIMIT_REACHED: Answer((429,), (
         "a cap on what one account may hold: jobs waiting for a slot (with `Retry-After`), open event streams, "
-        "uploads a day, webhook endpoints, manual retries of a delivery; `GET /v1/account` shows each")),
+        "uploads a day, webhook endpoints, manual retries of a delivery, exports under way; `GET /v1/account` "
+        "shows each")),
     ErrorCode.RATE_LIMITED: Answer((429,), (
         "too many requests for the API key, or provider callbacks for the provider; `Retry-After` says when "
         "to try again")),
