@@ -19,9 +19,9 @@ from tests import imagefiles
 from tests.stack import Stack, demo_key, running_stack, stack_settings
 from tests.support import operator_command, wait_until
 from vidjobs.cli.embedded import free_port
-from vidjobs.gateway.ratelimit import KEY_CACHE_S
 from vidjobs.cli.exitcodes import Exit
 from vidjobs.gateway.accounts import hash_key
+from vidjobs.gateway.ratelimit import KEY_CACHE_S
 
 
 async def _post(stack: Stack, path: str, body: Any, headers: dict[str, str] | None = None) -> tuple[int, Any]:
