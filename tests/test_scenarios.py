@@ -34,6 +34,9 @@ def settings(tmp_path, database_url, nats_url):
     return stack_settings(
         tmp_path, database_url, nats_url, recovery_delay_s=1, recovery_interval_s=1, render_deadline_s=2,
         retry_base_s=0.2, retry_cap_s=1, max_attempts=3,
+        # Every attempt is spent, not the time: by default a job stops retrying render_deadline_s x max_attempts
+        # (here 6 s) after its creation, which a loaded machine reaches with attempts still unspent.
+        retry_policies={"fake": {"max_elapsed_s": 300}},
     )
 
 
