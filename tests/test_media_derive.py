@@ -1,0 +1,136 @@
+"""The derive (verify, thumbnail, preview) on a real-size clip: what it makes looks like what the straightforward
+path made (full-size poster scaled by Pillow, every preview frame through libswscale's bilinear scaler), SSIM
+>= 0.95 frame by frame, at the same sizes; and cutting corners never lets a broken clip through."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import pytest
+from PIL import Image, ImageChops, ImageDraw
+
+from tests.ssim import ssim
+from vidjobs.common.errors import ErrorCode, MediaError
+from vidjobs.media.pipeline import PreviewSpec, derive
+from vidjobs.media.preview import PREVIEW_FPS, X264_OPTIONS, preview_size
+from vidjobs.media.thumbnail import write_thumbnail
+from vidjobs.media.verify import POSTER_AT_S, inspect_video
+
+FPS = 24
+
+
+def busy_picture(width: int, height: int) -> Image.Image:
+    """Edges, fine stripes and text-sized detail: what a careless downscale aliases or smears."""
+    rng = random.Random(29)
+    picture = Image.linear_gradient("L").resize((width, height)).convert("RGB")
+    draw = ImageDraw.Draw(picture)
+    for _ in range(400):
+        x, y = rng.randrange(width), rng.randrange(height)
+        colour = (rng.randrange(256), rng.randrange(256), rng.randrange(256))
+        draw.rectangle((x, y, x + rng.randrange(4, 120), y + rng.randrange(4, 60)), fill=colour)
+    for x in range(0, width, 6):  # stripes near the preview's sampling rate
+        draw.line((x, 0, x, height // 5), fill=(255, 255, 255), width=2)
+    return picture
+
+
+def write_clip(path: Path, *, width: int, height: int, seconds: float, faststart: bool = False) -> None:
+    base = busy_picture(width, height)
+    options = {"movflags": "+faststart"} if faststart else {}
+    with av.open(str(path), "w", format="mp4", options=options) as out:
+        stream = out.add_stream("libx264", rate=FPS)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"preset": "ultrafast", "crf": "23", "g": "48"}
+        for i in range(int(seconds * FPS)):
+            out.mux(stream.encode(av.VideoFrame.from_image(ImageChops.offset(base, i * 5, i))))
+        out.mux(stream.encode())
+
+
+def reference_outputs(video: Path, work: Path, spec: PreviewSpec) -> tuple[Path, Path]:
+    """Thumbnail and preview as the first version of `derive` made them: every frame of the first seconds
+    decoded, the poster converted to RGB at full size and scaled by Pillow, each preview frame scaled by
+    `VideoFrame.reformat`'s default (bilinear) and encoded with the same x264 settings."""
+    thumb, clip = work / "ref.jpg", work / "ref.mp4"
+    with av.open(str(video)) as source, av.open(str(clip), "w", format="mp4") as out:
+        stream = source.streams.video[0]
+        size = preview_size(stream.codec_context.width, stream.codec_context.height, spec.max_side)
+        encoder = out.add_stream("libx264", rate=PREVIEW_FPS)
+        encoder.width, encoder.height, encoder.pix_fmt = size[0], size[1], "yuv420p"
+        encoder.options = dict(X264_OPTIONS)
+        written, poster = 0, None
+        for frame in source.decode(stream):
+            at = frame.time or 0.0
+            if poster is None and at >= POSTER_AT_S:
+                poster = frame.to_image()
+            if at >= spec.seconds:
+                break
+            if at + 1e-6 >= written / PREVIEW_FPS:
+                small = frame.reformat(width=size[0], height=size[1], format="yuv420p")
+                small.pts, small.time_base = written, Fraction(1, PREVIEW_FPS)
+                out.mux(encoder.encode(small))
+                written += 1
+        out.mux(encoder.encode(None))
+    assert poster is not None
+    write_thumbnail(poster, thumb)
+    return thumb, clip
+
+
+def pictures(video: Path) -> Iterator[Image.Image]:
+    with av.open(str(video)) as container:
+        for frame in container.decode(video=0):
+            yield frame.to_image()
+
+
+@pytest.fixture(scope="module")
+def clip_720p(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("clips") / "720p.mp4"
+    write_clip(path, width=1280, height=720, seconds=4)
+    return path
+
+
+def test_the_thumbnail_and_preview_keep_their_size_and_look(clip_720p: Path, tmp_path: Path):
+    spec = PreviewSpec()
+    derived = derive(clip_720p, tmp_path, spec)
+    ref_thumb, ref_clip = reference_outputs(clip_720p, tmp_path, spec)
+
+    with Image.open(derived.thumbnail.path) as ours, Image.open(ref_thumb) as theirs:
+        assert ours.size == theirs.size == (derived.thumbnail.width, derived.thumbnail.height) == (320, 180)
+        assert ssim(ours, theirs) >= 0.95
+
+    ours_frames, ref_frames = list(pictures(derived.preview.path)), list(pictures(ref_clip))
+    assert len(ours_frames) == len(ref_frames) == spec.seconds * PREVIEW_FPS
+    assert (derived.preview.width, derived.preview.height) == ours_frames[0].size == ref_frames[0].size
+    assert derived.preview.duration_s == pytest.approx(spec.seconds)
+    for ours_frame, ref_frame in list(zip(ours_frames, ref_frames, strict=True))[::6]:  # every half second
+        assert ssim(ours_frame, ref_frame) >= 0.95
+    assert (derived.info.width, derived.info.height, derived.info.codec) == (1280, 720, "h264")
+    assert derived.info.duration_s == pytest.approx(4.0, abs=0.1)
+
+
+@pytest.fixture(scope="module")
+def faststart_clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Its index up front, so a copy cut short still opens and its first seconds still decode."""
+    path = tmp_path_factory.mktemp("clips") / "faststart.mp4"
+    write_clip(path, width=320, height=180, seconds=6, faststart=True)
+    return path
+
+
+@pytest.mark.parametrize("keep", [0.8, 0.97])
+def test_a_clip_cut_short_at_its_end_fails_verification(faststart_clip: Path, tmp_path: Path, keep: float):
+    data = faststart_clip.read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    for check in (lambda: derive(cut, tmp_path, PreviewSpec()), lambda: inspect_video(cut)):
+        with pytest.raises(MediaError) as caught:
+            check()
+        assert caught.value.code is ErrorCode.VERIFICATION_FAILED
+        assert "ends before" in caught.value.message
+
+
+def test_a_whole_faststart_clip_passes(faststart_clip: Path, tmp_path: Path):
+    derived = derive(faststart_clip, tmp_path, PreviewSpec())
+    assert derived.info.duration_s == pytest.approx(6.0, abs=0.1)
+    assert inspect_video(faststart_clip).info.width == 320
