@@ -28,7 +28,7 @@ from vidjobs.media import media_metrics, scratch
 from vidjobs.media.download import Fetched, check_url, fetch_to_file
 from vidjobs.media.preview import Preview, PreviewWriter
 from vidjobs.media.thumbnail import Thumbnail, write_thumbnail
-from vidjobs.media.verify import OPEN_OPTIONS, PosterPicker, VideoInfo, checked_stream, not_video
+from vidjobs.media.verify import OPEN_OPTIONS, PosterPicker, TrackReader, VideoInfo, checked_stream, not_video
 from vidjobs.storage import integrity
 from vidjobs.storage.base import ObjectMismatch, Storage, job_prefix
 
@@ -50,17 +50,19 @@ class PreviewSpec:
 
 
 def derive(video: Path, work: Path, spec: PreviewSpec) -> Derived:
-    """Verify the video and make its thumbnail and preview, all from one decode pass of its first seconds.
-    Blocking."""
+    """Verify the video and make its thumbnail and preview, all from one decode pass of its first seconds;
+    the rest of the track is read, not decoded, to prove it is all there. Blocking."""
     try:
         with av.open(str(video), container_options=OPEN_OPTIONS, metadata_errors="replace") as container, \
                 PreviewWriter(work / PREVIEW_NAME, seconds=spec.seconds, max_side=spec.max_side) as clip:
             stream, duration = checked_stream(container)
             poster = PosterPicker(duration)
-            for frame in container.decode(stream):
+            track = TrackReader(container, stream)
+            for frame in track.frames():
                 clip.offer(frame)
                 if poster.offer(frame) and not clip.wants(frame.time or 0.0):
                     break
+            track.finish()
             inspection = poster.inspection(stream, duration)
             preview = clip.finish()
     except av.error.FFmpegError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import msgspec
@@ -18,6 +19,22 @@ class Thumbnail(msgspec.Struct, frozen=True, kw_only=True):
     height: int
     bytes: int
     sha256: str
+
+
+def thumbnail_size(width: int, height: int, max_side: int = MAX_SIDE) -> tuple[int, int]:
+    """The size `Image.thumbnail((max_side, max_side))` gives a width x height picture (never enlarged; each
+    side rounded to whichever of floor and ceiling keeps the aspect ratio closer), so a frame scaled to it
+    before it is a PIL image is not scaled again."""
+    if width <= max_side and height <= max_side:
+        return width, height
+    aspect = width / height
+    if aspect >= 1:
+        side = height * max_side / width
+        short = min(math.floor(side), math.ceil(side), key=lambda n: abs(aspect - max_side / n) if n else math.inf)
+        return max_side, max(short, 1)
+    side = width * max_side / height
+    short = min(math.floor(side), math.ceil(side), key=lambda n: abs(aspect - n / max_side))
+    return max(short, 1), max_side
 
 
 def write_thumbnail(image: Image.Image, dest: Path, *, max_side: int = MAX_SIDE) -> Thumbnail:
