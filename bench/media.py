@@ -1,17 +1,25 @@
 """CPU the media service spends deriving a render's assets: verify, thumbnail and preview (`derive`), on the
-lifecycle benchmark's clip (1 s, 320x180, as the fake provider renders it) and on a 10 s 1080p clip.
+lifecycle benchmark's clip (1 s, 320x180, as the fake provider renders it) and on clips the size providers
+deliver: 720p and 1080p, 5 and 10 s, 24 fps. For each real-size clip, every round prints three figures:
 
-    python bench/media.py              # 200 rounds of the small clip, 5 of the 1080p one
-    python bench/media.py --rounds 50
+- ours: `derive` (it also reads the whole track to verify it);
+- ffmpeg CLI: the `ffmpeg` command line making the same thumbnail and preview (same scale, x264 preset and
+  CRF; ffmpeg's default threads): the one on PATH, `--ffmpeg PATH`, or the `imageio-ffmpeg` wheel's (the
+  `bench` group);
+- floor: decoding, with the same library on one thread, only the frames the outputs need (the first
+  seconds, up to the preview's end and the poster), and nothing else: no scaling, no encoding, no JPEG.
 
-CPU is the process's own (user + system, every thread), so an encoder's worker threads are counted. The same
-thumbnail and preview of the 1080p clip are made by the `ffmpeg` command line beside ours, and the ratio
-printed: the one on PATH, `--ffmpeg PATH`, or the one the `imageio-ffmpeg` wheel carries (the `bench` extra).
+    python bench/media.py                          # 200 rounds of the small clip, 5 of each real-size clip
+    python bench/media.py --rounds 50 --big-rounds 3 --sizes 1080p:10,720p:5 --clips /tmp/clips
+
+CPU is the process's own (user + system, every thread), so an encoder's worker threads are counted; the
+`ffmpeg` figure is its child's. `--clips DIR` keeps the generated clips there and reuses them next run.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import statistics
 import subprocess
@@ -22,13 +30,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import av  # noqa: E402
+
 from vidjobs.fakeprovider.clips import ClipSpec, encode  # noqa: E402
 from vidjobs.media.pipeline import PreviewSpec, derive  # noqa: E402
 
+SIZES = {"720p": (1280, 720), "1080p": (1920, 1080)}
+DEFAULT_SIZES = "720p:5,720p:10,1080p:5,1080p:10"
+POSTER_AT_S = 1.0
+THUMB_SIDE = 320
+
 
 def big_clip(path: Path, *, seconds: float = 10, width: int = 1920, height: int = 1080, fps: int = 24) -> None:
-    """A 1080p H.264 clip with motion (a gradient sliding across), as a real provider would return one."""
-    import av
+    """An H.264 clip with motion (a gradient sliding across), as a real provider would return one."""
     from PIL import Image, ImageChops
 
     ramp = Image.linear_gradient("L").rotate(90).resize((width, height))
@@ -38,40 +52,48 @@ def big_clip(path: Path, *, seconds: float = 10, width: int = 1920, height: int 
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.options = {"preset": "ultrafast", "crf": "23"}
         for i in range(int(seconds * fps)):
-            frame = ImageChops.offset(base, i * 8, i * 2)
+            frame = ImageChops.offset(base, i * 8 * width // 1920, i * 2 * height // 1080)
             out.mux(stream.encode(av.VideoFrame.from_image(frame)))
         out.mux(stream.encode())
 
 
-def cpu_ms(rounds: int, clip: Path, work: Path) -> list[float]:
-    """CPU milliseconds of each `derive` round."""
-    spent = []
-    for i in range(rounds):
-        round_dir = work / f"r{i}"
-        round_dir.mkdir()
-        started = time.process_time()
-        derive(clip, round_dir, PreviewSpec())
-        spent.append((time.process_time() - started) * 1000)
-        shutil.rmtree(round_dir)
+def ours_ms(clip: Path, work: Path) -> float:
+    """CPU milliseconds of one `derive`."""
+    work.mkdir()
+    started = time.process_time()
+    derive(clip, work, PreviewSpec())
+    spent = (time.process_time() - started) * 1000
+    shutil.rmtree(work)
     return spent
 
 
-def ffmpeg_ms(ffmpeg: str, clip: Path, work: Path, rounds: int) -> list[float]:
+def floor_ms(clip: Path) -> float:
+    """CPU milliseconds of decoding only the frames the outputs need: from the start to the preview's end
+    (the poster lies within it), one thread, as `derive` decodes; nothing done with them."""
+    until = max(PreviewSpec().seconds, POSTER_AT_S)
+    started = time.process_time()
+    with av.open(str(clip)) as container:
+        stream = container.streams.video[0]
+        stream.codec_context.thread_count = 1
+        for frame in container.decode(stream):
+            if (frame.time or 0.0) >= until:
+                break
+    return (time.process_time() - started) * 1000
+
+
+def ffmpeg_ms(ffmpeg: str, clip: Path, work: Path) -> float:
     """CPU milliseconds (the child's user + system) of `ffmpeg` making the same thumbnail and preview."""
-    import resource
-
-    spent = []
-    for i in range(rounds):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run([
-            ffmpeg, "-loglevel", "error", "-y", "-i", str(clip),
-            "-map", "0:v:0", "-ss", "1", "-frames:v", "1", "-vf", "scale=320:-2", str(work / f"t{i}.jpg"),
-            "-map", "0:v:0", "-t", "3", "-an", "-vf", "fps=12,scale=320:-2", "-c:v", "libx264",
-            "-preset", "veryfast", "-crf", "30", "-movflags", "+faststart", str(work / f"p{i}.mp4"),
-        ], check=True)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        spent.append(((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1000)
-    return spent
+    spec = PreviewSpec()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([
+        ffmpeg, "-loglevel", "error", "-y", "-i", str(clip),
+        "-map", "0:v:0", "-ss", str(POSTER_AT_S), "-frames:v", "1", "-vf", f"scale={THUMB_SIDE}:-2",
+        str(work / "t.jpg"),
+        "-map", "0:v:0", "-t", str(spec.seconds), "-an", "-vf", f"fps=12,scale={spec.max_side}:-2",
+        "-c:v", "libx264", "-preset", "ultrafast", "-crf", "30", "-movflags", "+faststart", str(work / "p.mp4"),
+    ], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1000
 
 
 def _ffmpeg() -> str | None:
@@ -91,28 +113,59 @@ def show(name: str, values: list[float]) -> float:
     return median
 
 
+def clip_for(size: str, seconds: int, clips: Path) -> Path:
+    path = clips / f"{size}-{seconds}s.mp4"
+    if not path.exists():
+        width, height = SIZES[size]
+        partial = path.with_suffix(".part.mp4")
+        big_clip(partial, seconds=seconds, width=width, height=height)
+        partial.rename(path)
+    return path
+
+
+def real_size(size: str, seconds: int, clip: Path, work: Path, rounds: int, ffmpeg: str | None) -> None:
+    name = f"{seconds} s {size}"
+    ours, theirs, floor = [], [], []
+    for i in range(rounds):
+        ours.append(ours_ms(clip, work / f"{size}-{seconds}-{i}"))
+        floor.append(floor_ms(clip))
+        line = f"round {i + 1} {name}: ours {ours[-1]:6.1f} ms  floor {floor[-1]:6.1f} ms"
+        if ffmpeg:
+            theirs.append(ffmpeg_ms(ffmpeg, clip, work))
+            line += f"  ffmpeg CLI {theirs[-1]:6.1f} ms  ours/ffmpeg {ours[-1] / theirs[-1]:.2f}"
+        print(f"{line}  ours/floor {ours[-1] / floor[-1]:.2f}", flush=True)
+    mine = show(f"derive, {name}", ours)
+    least = show(f"floor, {name}", floor)
+    summary = f"{name}: ours/floor {mine / least:.2f}"
+    if theirs:
+        summary += f"  ours/ffmpeg {mine / show(f'ffmpeg CLI, {name}', theirs):.2f}"
+    print(summary)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=200, help="rounds of the small clip (default 200)")
-    parser.add_argument("--big-rounds", type=int, default=5, help="rounds of the 1080p clip (default 5)")
+    parser.add_argument("--big-rounds", type=int, default=5, help="rounds of each real-size clip (default 5)")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"real-size clips, SIZE:SECONDS,... "
+                        f"(default {DEFAULT_SIZES})")
+    parser.add_argument("--clips", type=Path, help="a folder to keep the generated clips in and reuse")
     parser.add_argument("--ffmpeg", default=_ffmpeg(), help="an ffmpeg binary to compare with")
     args = parser.parse_args()
+    sizes = [(size, int(seconds)) for size, seconds in (item.split(":") for item in args.sizes.split(","))]
     with tempfile.TemporaryDirectory(prefix="vidjobs-bench-media-") as tmp:
         work = Path(tmp)
+        clips = args.clips or work
+        clips.mkdir(parents=True, exist_ok=True)
         small = work / "small.mp4"
         small.write_bytes(encode(ClipSpec(width=320, height=180, duration_s=1, seed=7)))
-        big = work / "big.mp4"
-        big_clip(big)
-        for name in ("warm", "small", "bigw"):
-            (work / name).mkdir()
-        cpu_ms(3, small, work / "warm")  # codecs loaded, caches warm
-        show("derive, 1 s 320x180 (benchmark clip)", cpu_ms(args.rounds, small, work / "small"))
-        ours = show("derive, 10 s 1080p", cpu_ms(args.big_rounds, big, work / "bigw"))
-        if args.ffmpeg:
-            theirs = show("ffmpeg CLI, 10 s 1080p thumb+preview", ffmpeg_ms(args.ffmpeg, big, work, args.big_rounds))
-            print(f"ours / ffmpeg (10 s 1080p, thumbnail + preview; ours also verifies): {ours / theirs:.2f}")
-        else:
-            print("(no ffmpeg: install the bench extra, or pass --ffmpeg, to compare)")
+        for i in range(3):  # codecs loaded, caches warm
+            ours_ms(small, work / f"warm{i}")
+        show("derive, 1 s 320x180 (benchmark clip)",
+             [ours_ms(small, work / f"small{i}") for i in range(args.rounds)])
+        if not args.ffmpeg:
+            print("(no ffmpeg: install the bench group, or pass --ffmpeg, to compare)")
+        for size, seconds in sizes:
+            real_size(size, seconds, clip_for(size, seconds, clips), work, args.big_rounds, args.ffmpeg)
 
 
 if __name__ == "__main__":

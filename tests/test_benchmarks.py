@@ -38,7 +38,10 @@ SMALL_RUNS = {
     ]),
     "lifecycle": (["-n", "20"], [r"^per job: xact_commit [\d.]+", r"^\s+total\s+[\d.]+ ms$"]),
     # The ffmpeg comparison needs the [bench] extra's ffmpeg; the test run may not have it.
-    "media": (["--rounds", "2", "--big-rounds", "1"], [r"^derive, 10 s 1080p\s+median\s+[\d.]+ ms"]),
+    "media": (["--rounds", "2", "--big-rounds", "1", "--sizes", "720p:5"], [
+        r"^derive, 5 s 720p\s+median\s+[\d.]+ ms", r"^floor, 5 s 720p\s+median\s+[\d.]+ ms",
+        r"^round 1 5 s 720p: ours\s+[\d.]+ ms  floor\s+[\d.]+ ms",
+    ]),
     "media_isolation": (["--mb", "4", "--burst", "1"], [r"^download alone\s+[\d.]+ s\s+x 1\.00"]),
 }
 
