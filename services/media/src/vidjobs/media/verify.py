@@ -4,8 +4,8 @@ A file passes when an MP4-family demuxer opens it, it has a video track with a p
 dimensions, at least one real frame decodes, and every frame its index lists is in the file, whole. Only the
 frames the outputs need are decoded (the first seconds); the rest of the track is read without decoding, which
 costs a few per cent of a decode and still catches a copy cut short at its end. Only MP4-family demuxers are
-allowed, so a playlist or concat file from a provider can never make the decoder read other files or URLs. Everything here blocks:
-callers run it in a worker thread.
+allowed, so a playlist or concat file from a provider can never make the decoder read other files or URLs.
+Everything here blocks: callers run it in a worker thread.
 """
 
 from __future__ import annotations
