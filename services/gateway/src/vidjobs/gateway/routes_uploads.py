@@ -6,7 +6,8 @@ body larger than `upload_max_bytes` is refused as soon as that many bytes have a
 Content-Length says so), and no more than the limit is ever held. Only the header is read here (its format
 and the size it declares, imageheaders): what fails that is refused at once. What passes is stored in
 quarantine and recorded as `processing`; the media worker decodes and cleans it and marks it `ready` or
-`rejected`. No image decoder is imported by the gateway.
+`rejected`. The answer is 201 with the upload as it stands (the upload exists at once; its `status` says
+whether a job may name it yet). No image decoder is imported by the gateway.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ async def create_upload(request: web.Request) -> web.Response:
     log.info("image received; waiting for the media worker",
              extra={"upload_id": upload_id, "account_id": owner.account_id, "received_bytes": len(raw),
                     "width": row.width, "height": row.height})
-    return json_response(upload_view(row), status=202, headers={"Location": f"/v1/uploads/{upload_id}"})
+    return json_response(upload_view(row), status=201, headers={"Location": f"/v1/uploads/{upload_id}"})
 
 
 async def get_upload(request: web.Request) -> web.Response:
@@ -114,9 +115,9 @@ ROUTES = [
           "Upload a PNG, JPEG or WebP image for image-to-video; it is `processing` until the media worker has "
           "decoded it, then `ready` (name its id as a job's input_image) or `rejected`",
           body="image/*",
-          response_headers={202: {"Location": {"description": "the upload, to read its status",
+          response_headers={201: {"Location": {"description": "the upload, to read its status",
                                                "schema": {"type": "string"}}}},
-          responses={202: UploadOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut, 429: ErrorOut}),
+          responses={201: UploadOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut, 429: ErrorOut}),
     Route("GET", "/v1/uploads/{upload_id}", get_upload, "get_upload",
           "One upload: whether it is processing, ready or rejected (and why)",
           responses={200: UploadOut, 401: ErrorOut, 404: ErrorOut}),

@@ -51,8 +51,8 @@ def clean(data: bytes, limits: Limits) -> CleanImage:
         raise too_large(limits, "the image is too large to decode") from exc
     except _UNREADABLE as exc:
         if isinstance(exc, ValueError) and any(words in str(exc) for words in _INFLATES):
-            raise too_large(limits, f"the {kind.name} file holds a compressed chunk that inflates past what "
-                                    "we decode (a decompression bomb)") from exc
+            raise ImageRefused(Refusal.TOO_LARGE, f"the {kind.name} file holds a compressed chunk that inflates "
+                                                  "past what we decode (a decompression bomb)") from exc
         raise ImageRefused(Refusal.CORRUPT,
                            f"the {kind.name} image is truncated or corrupt and cannot be decoded") from exc
 
