@@ -48,6 +48,10 @@ REACHABLE_NOT_RUN["gateway"] = {
 REACHABLE_NOT_RUN["reaper"] |= {
     ("uploads", Privilege.INSERT): "vidjobs.common.uploads: the reaper only expires uploads",
 }
+REACHABLE_NOT_RUN["media"] |= {
+    ("uploads", Privilege.INSERT): "vidjobs.common.uploads: the media worker only marks an upload ready or "
+                                   "rejected; the gateway records it",
+}
 
 
 def _pairs(uses: dict[str, frozenset[Grant]] | dict[str, dict[Privilege, set[str]]]) -> set[tuple[str, Privilege]]:

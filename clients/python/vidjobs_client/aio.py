@@ -208,6 +208,7 @@ class AsyncClient:
         return await self.wait_upload(upload, timeout_s=timeout_s) if wait else upload
 
     async def get_upload(self, upload_id: str) -> models.Upload:
+        """The upload as it stands: processing, ready or rejected (with `error`)."""
         return await self._send(calls.get_upload(upload_id))
 
     async def wait_upload(self, upload: models.Upload | str, *, timeout_s: float | None = 120.0) -> models.Upload:
