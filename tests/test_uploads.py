@@ -291,3 +291,56 @@ async def test_bad_images_and_bombs_are_rejected_by_the_media_worker(settings):
             assert reason in refused["error"]["message"] and not refused["error"]["retryable"]
         media_pid = stack.supervisor.pid("media")
         assert media_pid is not None and stack.supervisor.pid("media") == media_pid  # no decode took it down
+
+
+async def test_an_upload_left_processing_is_rejected_past_its_deadline_and_its_bytes_removed(
+        tmp_path, database_url, nats_url):
+    settings = stack_settings(tmp_path, database_url, nats_url, upload_processing_deadline_s=1.0,
+                              retention_sweep_interval_s=0.5)
+    async with running_stack(settings) as stack:
+        await stack.supervisor.stop("media")  # down for longer than the deadline
+        taken = await stack.upload(imagefiles.png_with_text())
+
+        decided = await stack.wait_upload(taken["id"])
+
+        assert decided["status"] == "rejected" and decided["error"]["code"] == "image_unprocessed", decided
+        row = await upload_row(settings.database_url, taken["id"])
+        assert quarantined(stack, row)  # until a media worker is back
+        await stack.supervisor.start("media")
+        # Its message is delivered once media runs: the upload is decided, so only its bytes go.
+        await wait_until(lambda: _gone(stack, row), what="the quarantined bytes to be removed")
+        assert (await stack.wait_upload(taken["id"]))["status"] == "rejected"
+
+
+async def _gone(stack: Stack, row: asyncpg.Record) -> bool:
+    return not quarantined(stack, row)
+
+
+async def test_the_media_handler_is_safe_to_run_again_and_a_dead_letter_rejects(tmp_path, database_url, nats_url):
+    from tests.gateway_harness import auth, decode_upload, gateway_settings, running_gateway
+    from vidjobs.media import quarantine
+
+    async with running_gateway(gateway_settings(tmp_path, database_url, nats_url)) as h:
+        _, key = await h.account()
+
+        async def taken() -> dict:
+            resp = await h.client.post("/v1/uploads", data=imagefiles.png_with_text(),
+                                       headers={**auth(key), "Content-Type": "image/png"})
+            assert resp.status == 201 and resp.headers["Location"].startswith("/v1/uploads/upl_")
+            return await resp.json()
+
+        decoded, hopeless = await taken(), await taken()
+        await decode_upload(h, decoded["id"])
+        await decode_upload(h, decoded["id"])  # a duplicate delivery changes nothing
+        await quarantine.on_dead(quarantine.Quarantine.of(h.gw.rt, h.gw.storage),
+                                 events.UploadReceived(upload_id=hopeless["id"]))
+
+        _, ready = await h.get(key, f"/v1/uploads/{decoded['id']}")
+        _, rejected = await h.get(key, f"/v1/uploads/{hopeless['id']}")
+        assert (ready["status"], ready["width"], ready["height"]) == ("ready", 30, 10), ready
+        assert rejected["status"] == "rejected" and rejected["error"]["code"] == "image_unprocessed", rejected
+        root = Path(h.settings.storage_url.removeprefix("file://"))
+        files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                       if p.is_file() and p.suffix != ".content-type")
+        assert files == [(await upload_row(database_url, decoded["id"]))["key"]]  # no quarantined bytes left
+        assert (await h.get(key, "/v1/uploads/upl_nosuchupload"))[0] == 404
