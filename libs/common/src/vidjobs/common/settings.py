@@ -158,6 +158,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fake_provider: Literal["on", "off"] = "off"
     fake_provider_url: str = "http://127.0.0.1:8090"
     fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
+    # The clips the fake provider renders unless a job's `params.clip` says: `tiny` (320 px, 12 fps, tens of
+    # milliseconds to make: fast tests) or `real` (the requested resolution at 24 fps and a provider's
+    # bitrate, seconds to make, kept on disk: production-sized media for benchmarks and demos).
+    fake_clip: Literal["tiny", "real"] = "tiny"
+    # Where the fake provider keeps its real clips; empty: a directory of this user's under the system temp dir.
+    fake_clip_dir: str = ""
+    fake_clip_cache_mb: int = 2048  # the most its real clips take on disk; the clips used longest ago go first
     # Real providers: an adapter is offered when its API key is set or its name is in `providers`. Base URLs
     # are settings so tests (and regional endpoints) can point them elsewhere.
     # The real providers a deployment offers, comma-separated (`replicate,fal,runway,luma,veo`), named apart
