@@ -99,6 +99,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     render_deadlines: dict[str, DeadlinePolicy] = {}
     download_deadline_s: float = 300.0  # copying a finished render into storage, from the render's end
     download_attempts: int = 4  # deliveries of one download before the job fails with download_failed
+    # A provider that sends nothing of a render for this long is given up on (that try of the download fails).
+    download_stall_s: float = 30.0
+    # The slowest average rate a download may keep (kilobytes of 1000 bytes a second): a render may take its
+    # size at this rate to copy, even past download_deadline_s (the job's deadline then moves with it), so a
+    # large render from a slow provider is not cut off, and a trickle is given up when that runs out.
+    download_min_kb_per_s: float = 250.0
     max_attempts: int = 3  # attempts (renders asked for) per job before it fails
     # The backoff before a job's next attempt: exponential from base to cap, with full jitter.
     retry_base_s: float = 2.0
