@@ -79,7 +79,7 @@ def real_spec(aspect_ratio: str, resolution: str, duration_s: float, seed: int) 
     short = RESOLUTIONS[resolution]
     w, h = ASPECTS[aspect_ratio]
     scale = short / min(w, h)
-    return ClipSpec(_even(w * scale), _even(h * scale), duration_s, seed, fps=REAL_FPS,
+    return ClipSpec(_even(w * scale), _even(h * scale), float(duration_s), seed, fps=REAL_FPS,
                     bitrate_kbps=BITRATE_KBPS[short])
 
 
