@@ -20,7 +20,9 @@ import msgspec
 from aiohttp.test_utils import TestClient, TestServer
 
 from vidjobs.cli.embedded import free_port
-from vidjobs.common import changes, creation
+from vidjobs.common import changes, creation, events
+from vidjobs.common.bus import Delivery
+from vidjobs.common.events import UploadReceived
 from vidjobs.common.jobs import JobRequest, JobRow
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.settings import Settings
@@ -31,7 +33,7 @@ from vidjobs.gateway.accounts import create_account
 from vidjobs.gateway.app import create_app
 from vidjobs.gateway.sealing import new_key as new_secrets_key
 from vidjobs.gateway.state import GATEWAY, Gateway
-from vidjobs.media import assets
+from vidjobs.media import assets, quarantine
 
 JOB_BODY = {"model": "fake/default", "prompt": "a red fox in snow", "duration_s": 5, "aspect_ratio": "16:9",
             "resolution": "720p", "seed": 7, "negative_prompt": None, "input_image": None, "params": {}}
@@ -185,6 +187,14 @@ async def completed_job(h: Harness, account_id: str, *, video: bytes = b"\x00\x0
     outputs = await store_outputs(h, account_id, job.id, video=video)
     return await drive(h.pool, job.id, JobStatus.SUBMITTED, JobStatus.DOWNLOADING, JobStatus.COMPLETED,
                        update=JobUpdate(actual_credits=10), outputs=outputs)
+
+
+async def decode_upload(h: Harness, upload_id: str) -> None:
+    """Decode a processing upload with the media worker's own handler, as its consumer would (no media
+    process runs beside the harness's gateway)."""
+    received = quarantine.Quarantine.of(h.gw.rt, h.gw.storage)
+    await quarantine.on_upload_received(received, UploadReceived(upload_id=upload_id),
+                                        Delivery(attempt=1, subject=events.UPLOADS))
 
 
 async def read_event(resp: aiohttp.ClientResponse) -> tuple[str, dict] | None:

@@ -96,6 +96,15 @@ def webp_bomb(width: int = 60_000, height: int = 60_000) -> bytes:
     return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
+def text_chunk_bomb(inflated: int = 64 << 20) -> bytes:
+    """An ordinary 8 x 8 PNG whose header passes every check, carrying a compressed text chunk (zTXt) that
+    inflates to `inflated` bytes of zeros: the bomb is found only by decoding the file."""
+    plain = noise_png(8)
+    ztxt = _png_chunk(b"zTXt", b"Comment\x00\x00" + zlib.compress(bytes(inflated), 9))
+    # After IHDR (8 + 25 bytes): before the pixel data, where a decoder reads it on opening the file.
+    return plain[:33] + ztxt + plain[33:]
+
+
 def gif() -> bytes:
     out = io.BytesIO()
     Image.new("P", (8, 8)).save(out, "GIF")

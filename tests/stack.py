@@ -71,6 +71,30 @@ class Stack:
     async def wait_terminal(self, job_id: str, within: float = 60) -> dict:
         return await self.wait_for_status(job_id, *(s.value for s in TERMINAL), within=within)
 
+    async def upload(self, data: bytes, content_type: str = "image/png") -> dict:
+        """Upload an image; the upload as POST /v1/uploads answers it (still processing)."""
+        async with self.session.post(f"{self.url}/v1/uploads", data=data,
+                                     headers={**self.auth, "Content-Type": content_type}) as resp:
+            body = await resp.json()
+            assert resp.status == 201, body
+            return body
+
+    async def wait_upload(self, upload_id: str, within: float = 30) -> dict:
+        """The upload once the media worker has decided it (ready or rejected)."""
+        async def decided():
+            async with self.session.get(f"{self.url}/v1/uploads/{upload_id}", headers=self.auth) as resp:
+                body = await resp.json()
+                assert resp.status == 200, body
+                return body if body["status"] != "processing" else None
+
+        return await wait_until(decided, within=within, what=f"{upload_id} to be decoded")
+
+    async def ready_upload(self, data: bytes, content_type: str = "image/png") -> dict:
+        """Upload an image and wait until a job may name it."""
+        upload = await self.wait_upload((await self.upload(data, content_type))["id"])
+        assert upload["status"] == "ready", upload
+        return upload
+
     async def counters(self) -> dict:
         async with self.session.get(f"{self.settings.fake_provider_url}/v1/_counters") as resp:
             return await resp.json()

@@ -494,6 +494,11 @@ def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tup
             assert r.status == 401
             return [(r.status, await r.text())]
 
+    async def their_upload(b: Stack) -> list[tuple[int, str]]:
+        async with b.session.get(f"{b.url}/v1/uploads/{a_upload}", headers=b.auth) as r:
+            assert r.status == 404
+            return [(r.status, await r.text())]
+
     async def own_upload(b: Stack) -> list[tuple[int, str]]:
         from tests.imagefiles import png_with_text
 
@@ -511,6 +516,7 @@ def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tup
         ("GET", "/v1/jobs/{job_id}/events"): each_job("GET", "/events"),
         ("GET", "/v1/jobs/{job_id}/stream"): each_job("GET", "/stream"),
         ("POST", "/v1/uploads"): own_upload,
+        ("GET", "/v1/uploads/{upload_id}"): their_upload,
         ("GET", "/v1/account"): plain("GET", "/v1/account"),
         ("PATCH", "/v1/account"): plain("PATCH", "/v1/account", json={"fallback_models": ["fake-poll/default"]}),
         ("GET", "/v1/account/ledger"): plain("GET", "/v1/account/ledger?limit=100"),

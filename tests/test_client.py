@@ -37,6 +37,7 @@ from vidjobs_client import (
     NotFound,
     RateLimited,
     RetryPolicy,
+    UploadRejected,
     models,
 )
 
@@ -157,8 +158,14 @@ async def test_pages_filters_and_uploads(settings, tmp_path):
     image = tmp_path / "frame.png"
     image.write_bytes(imagefiles.noise_png(64))
     async with running_stack(settings) as stack, AsyncClient(stack.url, stack.key) as vj:
-        upload = await vj.upload(image)
+        upload = await vj.upload(image)  # waits for the server to decode it
         assert upload.id.startswith("upl_") and upload.content_type == "image/png" and upload.width == 64
+        assert upload.status == "ready" and upload.error is None
+        with pytest.raises(UploadRejected) as rejected:
+            await vj.upload(imagefiles.truncated_png(), "image/png")
+        assert rejected.value.code == "image_corrupt" and "truncated" in rejected.value.message
+        taken = await vj.upload(imagefiles.noise_png(16), wait=False)
+        assert taken.status in ("processing", "ready") and (await vj.wait_upload(taken.id)).width == 16
         made = [await vj.create_job("fake/default", f"fox {i}", duration_s=1, input_image=upload.id if i == 0 else None,
                                     params={"scenario": "hang"}, metadata={"batch": "b1"},
                                     priority="batch" if i == 4 else "interactive") for i in range(5)]

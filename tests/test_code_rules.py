@@ -174,3 +174,24 @@ def test_the_import_rules_see_a_broken_rule():
     gateway = workspace.member("vidjobs.gateway")
     bare = dataclasses.replace(gateway, requires=frozenset())
     assert any("imports aiohttp" in line for line in _undeclared(bare)), "an undeclared import goes unseen"
+
+
+# What decodes an image: only the media worker may load it. The gateway reads headers alone (imageheaders).
+DECODERS = ("PIL", "av", "vidjobs.media", "vidjobs.fakeprovider")
+
+
+def _decoders_imported(owner: workspace.Member) -> list[str]:
+    return sorted(f"{path.relative_to(ROOT)} imports {name}" for path in owner.files()
+                  for name in _imported_names(path, owner) if name.split(".")[0] == "PIL"
+                  or any(name == d or name.startswith(d + ".") for d in DECODERS))
+
+
+def test_the_gateway_never_imports_an_image_decoder():
+    """Uploaded images are decoded by the media worker: the gateway neither imports a decoder nor declares
+    one, so its image cannot load one by accident (the upload tests also read the running process's maps)."""
+    gateway = workspace.member("vidjobs.gateway")
+    assert not _decoders_imported(gateway)
+    assert not {"pillow", "av"} & gateway.requires
+    # The check sees an import it must refuse.
+    media = workspace.member("vidjobs.media")
+    assert any("imports PIL" in line for line in _decoders_imported(media))

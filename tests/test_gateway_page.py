@@ -20,7 +20,7 @@ import msgspec
 import pytest
 from PIL import Image
 
-from tests.gateway_harness import Harness, drive, gateway_settings, running_gateway, store_outputs
+from tests.gateway_harness import Harness, decode_upload, drive, gateway_settings, running_gateway, store_outputs
 from tests.support import wait_until
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.states import JobStatus
@@ -263,13 +263,15 @@ async def test_an_image_is_uploaded_previewed_and_sent_as_input_image(h, browser
 
     await browser.choose_file("#image", _png(tmp_path / "start.png"))
     await browser.until("document.getElementById('image-preview').naturalWidth === 96", "the preview")
-    assert await browser.until("document.getElementById('image-status').textContent.startsWith('uploaded') && "
-                               "document.getElementById('image-status').textContent", "the upload") == (
-        "uploaded (96×54)")
-    job_id = await _render(browser, "the picture, moving")
-
+    status = "document.getElementById('image-status').textContent"
+    # Taken, and waiting for the media worker (none runs beside this gateway until the test plays it).
+    await browser.until(f"{status} === 'checking the image…'", "the upload to be taken")
     upload_id = await h.pool.fetchval("SELECT id FROM uploads WHERE account_id = $1", account_id)
     assert upload_id.startswith("upl_")
+    await decode_upload(h, upload_id)
+    assert await browser.until(f"{status}.startsWith('uploaded') && {status}", "the upload") == "uploaded (96×54)"
+    job_id = await _render(browser, "the picture, moving")
+
     assert (await h.get(key, f"/v1/jobs/{job_id}"))[1]["input_image"] == upload_id
 
 

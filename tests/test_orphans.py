@@ -6,19 +6,22 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
+import msgspec
 import pytest
 
 from tests.s3server import TEST_BUCKET
-from vidjobs.common import creation, deletion
+from vidjobs.common import creation, deletion, ids, uploads
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.common.uploads import UploadRow, UploadStatus
 from vidjobs.media import assets, orphans
-from vidjobs.storage.base import Storage, job_prefix, upload_prefix
+from vidjobs.storage.base import Storage, job_prefix, quarantine_key, upload_prefix
 from vidjobs.storage.filesystem import FileStorage
 from vidjobs.storage.s3 import S3Storage
 
@@ -55,6 +58,14 @@ async def completed_job(conn: asyncpg.Connection, storage: Storage) -> tuple[str
     return job_id, [video.key, thumbnail.key]
 
 
+async def upload(conn: asyncpg.Connection, status: UploadStatus) -> str:
+    row = UploadRow(id=ids.new("upl"), account_id=ACCOUNT, key="", content_type="image/png", bytes=1,
+                    sha256="0" * 64, width=1, height=1, created_at=datetime.now(UTC), status=status)
+    row = msgspec.structs.replace(row, key=upload_prefix(ACCOUNT, row.id) + "image.png")
+    await uploads.insert(conn, row)
+    return row.id
+
+
 async def keys(storage: Storage) -> set[str]:
     return {info.key async for info in storage.list_prefix("accounts/")}
 
@@ -66,13 +77,17 @@ async def test_the_sweep_removes_exactly_the_orphans(pool: asyncpg.Pool, storage
         live, canceled, deleted = await new_job(conn), await new_job(conn), await new_job(conn)
         await transition(conn, canceled, JobStatus.CANCELED, reason="test")
         await deletion.soft_delete(conn, deleted, ACCOUNT)
-    keep = {*recorded, job_prefix(ACCOUNT, live) + "video.mp4", f"accounts/{ACCOUNT}/notes.txt"}
+        waiting, ready = await upload(conn, UploadStatus.PROCESSING), await upload(conn, UploadStatus.READY)
+    keep = {*recorded, job_prefix(ACCOUNT, live) + "video.mp4", f"accounts/{ACCOUNT}/notes.txt",
+            # Bytes waiting for a media worker are kept however old; a ready upload keeps its image.
+            quarantine_key(ACCOUNT, waiting), upload_prefix(ACCOUNT, ready) + "image.png"}
     orphaned = {
         job_prefix(ACCOUNT, done) + "video.old.mp4",  # not among the completed job's assets
         job_prefix(ACCOUNT, canceled) + "video.mp4",
         job_prefix(ACCOUNT, deleted) + "thumbnail.jpg",
         job_prefix(ACCOUNT, "job_neverexisted") + "video.mp4",
         upload_prefix(ACCOUNT, "upl_norow") + "image.png",
+        quarantine_key(ACCOUNT, ready),  # decoded: a crash kept its raw bytes past their use
     }
     for key in keep | orphaned:
         await storage.put_bytes(key, b"bytes", "application/octet-stream")

@@ -72,11 +72,7 @@ def sweeping(tmp_path, database_url, nats_url):
 
 async def test_an_upload_expires_once_no_live_job_needs_it_and_its_object_is_swept(sweeping):
     async with running_stack(sweeping) as stack:
-        headers = {**stack.auth, "Content-Type": "image/png"}
-        async with stack.session.post(f"{stack.url}/v1/uploads", data=imagefiles.png_with_text(),
-                                      headers=headers) as resp:
-            assert resp.status == 201
-            upload_id = (await resp.json())["id"]
+        upload_id = (await stack.ready_upload(imagefiles.png_with_text()))["id"]
         # A job that needs the image keeps it alive past retention until the job is over.
         held = await stack.create_job(input_image=upload_id, params={"scenario": "hang"})
         await asyncio.sleep(RETENTION_S + 1.5)

@@ -31,6 +31,7 @@ from vidjobs.common.runtime import Runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway import routes_files
 from vidjobs.gateway.apierrors import error_middleware
+from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.gateway.processcaps import StreamSlots
 from vidjobs.gateway.ratelimit import Buckets
 from vidjobs.gateway.routetable import register
@@ -63,7 +64,7 @@ async def files_route(root: Path) -> AsyncIterator[FileStorage]:
     settings = Settings(signing_secret=secret)
     app[GATEWAY] = Gateway(settings=settings, rt=cast(Runtime, None), storage=storage,
                            adapters={}, streams=StreamSlots(per_account=1, per_key=1), buckets=cast(Buckets, None),
-                           webhook_rates={}, estimator=Estimator(settings))
+                           webhook_rates={}, estimator=Estimator(settings), routes=cast(LiveRoutes, None))
     register(app, routes_files.ROUTES)
     runner = web.AppRunner(app)
     await runner.setup()

@@ -26,6 +26,7 @@ from .errors import (
     NotFound,
     RateLimited,
     Unavailable,
+    UploadRejected,
     VidjobsError,
     WaitTimeout,
 )
@@ -37,5 +38,5 @@ __all__ = [
     "TERMINAL", "APIError", "Account", "AsyncClient", "AuthenticationError", "ChecksumMismatch", "Client",
     "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "InsufficientCredits", "InvalidRequest", "Job",
     "JobNotReady", "JobPage", "Model", "NotFound", "QueueEstimate", "RateLimited", "RetryPolicy", "Transition",
-    "Unavailable", "Upload", "VidjobsError", "WaitTimeout",
+    "Unavailable", "Upload", "UploadRejected", "VidjobsError", "WaitTimeout",
 ]

@@ -200,13 +200,35 @@ class AsyncClient:
 
     # Uploads, account, models, webhooks
 
-    async def upload(self, image: str | Path | bytes, content_type: str | None = None) -> models.Upload:
-        """Upload a PNG, JPEG or WebP image; name its id as a job's `input_image`."""
+    async def upload(self, image: str | Path | bytes, content_type: str | None = None, *, wait: bool = True,
+                     timeout_s: float | None = 120.0) -> models.Upload:
+        """Upload a PNG, JPEG or WebP image; name its id as a job's `input_image`. The server decodes it after
+        answering: by default this waits until it is ready (`UploadRejected` if the image was refused,
+        `WaitTimeout` past `timeout_s`); `wait=False` returns it still processing (see `wait_upload`)."""
         if isinstance(image, bytes):
-            return await self._send(calls.upload(image, content_type or "application/octet-stream"))
-        path = Path(image)
-        image = await asyncio.to_thread(path.read_bytes)
-        return await self._send(calls.upload(image, content_type or calls.image_type(path)))
+            upload = await self._send(calls.upload(image, content_type or "application/octet-stream"))
+        else:
+            path = Path(image)
+            data = await asyncio.to_thread(path.read_bytes)
+            upload = await self._send(calls.upload(data, content_type or calls.image_type(path)))
+        return await self.wait_upload(upload, timeout_s=timeout_s) if wait else upload
+
+    async def get_upload(self, upload_id: str) -> models.Upload:
+        """The upload as it stands: processing, ready or rejected (with `error`)."""
+        return await self._send(calls.get_upload(upload_id))
+
+    async def wait_upload(self, upload: models.Upload | str, *, timeout_s: float | None = 120.0) -> models.Upload:
+        """The upload once decoded and ready; raises `UploadRejected` or `WaitTimeout`."""
+        current = await self.get_upload(upload) if isinstance(upload, str) else upload
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for delay in calls.upload_poll_delays():
+            if not current.processing:
+                break
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise WaitTimeout(f"upload {current.id} was still processing after {timeout_s} s")
+            await asyncio.sleep(delay)
+            current = await self.get_upload(current.id)
+        return calls.settled(current)
 
     async def account(self) -> models.Account:
         """The account: credit, limits in force and jobs under way."""

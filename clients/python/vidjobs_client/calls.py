@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import mimetypes
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,7 +19,7 @@ from urllib.parse import quote
 import msgspec
 
 from . import models
-from .errors import APIError, error_class
+from .errors import APIError, UploadRejected, error_class
 
 T = TypeVar("T")
 Query = list[tuple[str, str | int | float | bool | None]]  # as httpx takes it
@@ -144,6 +144,27 @@ def upload(image: bytes, content_type: str) -> Call[models.Upload]:
     # Not replayable: a second upload is a second stored image (and counts against the daily cap).
     return Call("POST", "/v1/uploads", models.Upload, body=image, headers={"Content-Type": content_type},
                 replayable=False)
+
+
+def get_upload(upload_id: str) -> Call[models.Upload]:
+    return Call("GET", f"/v1/uploads/{quote(upload_id, safe='')}", models.Upload)
+
+
+def upload_poll_delays() -> Iterator[float]:
+    """Seconds between asking about a processing upload: soon at first (decoding takes about a second),
+    then at most every two seconds."""
+    delay = 0.2
+    while True:
+        yield delay
+        delay = min(delay * 1.5, 2.0)
+
+
+def settled(upload: models.Upload) -> models.Upload:
+    """A decided upload, or UploadRejected when the server refused its image."""
+    if upload.status == "rejected":
+        error = upload.error or models.UploadError(code="image_corrupt", message="the image was rejected")
+        raise UploadRejected(upload.id, error.code, error.message)
+    return upload
 
 
 def account() -> Call[models.Account]:

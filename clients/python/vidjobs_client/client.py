@@ -194,12 +194,34 @@ class Client:
 
     # Uploads, account, models, webhooks
 
-    def upload(self, image: str | Path | bytes, content_type: str | None = None) -> models.Upload:
-        """Upload a PNG, JPEG or WebP image; name its id as a job's `input_image`."""
+    def upload(self, image: str | Path | bytes, content_type: str | None = None, *, wait: bool = True,
+               timeout_s: float | None = 120.0) -> models.Upload:
+        """Upload a PNG, JPEG or WebP image; name its id as a job's `input_image`. The server decodes it after
+        answering: by default this waits until it is ready (`UploadRejected` if the image was refused,
+        `WaitTimeout` past `timeout_s`); `wait=False` returns it still processing (see `wait_upload`)."""
         if isinstance(image, bytes):
-            return self._send(calls.upload(image, content_type or "application/octet-stream"))
-        path = Path(image)
-        return self._send(calls.upload(path.read_bytes(), content_type or calls.image_type(path)))
+            upload = self._send(calls.upload(image, content_type or "application/octet-stream"))
+        else:
+            path = Path(image)
+            upload = self._send(calls.upload(path.read_bytes(), content_type or calls.image_type(path)))
+        return self.wait_upload(upload, timeout_s=timeout_s) if wait else upload
+
+    def get_upload(self, upload_id: str) -> models.Upload:
+        """The upload as it stands: processing, ready or rejected (with `error`)."""
+        return self._send(calls.get_upload(upload_id))
+
+    def wait_upload(self, upload: models.Upload | str, *, timeout_s: float | None = 120.0) -> models.Upload:
+        """The upload once decoded and ready; raises `UploadRejected` or `WaitTimeout`."""
+        current = self.get_upload(upload) if isinstance(upload, str) else upload
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for delay in calls.upload_poll_delays():
+            if not current.processing:
+                break
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise WaitTimeout(f"upload {current.id} was still processing after {timeout_s} s")
+            time.sleep(delay)
+            current = self.get_upload(current.id)
+        return calls.settled(current)
 
     def account(self) -> models.Account:
         """The account: credit, limits in force and jobs under way."""

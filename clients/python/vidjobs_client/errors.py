@@ -74,6 +74,17 @@ class WaitTimeout(VidjobsError):
     """`wait()` gave up before the job finished; the job itself goes on."""
 
 
+class UploadRejected(VidjobsError):
+    """The server decoded the uploaded image and refused it: `code` says why (image_corrupt, image_too_large,
+    ...). Uploading the same bytes again would be refused again."""
+
+    def __init__(self, upload_id: str, code: str, message: str) -> None:
+        super().__init__(f"upload {upload_id} was rejected: {message} ({code})")
+        self.upload_id = upload_id
+        self.code = code
+        self.message = message
+
+
 class JobNotReady(VidjobsError):
     """The job has no video to download: it has not completed, or it failed, was canceled or expired."""
 

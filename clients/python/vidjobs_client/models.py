@@ -167,12 +167,24 @@ class Trail(_Model, kw_only=True):
     data: list[Transition]
 
 
+class UploadError(_Model, kw_only=True):
+    code: str  # image_corrupt, image_too_large, image_unsupported, image_empty, image_unprocessed
+    message: str
+
+
 class Upload(_Model, kw_only=True):
     id: str
     width: int
     height: int
     content_type: str
     bytes: int
+    # processing until the server has decoded the image, then ready (a job may name it) or rejected (`error`)
+    status: str = "ready"
+    error: UploadError | None = None
+
+    @property
+    def processing(self) -> bool:
+        return self.status == "processing"
 
 
 class Credits(_Model, kw_only=True):

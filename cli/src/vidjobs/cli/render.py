@@ -28,6 +28,7 @@ from vidjobs_client import (
     ConnectionFailed,
     JobNotReady,
     RetryPolicy,
+    UploadRejected,
     VidjobsError,
     WaitTimeout,
 )
@@ -57,7 +58,7 @@ def _reporting(handler: Handler) -> Callable[[argparse.Namespace, Any], int]:
     def run(args: argparse.Namespace, _settings: Any = None) -> int:
         try:
             return handler(args)
-        except APIError as exc:
+        except (APIError, UploadRejected) as exc:
             show.err.print(f"vidjobs: {escape_text(str(exc))}")
             return Exit.API_ERROR
         except ConnectionFailed as exc:
@@ -200,7 +201,7 @@ def _options(vj: Client, args: argparse.Namespace) -> JobOptions:
 def _upload(vj: Client, path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"--image {path}: no such file (give an image file, or an upl_ id from an earlier upload)")
-    upload = vj.upload(path)
+    upload = vj.upload(path)  # waits until the server has decoded it: a job may name only a ready upload
     if show.interactive():
         show.err.print(f"[dim]uploaded {escape_text(path.name)} as {upload.id} ({upload.width}x{upload.height})[/]")
     return upload.id

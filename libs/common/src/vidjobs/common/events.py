@@ -81,6 +81,12 @@ class AppEventDue(msgspec.Struct, tag="app_event.due"):
     key: str  # names the move: each move is delivered once per event type and destination
 
 
+class UploadReceived(msgspec.Struct, tag="upload.received"):
+    """An uploaded image waits in quarantine: decode and clean it, then mark the upload ready or rejected."""
+
+    upload_id: str
+
+
 class JobChanged(msgspec.Struct, tag="job.changed"):
     """A job's status changed; progress displays reread the job."""
 
@@ -107,6 +113,7 @@ EXPORT = "vidjobs.work.export"
 RECOVERY = "vidjobs.work.recovery"
 CANCEL = "vidjobs.work.cancel"
 APP_EVENTS = "vidjobs.work.app_events"
+UPLOADS = "vidjobs.work.uploads"
 CHANGED_PREFIX = "vidjobs.changed"
 QUEUE_PREFIX = "vidjobs.queue"  # + account id: QueueMoved
 
@@ -124,11 +131,12 @@ SUBJECT_EVENTS: dict[str, object] = {
     RECOVERY: RecoveryDue,
     CANCEL: CancelRequested,
     APP_EVENTS: AppEventDue,
+    UPLOADS: UploadReceived,
 }
 
 WorkEvent = (
     JobQueued | SlotFreed | InboxReceived | PollRequested | DownloadRequested | AssetsDeleteRequested | RecoveryDue
-    | CancelRequested | AppEventDue | ExportRequested
+    | CancelRequested | AppEventDue | ExportRequested | UploadReceived
 )
 Hint = JobChanged | QueueMoved  # core NATS, after commit (vidjobs.common.changes)
 Event = WorkEvent | Hint

@@ -177,11 +177,15 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "assets": SEL | INS | UPD,
         "media_copies": SEL | INS | UPD | DEL,
         "job_exports": SEL | UPD,  # copies an export's clip and settles it
-        "uploads": SEL,  # the orphan sweep keeps objects a live upload names
+        # The orphan sweep keeps objects a live upload names; decoding an upload marks it ready or rejected.
+        "uploads": SEL | columns(Privilege.UPDATE, "status", "bytes", "sha256", "width", "height", "reason",
+                                 "message"),
     }),
     "reaper": _with_common({
         "recovery_leases": SEL | INS | UPD | DEL,
-        "uploads": SEL | UPD,  # expires uploads no live job needs (the gateway owns the table)
+        # Expires uploads no live job needs, and rejects those left processing too long (the gateway owns the
+        # table).
+        "uploads": SEL | UPD,
     }),
 }
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from vidjobs.common.errors import ConfigError
+from vidjobs.common.imageheaders import Limits
 
 PREFIX = "VIDJOBS_"
 
@@ -268,6 +269,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     upload_max_bytes: int = 10 * 1024 * 1024
     upload_max_side: int = 8192  # pixels, either side
     upload_max_pixels: int = 40_000_000  # width x height, checked from the header before decoding
+    # The media worker decodes this many uploads at once per process (each may hold a few hundred MB at the
+    # pixel limit). An upload still processing this long after it was made (its message lost, or the media
+    # service down all that time) is rejected by the reaper as `image_unprocessed`.
+    upload_decode_slots: int = 2
+    upload_processing_deadline_s: float = 21600.0
     # Derived assets.
     preview_seconds: float = 3.0  # length of the low-resolution preview clip
     preview_max_side: int = 320  # its longer side, in pixels
@@ -320,6 +326,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     def storage_location(self) -> str:
         return self.storage_url or f"file://{self.data_path / 'objects'}"
+
+    def upload_limits(self) -> Limits:
+        return Limits(max_side=self.upload_max_side, max_pixels=self.upload_max_pixels)
 
     def with_(self, **changes: Any) -> Settings:
         return msgspec.structs.replace(self, **changes)

@@ -106,3 +106,12 @@ def job_prefix(account_id: str, job_id: str) -> str:
 
 def upload_prefix(account_id: str, upload_id: str) -> str:
     return f"accounts/{account_id}/uploads/{upload_id}/"
+
+
+QUARANTINE_NAME = "quarantine"
+
+
+def quarantine_key(account_id: str, upload_id: str) -> str:
+    """Where an upload's raw bytes wait until the media worker has decoded them. Never signed for anyone:
+    only the cleaned image, under the upload's own key, is ever handed out."""
+    return upload_prefix(account_id, upload_id) + QUARANTINE_NAME

@@ -63,6 +63,27 @@ an alias go to the same model until those shares change, and across accounts eac
 A job's `model` is the model it was sent to; an estimate names the model a create by the same account would
 be sent to now.
 
+## Uploads
+
+`POST /v1/uploads` takes the raw image as its body (PNG, JPEG or WebP, at most `VIDJOBS_UPLOAD_MAX_BYTES`).
+The gateway reads only its first bytes: a body larger than the limit is `413`, one that is not an accepted
+format (whatever its `Content-Type` claims) is `415`, and a header that is cut short or declares more pixels
+than `VIDJOBS_UPLOAD_MAX_SIDE` / `VIDJOBS_UPLOAD_MAX_PIXELS` allow is `422` `invalid_input`. Anything else is
+answered `201` with the upload, `status` `processing`, and a `Location` to read it at; no image is decoded by
+the API. While processing, `width` and `height` are what the header declares and `bytes` what was received.
+The media worker then decodes the image (within the same limits, and against compressed chunks that inflate
+past what it decodes), turns it upright by its EXIF orientation and stores it re-encoded from its pixels
+alone; the upload becomes `ready`, with the stored image's `width`, `height` and `bytes`, usually within a
+second. An image that cannot be decoded becomes `rejected`, with `error.code` `image_corrupt` (truncated or
+corrupt), `image_too_large` (a decompression bomb, or more pixels than the limits) or `image_unprocessed`
+(it could not be processed on our side, or not within `VIDJOBS_UPLOAD_PROCESSING_DEADLINE_S`), and
+`error.message` in words. `GET /v1/uploads/{id}` shows where it stands. A job (or an estimate) naming an
+upload still `processing` is refused `409` `upload_not_ready`, retryable, with `Retry-After: 1`: send it
+again once the upload is ready. One naming a `rejected` upload is `422` `upload_rejected`, not retryable.
+Another account's upload id, or a deleted one, is `422` `invalid_input` as an id that never existed. Every
+upload counts against the account's daily cap, rejected ones too. The client library's `upload()` and
+`vidjobs render --image` wait until the upload is ready.
+
 ## Failover
 
 A job may name `fallback_models` (up to 3, in order; aliases are resolved when it is created), or it takes

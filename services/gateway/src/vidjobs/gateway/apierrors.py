@@ -34,6 +34,8 @@ class GatewayCode(enum.StrEnum):
     UNAVAILABLE = "unavailable"  # a part we run on did not answer in time, or failed; retry after Retry-After
     LIMIT_REACHED = "limit_reached"  # a cap on what one account may hold (streams, queued jobs, uploads)
     STORAGE_QUOTA_EXCEEDED = "storage_quota_exceeded"  # keeping this clip would pass the account's storage quota
+    UPLOAD_NOT_READY = "upload_not_ready"  # a job names an upload the media worker has not decoded yet
+    UPLOAD_REJECTED = "upload_rejected"  # a job names an upload whose image was rejected
 
 
 Code = ErrorCode | GatewayCode

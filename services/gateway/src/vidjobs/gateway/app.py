@@ -213,7 +213,6 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[PUBLIC_ROUTES] = frozenset(r.name for r in routes if not r.auth)
     register(app, routes)
-    routes_uploads.install(app, settings)
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_closing)
     app.on_response_prepare.append(stamp_request_id)

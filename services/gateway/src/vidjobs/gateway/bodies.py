@@ -336,14 +336,27 @@ class Health(msgspec.Struct, kw_only=True):
     status: str  # ok, or why not
 
 
-class UploadOut(msgspec.Struct, kw_only=True):
-    """Answer of `POST /v1/uploads`: the stored image, upright and stripped of metadata."""
+UploadState = Literal["processing", "ready", "rejected"]
+UploadRefusal = Literal["image_corrupt", "image_too_large", "image_unsupported", "image_empty", "image_unprocessed"]
 
-    id: Annotated[str, Meta(description="name it as a job's `input_image`")]
-    width: int  # pixels
+
+class UploadErrorOut(msgspec.Struct, kw_only=True):
+    code: UploadRefusal  # why the image was rejected
+    message: str  # the same, in words
+
+
+class UploadOut(msgspec.Struct, kw_only=True):
+    """An upload (`POST /v1/uploads`, `GET /v1/uploads/{id}`). It is `processing` until the media worker has
+    decoded it; then `ready`, its image stored upright and stripped of metadata, or `rejected`."""
+
+    id: Annotated[str, Meta(description="name it as a job's `input_image` once `status` is `ready`")]
+    # processing: decoding has not finished; ready: a job may name it; rejected: `error` says why
+    status: UploadState
+    width: int  # pixels: upright once ready; while processing, as the header declares them
     height: int  # pixels
     content_type: ImageType  # as sniffed from the bytes
-    bytes: int  # of the stored (re-encoded) image
+    bytes: int  # of the stored (re-encoded) image once ready; while processing, of the image as received
+    error: UploadErrorOut | None = None  # why it was rejected; null unless it was
 
 
 class ModelOut(msgspec.Struct, kw_only=True):

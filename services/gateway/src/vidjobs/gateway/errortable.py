@@ -35,6 +35,12 @@ ANSWERS: dict[Code, Answer] = {
         "an `Idempotency-Key` used before with a different body, or for a job since deleted; a retry of a "
         "webhook delivery while one is under way; a rerun of a deleted job; keeping a job that is not "
         "completed")),
+    GatewayCode.UPLOAD_NOT_READY: Answer((409,), (
+        "a job names an upload the media worker has not decoded yet (`retryable`, with `Retry-After`); "
+        "`GET /v1/uploads/{id}` says when it is `ready`")),
+    GatewayCode.UPLOAD_REJECTED: Answer((422,), (
+        "a job names an upload whose image was rejected when decoded; the message and `GET /v1/uploads/{id}` "
+        "say why")),
     GatewayCode.STORAGE_QUOTA_EXCEEDED: Answer((409,), (
         "keeping this clip would pass the account's storage quota; `GET /v1/account` shows `storage`: release "
         "a kept clip (`DELETE /v1/jobs/{id}/keep`) or export it first")),

@@ -15,6 +15,7 @@ from vidjobs.common import ratecard
 from vidjobs.common.errors import ErrorCode, ProviderError, QueueFull, QuotaExhausted
 from vidjobs.common.jobs import JobRequest, Lane
 from vidjobs.common.states import JobStatus
+from vidjobs.common.uploads import UploadStatus
 from vidjobs.gateway import cursor, fallbacks, idempotency
 from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from vidjobs.gateway.appwebhooks import urls
@@ -61,14 +62,29 @@ def check_provider(adapters: dict[str, ProviderAdapter], request: JobRequest) ->
         raise invalid(err.message) from err
 
 
+UPLOAD_RETRY_AFTER_S = 1  # an image is decoded within about a second of its upload
+
+
 async def check_input_image(owner: Tenant, request: JobRequest) -> None:
     """The named upload must be the caller's own and not deleted; anything else reads as "no such upload",
-    so another account's upload id cannot even be confirmed to exist."""
-    if request.input_image is None:
+    so another account's upload id cannot even be confirmed to exist. It must also be ready: one still being
+    decoded is a 409 worth retrying, a rejected one a 422 that never will be."""
+    upload_id = request.input_image
+    if upload_id is None:
         return
-    if await owner.upload(request.input_image) is None:
-        raise invalid(f"input_image: no such upload {request.input_image!r}; upload the image with "
+    upload = await owner.upload(upload_id)
+    if upload is None:
+        raise invalid(f"input_image: no such upload {upload_id!r}; upload the image with "
                       "POST /v1/uploads and name the id it answers")
+    if upload.status is UploadStatus.PROCESSING:
+        raise ApiError(409, GatewayCode.UPLOAD_NOT_READY,
+                       f"input_image: the upload {upload_id!r} is still being processed; send this request "
+                       f"again once GET /v1/uploads/{upload_id} says its status is `ready`", retryable=True,
+                       headers={"Retry-After": str(UPLOAD_RETRY_AFTER_S)})
+    if upload.status is UploadStatus.REJECTED:
+        raise ApiError(422, GatewayCode.UPLOAD_REJECTED,
+                       f"input_image: the upload {upload_id!r} was rejected ({upload.reason}: {upload.message}); "
+                       "upload another image")
 
 
 def _job_events(body: CreateJob) -> list[str] | None:

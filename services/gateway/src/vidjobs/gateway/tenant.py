@@ -10,7 +10,6 @@ handler to forget a check in.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import cast
 
 import asyncpg
 import msgspec
@@ -412,9 +411,9 @@ class Tenant:
         """Record the upload; False (recording nothing) when the account made `daily_cap` today already."""
         if upload.account_id != self.account_id:
             raise ValueError(f"upload {upload.id} is for another account")
-        async with self._rt.pool.acquire() as conn:
-            # A pool's connection proxy is a Connection in all but its declared type.
-            return await uploads.insert_capped(cast(asyncpg.Connection, conn), upload, daily_cap)
+        # Through the runtime's transaction: the upload's event is published as soon as the row commits.
+        async with self._rt.tx() as conn:
+            return await uploads.insert_capped(conn, upload, daily_cap)
 
     # --- the account ------------------------------------------------------------------------------------
     async def account(self) -> AccountState | None:

@@ -25,3 +25,8 @@ TRANSCODE_SECONDS = Histogram(
     "vidjobs_media_transcode_seconds", "Time to verify a render and make its thumbnail and preview",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+UPLOADS = Counter(
+    "vidjobs_media_uploads_total",
+    "Uploaded images decoded, by outcome (ready, rejected) and rejection reason (empty when ready)",
+    ["outcome", "reason"],
+)

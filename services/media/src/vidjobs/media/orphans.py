@@ -1,7 +1,8 @@
 """The orphan sweep: objects in storage that nothing in PostgreSQL accounts for are removed.
 
 Orphans come from crashes between storing and recording (a copy uploaded, then its job failed or was deleted
-before the delete request could run), from lost delete messages, and from uploads whose row is gone. An object
+before the delete request could run), from lost delete messages, from uploads whose row is gone, and from
+the quarantined bytes of uploads no longer processing (decoded, rejected, deleted). An object
 younger than `orphan_grace_s` is never touched: a copy may be storing it right now. A live (non-terminal) job's
 objects are left alone for the same reason. One replica sweeps at a time (a PostgreSQL advisory lock).
 """
@@ -20,7 +21,8 @@ from asyncpg.pool import PoolConnectionProxy
 
 from vidjobs.common.runtime import Runtime, every
 from vidjobs.common.states import JobStatus
-from vidjobs.storage.base import ObjectInfo, Storage
+from vidjobs.common.uploads import UploadStatus
+from vidjobs.storage.base import ObjectInfo, Storage, quarantine_key
 
 log = logging.getLogger("vidjobs.media")
 
@@ -76,9 +78,12 @@ async def _job_orphans(conn: Session, refs: list[ObjectRef]) -> list[str]:
 
 
 async def _upload_orphans(conn: Session, refs: list[ObjectRef]) -> list[str]:
-    rows = await conn.fetch("SELECT key FROM uploads WHERE id = ANY($1) AND deleted_at IS NULL",
+    """A live upload keeps its image, and while it is processing its quarantined bytes (however old: they
+    wait for a media worker that may be down); nothing else under its prefix."""
+    rows = await conn.fetch("SELECT id, account_id, key, status FROM uploads WHERE id = ANY($1) AND deleted_at IS NULL",
                             list({r.owner for r in refs}))
-    kept = {r["key"] for r in rows}
+    kept = {r["key"] for r in rows} | {quarantine_key(r["account_id"], r["id"]) for r in rows
+                                       if r["status"] == UploadStatus.PROCESSING.value}
     return [r.info.key for r in refs if r.info.key not in kept]
 
 

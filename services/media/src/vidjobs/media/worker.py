@@ -1,6 +1,7 @@
 """The media worker: copies a finished render from its provider into our storage, verifies it, makes its
-thumbnail and preview and completes the job; removes the objects of deleted and expired jobs; copies a stored
-original to its owner's bucket when asked (exporting); and sweeps storage for orphans.
+thumbnail and preview and completes the job; decodes and cleans uploaded images (quarantine); removes the
+objects of deleted and expired jobs; copies a stored original to its owner's bucket when asked (exporting);
+and sweeps storage for orphans.
 
 Downloading is its own stage with its own retries: a failed download is tried again (JetStream redelivers
 the request with backoff) until its delivery budget or the stage deadline runs out, and never causes a
@@ -37,6 +38,7 @@ from vidjobs.media import (
     exporting,
     media_metrics,
     orphans,
+    quarantine,
     readiness,
     scratch,
     stage_deadline,
@@ -101,7 +103,7 @@ def preview_spec(settings: Settings) -> PreviewSpec:
 
 
 async def serve(media: Media) -> None:
-    """Run both consumers until the runtime's stop event is set."""
+    """Run the consumers and the orphan sweep until the runtime's stop event is set."""
     settings = media.rt.settings
     # A download that keeps failing is failed by its handler after `download_attempts`; a render whose
     # decoding keeps killing the process is given up after DECODER_CRASHES, without blaming the copies that
@@ -114,10 +116,16 @@ async def serve(media: Media) -> None:
     exports = consumer(media.rt, "media-export", events.EXPORT,
                        partial(exporting.on_export, media.rt, media.exports, media.storage),
                        concurrency=settings.download_concurrency, on_dead=partial(exporting.on_dead, media.rt))
+    # Uploaded images: a few decode at once (Quarantine.slots); a few more wait their turn holding a message.
+    received = quarantine.Quarantine.of(media.rt, media.storage)
+    images = consumer(media.rt, "media-uploads", events.UPLOADS, partial(quarantine.on_upload_received, received),
+                      concurrency=max(1, settings.upload_decode_slots) * 2,
+                      on_dead=partial(quarantine.on_dead, received))
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(media.rt.js, downloads, media.rt.stop), name="download-consumer")
         tg.create_task(bus.consume(media.rt.js, deletes, media.rt.stop), name="assets-delete-consumer")
         tg.create_task(bus.consume(media.rt.js, exports, media.rt.stop), name="export-consumer")
+        tg.create_task(bus.consume(media.rt.js, images, media.rt.stop), name="uploads-consumer")
         tg.create_task(orphans.run(media.rt, media.storage), name="orphan-sweep")
 
 

@@ -6,10 +6,10 @@ moment is recorded on the job, with the event in the outbox, in one transaction)
 sooner than the warning's lead after its warning, so a job released from keeping long after its window ran
 out is still told before it goes. The reaper owns the status change; the media service removes the objects
 when the outbox's `AssetsDeleteRequested` reaches it (the video and its preview; the thumbnail stays while
-the job exists). Uploads past retention are marked deleted too, unless a live job still needs the image; the
-orphan sweep then removes their objects. Rows are claimed with SKIP LOCKED, so several reapers can sweep at
-once without warning of or expiring a job twice, and the guarded transition makes a second attempt a no-op
-anyway.
+the job exists). Uploads left processing past `upload_processing_deadline_s` are rejected. Uploads past
+retention are marked deleted too, unless a live job still needs the image; the orphan sweep then removes
+their objects. Rows are claimed with SKIP LOCKED, so several reapers can sweep at once without warning of or
+expiring a job twice, and the guarded transition makes a second attempt a no-op anyway.
 """
 
 from __future__ import annotations
@@ -94,6 +94,16 @@ async def expire_uploads(rt: Runtime) -> int:
     return count
 
 
+async def reject_unprocessed_uploads(rt: Runtime) -> int:
+    """Uploads still processing past their deadline are rejected rather than left waiting for ever; the
+    orphan sweep then removes their quarantined bytes."""
+    count = await uploads.reject_unprocessed(rt.pool, rt.settings.upload_processing_deadline_s)
+    if count:
+        log.warning("uploads rejected: not processed in time", extra={
+            "count": count, "deadline_s": rt.settings.upload_processing_deadline_s})
+    return count
+
+
 async def sweep_once(rt: Runtime) -> None:
     # A backlog (say, after downtime) is worked off batch by batch; warnings first, so a job due for both
     # is told before it goes (it then waits out the warning's lead).
@@ -102,6 +112,7 @@ async def sweep_once(rt: Runtime) -> None:
     while await expire_due(rt) == BATCH:
         pass
     await expire_uploads(rt)
+    await reject_unprocessed_uploads(rt)
 
 
 async def run(rt: Runtime) -> None:

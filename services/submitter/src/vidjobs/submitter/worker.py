@@ -186,6 +186,10 @@ async def input_image_url(ctx: Context, job: JobRow) -> str | None:
     if upload is None:
         raise ProviderError(ErrorCode.INVALID_INPUT,
                             f"input_image: the upload {upload_id!r} no longer exists; upload the image again")
+    if not upload.ready:
+        # The gateway takes only ready uploads; a job written by an older gateway during a rollout may not.
+        raise ProviderError(ErrorCode.INVALID_INPUT, f"input_image: the upload {upload_id!r} is {upload.status}, "
+                                                     "not ready; name it once GET /v1/uploads says it is ready")
     url, _ = ctx.storage.signed_url(upload.key, int(ctx.rt.settings.render_deadline_s))
     return url
 

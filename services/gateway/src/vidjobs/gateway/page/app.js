@@ -163,13 +163,29 @@ function setImageStatus(text, isError = false) {
   $("image-status").classList.toggle("error", isError);
 }
 
+const UPLOAD_POLL_MS = 300; // how often a processing upload is asked about; decoding takes about a second
+
+// The upload once the media worker has decoded it: ready, or an Error saying why it was rejected.
+async function readyUpload(file) {
+  let up = await api("/v1/uploads", {
+    method: "POST", headers: { "Content-Type": file.type || "application/octet-stream" }, body: file,
+  });
+  while (up.status === "processing") {
+    if (image?.file !== file) return up; // another image was chosen: nobody waits for this one
+    setImageStatus("checking the image…");
+    await new Promise((resolve) => setTimeout(resolve, UPLOAD_POLL_MS));
+    up = await api(`/v1/uploads/${encodeURIComponent(up.id)}`);
+  }
+  if (up.status === "rejected") throw new Error(`${up.error.message} (${up.error.code})`);
+  return up;
+}
+
 function chooseImage() {
   const file = $("image").files[0];
   if (!file) return clearImage();
-  const upload = api("/v1/uploads", {
-    method: "POST", headers: { "Content-Type": file.type || "application/octet-stream" }, body: file,
-  });
-  image = { file, upload };
+  image = { file, upload: null };
+  const upload = readyUpload(file);
+  image.upload = upload;
   $("image-preview").hidden = true;
   $("image-clear").hidden = false;
   showPreview(file);
