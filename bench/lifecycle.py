@@ -10,7 +10,8 @@
 Jobs use the fake provider with an instant render, so the figures measure vidjobs itself: API, queues,
 workers, database, storage. By default its clips are tiny (320×180, 12 fps: media costs a few ms); with
 `--clip 720p` or `--clip 1080p` they are real 10 s clips at 24 fps and a provider's bitrate (~6 and ~10 MB),
-encoded once before the run (every job asks for the same clip), so the media worker does a real job's work. Latency is taken from the server's own timestamps (created_at to the
+encoded once before the run (every job asks for the same clip), so the media worker does a real job's work.
+Latency is taken from the server's own timestamps (created_at to the
 completed transition), so the client's polling interval does not blur it.
 """
 
