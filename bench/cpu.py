@@ -87,6 +87,52 @@ def per_job(before: Snapshot, after: Snapshot, jobs: int) -> list[tuple[str, flo
     return [*rows, ("total", sum(ms for _, ms in rows))]
 
 
+# --- resident memory of a service ------------------------------------------------------------------------
+
+
+class RssWatch:
+    """Samples a service's resident memory (every process of it under this one) in a thread until stopped,
+    and says its first, largest and last figures, with the kernel's own peak (VmHWM)."""
+
+    def __init__(self, service: str, interval_s: float = 0.25):
+        import threading
+
+        self.service, self.interval_s = service, interval_s
+        self.samples: list[float] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in psutil.Process().children(recursive=True) if _part(p, "/") == self.service]
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval_s):
+            total = 0.0
+            for pid in self.pids():
+                with contextlib.suppress(psutil.Error):
+                    total += psutil.Process(pid).memory_info().rss / 2**20
+            if total:
+                self.samples.append(total)
+
+    def stop(self) -> str:
+        self._done.set()
+        self._thread.join()
+        hwm = [peak_rss_mb(pid) for pid in self.pids()]
+        if not self.samples:
+            return f"{self.service} RSS: no samples"
+        return (f"{self.service} RSS: {self.samples[0]:.0f} MB at the start, {max(self.samples):.0f} MB at most, "
+                f"{self.samples[-1]:.0f} MB at the end (kernel peak {max(hwm, default=0.0):.0f} MB)")
+
+
+def peak_rss_mb(pid: int) -> float:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
 # --- database and message counts ---------------------------------------------------------------------------
 
 _DB_COUNTS = """

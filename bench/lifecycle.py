@@ -5,9 +5,13 @@
     python bench/lifecycle.py -n 200 --serial             # one job at a time: create -> ready latency
     python bench/lifecycle.py -n 1000 --rate 20           # 20 creates a second, open loop: latency under load
     python bench/lifecycle.py -n 300 --statements         # PostgreSQL statements per job (not a timed run)
+    python bench/lifecycle.py -n 100 --clip 1080p         # production-sized media: 10 s 1080p clips (720p too)
 
 Jobs use the fake provider with an instant render, so the figures measure vidjobs itself: API, queues,
-workers, database, storage. Latency is taken from the server's own timestamps (created_at to the
+workers, database, storage. By default its clips are tiny (320×180, 12 fps: media costs a few ms); with
+`--clip 720p` or `--clip 1080p` they are real 10 s clips at 24 fps and a provider's bitrate (~6 and ~10 MB),
+encoded once before the run (every job asks for the same clip), so the media worker does a real job's work.
+Latency is taken from the server's own timestamps (created_at to the
 completed transition), so the client's polling interval does not blur it.
 """
 
@@ -36,7 +40,26 @@ def percentile(values: list[float], q: float) -> float:
 
 
 # A fixed seed lets the fake provider encode the clip once, so its CPU does not crowd out what is measured.
-BODY = {"model": "fake/default", "prompt": "benchmark clip", "duration_s": 1, "seed": 7, "params": {"render_s": 0}}
+BODY: dict[str, Any] = {"model": "fake/default", "prompt": "benchmark clip", "duration_s": 1, "seed": 7,
+                        "params": {"render_s": 0}}
+REAL_DURATION_S = 10
+
+
+def use_clip(clip: str) -> None:
+    """Every job asks for a real clip of this resolution (or the tiny one)."""
+    if clip != "tiny":
+        BODY.update(duration_s=REAL_DURATION_S, resolution=clip, aspect_ratio="16:9",
+                    params={"render_s": 0, "clip": "real"})
+
+
+async def encode_ahead(clip: str, clip_dir: str) -> None:
+    """Make the run's one real clip before the clock starts, where the fake provider will find it."""
+    from vidjobs.fakeprovider.clip_cache import ClipCache
+    from vidjobs.fakeprovider.clips import real_spec
+
+    if clip != "tiny":
+        print(f"encoding the {clip} clip (once) ...", file=sys.stderr, flush=True)
+        await ClipCache(Path(clip_dir), 1 << 40).get(real_spec("16:9", clip, REAL_DURATION_S, BODY["seed"]))
 TERMINAL_STAGES = ("ready", "failed", "canceled", "expired")
 
 
@@ -113,6 +136,16 @@ async def wait_all(session: aiohttp.ClientSession, url: str, key: str, ids: list
 
 
 def report(jobs: dict[str, dict], wall_s: float) -> None:
+    report_jobs(jobs, wall_s)
+    copied = sum((j.get("outputs") or {}).get("bytes") or 0 for j in jobs.values())
+    if copied:
+        ts = datetime.fromisoformat
+        span = (max(ts(j["updated_at"]) for j in jobs.values())
+                - min(ts(j["created_at"]) for j in jobs.values())).total_seconds()
+        print(f"copied: {copied / 1e6:.1f} MB of renders, {copied / 1e6 / span:.1f} MB/s")
+
+
+def report_jobs(jobs: dict[str, dict], wall_s: float) -> None:
     ts = datetime.fromisoformat
     completed = [j for j in jobs.values() if j["status"] == "completed"]
     latencies = [(ts(j["updated_at"]) - ts(j["created_at"])).total_seconds() for j in completed]
@@ -130,6 +163,9 @@ def report_cpu(rows: list[tuple[str, float]]) -> None:
     print("CPU per job (user + system, every process of the stack):")
     for part, ms in rows:
         print(f"  {part:<14} {ms:7.1f} ms")
+    total = dict(rows).get("total", 0.0)
+    if total:
+        print(f"jobs/s per core: {1000 / total:.1f} (one core's second over the CPU a job costs)")
 
 
 async def push(session: aiohttp.ClientSession, url: str, key: str, args: argparse.Namespace) -> dict[str, dict]:
@@ -153,6 +189,7 @@ async def run(url: str, key: str, args: argparse.Namespace, data_dir: Path | Non
     async with aiohttp.ClientSession() as session:
         started = time.monotonic()
         before = cpu.snapshot(data_dir) if data_dir else None
+        rss = cpu.RssWatch("media") if data_dir else None
         counts = (await cpu.database_counts(settings.database_url), await cpu.message_counts(settings.nats_url)) \
             if settings else None
         if args.statements and settings and pg_log:
@@ -166,6 +203,8 @@ async def run(url: str, key: str, args: argparse.Namespace, data_dir: Path | Non
             statements.report(statements.count(pg_log, log_offset), len(jobs))
         if before is not None and data_dir is not None:
             report_cpu(cpu.per_job(before, cpu.snapshot(data_dir), len(jobs)))
+        if rss is not None:
+            print(rss.stop())
         if counts is not None:
             await asyncio.sleep(1.5)  # PostgreSQL sends its statistics at most once a second
             db = cpu.per_job_counts(counts[0], await cpu.database_counts(settings.database_url), len(jobs))
@@ -174,8 +213,9 @@ async def run(url: str, key: str, args: argparse.Namespace, data_dir: Path | Non
 
 
 @contextlib.asynccontextmanager
-async def own_stack(data_dir: Path):
-    """An embedded stack exactly as `vidjobs up` builds it, with an account allowed to run many jobs."""
+async def own_stack(data_dir: Path, **overrides: Any):
+    """An embedded stack exactly as `vidjobs up` builds it, with an account allowed to run many jobs;
+    `overrides` are settings."""
     from vidjobs.cli.embedded import free_port
     from vidjobs.cli.supervisor import Supervisor
     from vidjobs.cli.up import Embedded, resolve, wait_ready
@@ -187,7 +227,7 @@ async def own_stack(data_dir: Path):
         # The fake provider gets no caps, so the figures measure vidjobs rather than its politeness limits.
         unlimited = {"fake": ProviderLimits(concurrency=100_000, rate_per_s=100_000, burst=100_000)}
         settings = resolve(load().with_(data_dir=str(data_dir), http_port=free_port(), log_level="WARNING",
-                                        provider_limits=unlimited, max_queued_jobs=10**9), embedded)
+                                        provider_limits=unlimited, max_queued_jobs=10**9, **overrides), embedded)
         await db.migrate(settings.database_url)
         key = await bench_account(settings.database_url)
         supervisor = Supervisor(settings.to_env())
@@ -226,7 +266,10 @@ async def main() -> None:
     parser.add_argument("--rate", type=float, help="creates per second, open loop, instead of --parallel")
     parser.add_argument("--statements", action="store_true",
                         help="count PostgreSQL statements per job from its log (own stack only; not a timed run)")
+    parser.add_argument("--clip", choices=("tiny", "720p", "1080p"), default="tiny",
+                        help="the clips jobs render: tiny (default) or real 10 s clips at this resolution")
     args = parser.parse_args()
+    use_clip(args.clip)
     if args.url:
         if not args.api_key:
             parser.error("--url needs --api-key")
@@ -234,7 +277,9 @@ async def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="vidjobs-bench-") as tmp:
         print("starting an embedded stack ...", file=sys.stderr, flush=True)
-        async with own_stack(Path(tmp)) as (url, key, settings):
+        clip_dir = str(Path(tmp) / "fake-clips")
+        await encode_ahead(args.clip, clip_dir)
+        async with own_stack(Path(tmp), fake_clip_dir=clip_dir) as (url, key, settings):
             await run(url, key, args, data_dir=Path(tmp), settings=settings)
 
 

@@ -100,6 +100,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     render_deadlines: dict[str, DeadlinePolicy] = {}
     download_deadline_s: float = 300.0  # copying a finished render into storage, from the render's end
     download_attempts: int = 4  # deliveries of one download before the job fails with download_failed
+    # A provider that sends nothing of a render for this long is given up on (that try of the download fails).
+    download_stall_s: float = 30.0
+    # The slowest average rate a download may keep (kilobytes of 1000 bytes a second): a render may take its
+    # size at this rate to copy, even past download_deadline_s (the job's deadline then moves with it), so a
+    # large render from a slow provider is not cut off, and a trickle is given up when that runs out.
+    download_min_kb_per_s: float = 250.0
     max_attempts: int = 3  # attempts (renders asked for) per job before it fails
     # The backoff before a job's next attempt: exponential from base to cap, with full jitter.
     retry_base_s: float = 2.0
@@ -159,6 +165,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fake_provider: Literal["on", "off"] = "off"
     fake_provider_url: str = "http://127.0.0.1:8090"
     fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
+    # The clips the fake provider renders unless a job's `params.clip` says: `tiny` (320 px, 12 fps, tens of
+    # milliseconds to make: fast tests) or `real` (the requested resolution at 24 fps and a provider's
+    # bitrate, seconds to make, kept on disk: production-sized media for benchmarks and demos).
+    fake_clip: Literal["tiny", "real"] = "tiny"
+    # Where the fake provider keeps its real clips; empty: a directory of this user's under the system temp dir.
+    fake_clip_dir: str = ""
+    fake_clip_cache_mb: int = 2048  # the most its real clips take on disk; the clips used longest ago go first
     # Real providers: an adapter is offered when its API key is set or its name is in `providers`. Base URLs
     # are settings so tests (and regional endpoints) can point them elsewhere.
     # The real providers a deployment offers, comma-separated (`replicate,fal,runway,luma,veo`), named apart

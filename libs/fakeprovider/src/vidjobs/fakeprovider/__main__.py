@@ -1,6 +1,7 @@
 """`python -m vidjobs.fakeprovider`: the fake provider as a process of its own.
 
-Listens at VIDJOBS_FAKE_PROVIDER_URL, signs callbacks with VIDJOBS_FAKE_WEBHOOK_SECRET, logs one JSON object
+Listens at VIDJOBS_FAKE_PROVIDER_URL, signs callbacks with VIDJOBS_FAKE_WEBHOOK_SECRET, renders the clips
+VIDJOBS_FAKE_CLIP names (real ones kept in VIDJOBS_FAKE_CLIP_DIR, VIDJOBS_FAKE_CLIP_CACHE_MB), logs one JSON object
 per line, says "fake provider ready" once it accepts connections, and stops cleanly on SIGTERM or SIGINT.
 """
 
@@ -10,6 +11,7 @@ import asyncio
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import uvloop
 from yarl import URL
@@ -18,6 +20,8 @@ from vidjobs.common import logs
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings, load
 from vidjobs.common.signatures import decode_secret
+from vidjobs.fakeprovider.clip_cache import ClipCache, default_dir
+from vidjobs.fakeprovider.clips import ClipKind
 from vidjobs.fakeprovider.serving import running_fake_provider
 
 log = logging.getLogger("vidjobs.fake_provider")
@@ -36,9 +40,12 @@ async def serve(settings: Settings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    cache = ClipCache(Path(settings.fake_clip_dir) if settings.fake_clip_dir else default_dir(),
+                      settings.fake_clip_cache_mb * 1024 * 1024)
     try:
         async with running_fake_provider(host, port, webhook_secret=settings.fake_webhook_secret,
-                                         public_url=settings.fake_provider_url) as provider:
+                                         public_url=settings.fake_provider_url, clip=ClipKind(settings.fake_clip),
+                                         clip_cache=cache) as provider:
             log.info("fake provider ready", extra={"url": provider.url})
             await stop.wait()
             log.info("fake provider stopping")

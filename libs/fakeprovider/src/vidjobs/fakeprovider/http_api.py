@@ -8,8 +8,7 @@
   GET  /v1/_counters                 what was asked for and done, so tests can prove nothing ran twice
   GET  /healthz
 
-`params.output_mb` pads the served MP4 to that many megabytes with a trailing `free` box (still a valid MP4),
-streamed without holding it in memory, so large copies can be tested.
+Outputs are served by outputs.py: padded to `params.output_mb`, paced, or stalled, as a render's params ask.
 """
 
 from __future__ import annotations
@@ -22,11 +21,11 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from vidjobs.fakeprovider import outputs
 from vidjobs.fakeprovider.scenarios import FakeProvider, RenderRecord
 from vidjobs.fakeprovider.wire import ApiFailure, RenderList, Scenario, decode_render
 
 PROVIDER = web.AppKey("provider", FakeProvider)
-PAD_CHUNK = 1 << 20
 
 
 def _json(struct: msgspec.Struct, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -81,25 +80,8 @@ async def cancel_render(request: web.Request) -> web.Response:
 
 async def get_output(request: web.Request) -> web.StreamResponse:
     # A HEAD neither counts nor uses up an expiring output.
-    rec, body = await request.app[PROVIDER].output(request.match_info["render_id"], counting=request.method == "GET")
-    if rec.request.params.output_mb:
-        return await _stream_padded(request, body, rec.request.params.output_mb * 1_000_000)
-    return web.Response(body=body, content_type="video/mp4")
-
-
-async def _stream_padded(request: web.Request, mp4: bytes, total: int) -> web.StreamResponse:
-    """The clip, then one top-level `free` box filling it up to `total` bytes; players skip such boxes."""
-    pad = max(8, total - len(mp4))
-    resp = web.StreamResponse(headers={"Content-Type": "video/mp4", "Content-Length": str(len(mp4) + pad)})
-    await resp.prepare(request)
-    await resp.write(mp4)
-    await resp.write(pad.to_bytes(4, "big") + b"free")  # box size (header included) and type
-    left, zeros = pad - 8, bytes(PAD_CHUNK)
-    while left > 0:
-        await resp.write(zeros[: min(left, PAD_CHUNK)])
-        left -= PAD_CHUNK
-    await resp.write_eof()
-    return resp
+    rec, clip = await request.app[PROVIDER].output(request.match_info["render_id"], counting=request.method == "GET")
+    return await outputs.serve(request, clip, rec.request.params)
 
 
 async def get_counters(request: web.Request) -> web.Response:

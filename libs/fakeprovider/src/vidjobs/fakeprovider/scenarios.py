@@ -17,6 +17,7 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 import aiohttp
 import msgspec
@@ -25,7 +26,8 @@ from vidjobs.common import ids, signatures
 from vidjobs.fakeprovider import input_images
 from vidjobs.fakeprovider.background import BackgroundTasks
 from vidjobs.fakeprovider.callback_delivery import CallbackCourier
-from vidjobs.fakeprovider.clips import ClipSpec, clip_size, render_mp4
+from vidjobs.fakeprovider.clip_cache import ClipCache, default_dir
+from vidjobs.fakeprovider.clips import ClipKind, ClipSpec, clip_size, real_spec, render_mp4
 from vidjobs.fakeprovider.wire import (
     FINISHED,
     ApiFailure,
@@ -48,6 +50,10 @@ REFUSALS_PER_JOB = 2  # rate_limit_then_succeed / unavailable_then_succeed refus
 NOT_A_VIDEO = b"<html><body>502 Bad Gateway</body></html>\n"  # what bad_output serves as its "video"
 # What unsafe_output reports as its render: the cloud metadata service, which a downloader must never fetch.
 UNSAFE_OUTPUT_URL = "http://169.254.169.254/latest/meta-data/iam/security-credentials/"
+CLIP_CACHE_BYTES = 2 * 1024**3  # real clips kept on disk by default: ~200 ten-second 1080p clips
+
+# A clip as served: a tiny clip's bytes, or a real clip's file.
+ClipData = bytes | Path
 
 
 @dataclass
@@ -84,9 +90,12 @@ class RenderRecord:
 class FakeProvider(BackgroundTasks):
     """All state of one fake provider: its renders, its counters and its in-flight background work."""
 
-    def __init__(self, *, webhook_secret: str, callback_attempts: int = 4, callback_backoff_s: float = 0.25):
+    def __init__(self, *, webhook_secret: str, callback_attempts: int = 4, callback_backoff_s: float = 0.25,
+                 clip: ClipKind = ClipKind.TINY, clip_cache: ClipCache | None = None):
         signatures.decode_secret(webhook_secret)  # a bad secret fails at start, not at the first callback
         BackgroundTasks.__init__(self)
+        self.clip_kind = clip  # what a render makes unless its params.clip says otherwise
+        self.clip_cache = clip_cache or ClipCache(default_dir(), CLIP_CACHE_BYTES)
         self.base_url = ""  # set once the server is listening
         self.renders: dict[str, RenderRecord] = {}
         self.by_key: dict[str, str] = {}
@@ -162,14 +171,22 @@ class FakeProvider(BackgroundTasks):
         raise ApiFailure(503, "service_unavailable", "The render fleet is temporarily unavailable.")
 
     def _create(self, req: CreateRender, key: str | None) -> RenderRecord:
-        width, height = clip_size(req.aspect_ratio)
         seed = req.seed if req.seed is not None else secrets.randbelow(2**31)  # reported back, so reproducible
-        rec = RenderRecord(id=ids.new("rnd"), request=req, clip=ClipSpec(width, height, req.duration_s, seed),
-                           idempotency_key=key)
+        rec = RenderRecord(id=ids.new("rnd"), request=req, clip=self._clip_spec(req, seed), idempotency_key=key)
         self.renders[rec.id] = rec
         if key is not None:
             self.by_key[key] = rec.id
         return rec
+
+    def _clip_spec(self, req: CreateRender, seed: int) -> ClipSpec:
+        if ClipKind(req.params.clip or self.clip_kind) is ClipKind.REAL:
+            return real_spec(req.aspect_ratio, req.resolution, req.duration_s, seed)
+        width, height = clip_size(req.aspect_ratio)
+        return ClipSpec(width, height, req.duration_s, seed)
+
+    async def clip_data(self, spec: ClipSpec) -> ClipData:
+        """A tiny clip's bytes (kept in memory) or a real clip's file (kept on disk), made on first use."""
+        return await self.clip_cache.get(spec) if spec.real else await render_mp4(spec)
 
     # the render itself
 
@@ -215,7 +232,7 @@ class FakeProvider(BackgroundTasks):
 
     async def _produce(self, rec: RenderRecord) -> None:
         if rec.scenario is not Scenario.BAD_OUTPUT:
-            await render_mp4(rec.clip)  # cached, so serving the output later costs nothing
+            await self.clip_data(rec.clip)  # cached, so serving the output later costs nothing
 
     def _start(self, rec: RenderRecord) -> None:
         rec.status, rec.started_at = RenderStatus.RUNNING, datetime.now(UTC)
@@ -241,8 +258,8 @@ class FakeProvider(BackgroundTasks):
 
     # outputs
 
-    async def output(self, render_id: str, *, counting: bool) -> tuple[RenderRecord, bytes]:
-        """A finished render and its clip's bytes (not padded); ApiFailure 404 if there is none to serve.
+    async def output(self, render_id: str, *, counting: bool) -> tuple[RenderRecord, ClipData]:
+        """A finished render and its clip (not padded); ApiFailure 404 if there is none to serve.
         `counting` fetches are counted and use up an expiring output."""
         if counting:
             bump(self.counters.output_fetches, render_id)
@@ -253,7 +270,7 @@ class FakeProvider(BackgroundTasks):
             raise ApiFailure(404, "not_found", "This output has expired.")
         if counting:
             rec.output_gets += 1
-        return rec, NOT_A_VIDEO if rec.scenario is Scenario.BAD_OUTPUT else await render_mp4(rec.clip)
+        return rec, NOT_A_VIDEO if rec.scenario is Scenario.BAD_OUTPUT else await self.clip_data(rec.clip)
 
     # callbacks
 

@@ -62,6 +62,12 @@ class RenderParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     answer_after_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 45.0
     # False: the adapter cannot look renders up (as at providers without a list or key lookup).
     lookup: bool = True
+    # "tiny" or "real" (clips.ClipKind): which kind of clip this render makes; by default the provider's own.
+    clip: Literal["tiny", "real"] | None = None
+    # The output is served at this many kilobytes (1000 bytes) a second, as from a slow provider's storage.
+    serve_kb_per_s: Annotated[float, msgspec.Meta(ge=1, le=10_000_000)] | None = None
+    # The output stops flowing after this many megabytes, the connection left open: a stalled download.
+    serve_stall_after_mb: Annotated[float, msgspec.Meta(ge=0, le=2048)] | None = None
 
 
 class Metadata(msgspec.Struct, kw_only=True):

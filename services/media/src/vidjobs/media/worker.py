@@ -31,7 +31,18 @@ from vidjobs.common.runtime import Runtime, consumer
 from vidjobs.common.settings import Settings
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
-from vidjobs.media import assets, copies, exporting, media_metrics, orphans, quarantine, readiness, scratch
+from vidjobs.media import (
+    assets,
+    copies,
+    download,
+    exporting,
+    media_metrics,
+    orphans,
+    quarantine,
+    readiness,
+    scratch,
+    stage_deadline,
+)
 from vidjobs.media.isolation import DecodeGate
 from vidjobs.media.pipeline import Copier, PreviewSpec
 from vidjobs.providers.base import ProviderAdapter
@@ -145,6 +156,7 @@ async def _copy(media: Media, job: JobRow, delivery: Delivery, *, suspect: bool)
     deadline = download_deadline(job, media.rt.settings)
     headers = adapter_for(media.adapters, job.provider).download_headers()
     log.info("copying render", extra={"job_id": job.id, "attempt": delivery.attempt})
+    download.PACE.set(download_pace(media, job.id))  # this task's download: its handler runs in a task of its own
     try:
         stored = await media.copier.copy(job, headers=headers, timeout_s=_seconds_left(deadline, MIN_ATTEMPT_S),
                                          decoding=partial(_decoding, media, job.id, suspect))
@@ -160,6 +172,18 @@ async def _decoding(media: Media, job_id: str, suspect: bool) -> AsyncIterator[N
         log.warning("a process died while decoding this render before; decoding it alone", extra={"job_id": job_id})
     async with media.gate.enter(suspect=suspect), copies.decoding(media.rt.pool, job_id):
         yield
+
+
+def download_pace(media: Media, job_id: str) -> download.Pace:
+    settings = media.rt.settings
+
+    async def extend(seconds: float) -> None:
+        log.info("a large render: the download deadline moves with it", extra={"job_id": job_id,
+                                                                                "seconds": round(seconds)})
+        await stage_deadline.extend(media.rt.pool, job_id, seconds)
+
+    return download.Pace(stall_s=settings.download_stall_s, min_bytes_per_s=settings.download_min_kb_per_s * 1000,
+                         extend=extend)
 
 
 def download_deadline(job: JobRow, settings: Settings) -> datetime:

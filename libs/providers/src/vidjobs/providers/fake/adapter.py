@@ -37,6 +37,9 @@ PARAM_CHECKS: dict[str, checks.Check] = {
     "failures": checks.number(0, 10, "failures", whole=True),
     "answer_after_s": checks.number(0, MAX_RENDER_S, "seconds"),
     "lookup": checks.boolean,
+    "clip": checks.one_of("tiny", "real"),
+    "serve_kb_per_s": checks.number(1, 10_000_000, "kilobytes a second"),
+    "serve_stall_after_mb": checks.number(0, 2048, "megabytes"),
 }
 
 # The provider's own error codes, in a failed render or an error answer, in our taxonomy.
