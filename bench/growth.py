@@ -169,7 +169,8 @@ async def operations(conn: asyncpg.Connection) -> dict[str, Operation]:
         "queue count at create": lambda c: queue_count(c, HEAVY, jobs.Lane.INTERACTIVE),
         "due-poll scan": rolled_back(lambda c: schedule.take_due(c, 100)),
         "recovery sweep": lambda c: c.fetch(sweep.OVERDUE_SQL, sweep.OVERDUE_S, 500),
-        "retention sweep": rolled_back(lambda c: c.fetch(retention._DUE, 30 * 86400.0, retention.BATCH)),
+        "retention sweep": rolled_back(lambda c: c.fetch(retention._DUE, 30 * 86400.0, retention.BATCH,
+                                                          False, retention.warning_lead_s(Settings()))),
         "slot decision": rolled_back(decide),
         # What a waiting job's estimate reads, once per refresh interval per process (vidjobs.common.estimates).
         "estimate: a model's renders": lambda c: estimates.read_measured(c, "fake/default", Settings()),
