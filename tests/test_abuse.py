@@ -446,11 +446,12 @@ async def _endpoint(a: Stack) -> dict:
 def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tuple[str, str], Probe]:
     """How B calls each documented route with A's ids; each answers every (status, body) it saw."""
 
-    def each_job(method: str, suffix: str = "") -> Probe:
+    def each_job(method: str, suffix: str = "", json: Any = None) -> Probe:
         async def probe(b: Stack) -> list[tuple[int, str]]:
             answers = []
             for job in a_jobs.values():
-                async with b.session.request(method, f"{b.url}/v1/jobs/{job['id']}{suffix}", headers=b.auth) as r:
+                async with b.session.request(method, f"{b.url}/v1/jobs/{job['id']}{suffix}", headers=b.auth,
+                                             json=json) as r:
                     answers.append((r.status, await r.text()))
                     assert r.status == 404, (method, suffix, r.status)
             return answers
@@ -513,6 +514,12 @@ def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tup
         ("GET", "/v1/jobs/{job_id}"): each_job("GET"),
         ("POST", "/v1/jobs/{job_id}/cancel"): each_job("POST", "/cancel"),
         ("DELETE", "/v1/jobs/{job_id}"): each_job("DELETE"),
+        ("POST", "/v1/jobs/{job_id}/rerun"): each_job("POST", "/rerun"),
+        ("POST", "/v1/jobs/{job_id}/keep"): each_job("POST", "/keep"),
+        ("DELETE", "/v1/jobs/{job_id}/keep"): each_job("DELETE", "/keep"),
+        ("POST", "/v1/jobs/{job_id}/export"): each_job("POST", "/export", json={"url": "https://93.184.215.16/put"}),
+        ("GET", "/v1/jobs/{job_id}/exports"): each_job("GET", "/exports"),
+        ("GET", "/v1/jobs/{job_id}/exports/{export_id}"): each_job("GET", "/exports/exp_0"),
         ("GET", "/v1/jobs/{job_id}/events"): each_job("GET", "/events"),
         ("GET", "/v1/jobs/{job_id}/stream"): each_job("GET", "/stream"),
         ("POST", "/v1/uploads"): own_upload,
@@ -520,6 +527,7 @@ def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tup
         ("GET", "/v1/account"): plain("GET", "/v1/account"),
         ("PATCH", "/v1/account"): plain("PATCH", "/v1/account", json={"fallback_models": ["fake-poll/default"]}),
         ("GET", "/v1/account/ledger"): plain("GET", "/v1/account/ledger?limit=100"),
+        ("GET", "/v1/account/usage"): plain("GET", "/v1/account/usage?group_by=model"),
         ("POST", "/v1/webhooks/{provider}"): unknown_webhook,
         ("GET", "/healthz"): plain("GET", "/healthz", auth=False),
         ("GET", "/readyz"): plain("GET", "/readyz", auth=False),

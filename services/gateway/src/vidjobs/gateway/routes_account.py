@@ -4,6 +4,7 @@ a time range, grouped. All through the caller's Tenant."""
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 
 from aiohttp import web
@@ -107,7 +108,14 @@ def usage_range(query: UsageQuery) -> tuple[datetime, datetime]:
     return start, end
 
 
+# A time as text: the query's lenient conversion would otherwise read a bare number as seconds since 1970.
+_ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+
+
 async def get_usage(request: web.Request) -> web.Response:
+    for name in ("from", "to"):
+        if name in request.query and not _ISO_TIME.match(request.query[name]):
+            raise invalid(f"{name}: must be an ISO-8601 time with its offset, such as 2026-01-31T00:00:00Z")
     query = read_query(request.query, UsageQuery)
     start, end = usage_range(query)
     groups, truncated = await tenant(request).usage(Grouping.parse(query.group_by), start, end)

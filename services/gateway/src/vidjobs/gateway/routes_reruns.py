@@ -82,6 +82,6 @@ ROUTES = [
               200: {"Idempotent-Replayed": {"description": "`true`: the answer of the earlier rerun with this "
                                                            f"{idempotency.HEADER}", "schema": {"type": "string"}}},
               201: {"Location": {"description": "the new job", "schema": {"type": "string"}}}},
-          responses={201: JobOut, 200: JobOut, 401: ErrorOut, 402: ErrorOut, 404: ErrorOut, 409: ErrorOut,
-                     422: ErrorOut, 429: ErrorOut}),
+          responses={201: JobOut, 200: JobOut, 400: ErrorOut, 401: ErrorOut, 402: ErrorOut, 404: ErrorOut,
+                     409: ErrorOut, 422: ErrorOut, 429: ErrorOut}),
 ]
