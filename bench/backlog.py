@@ -175,9 +175,10 @@ async def js_state(nats_url: str) -> tuple[int, int, int]:
 async def cores_over(data_dir: Path, seconds: float) -> dict[str, float]:
     before = cpu.snapshot(data_dir)
     await asyncio.sleep(seconds)
-    after = cpu.snapshot(data_dir)
-    return {part: (after.seconds.get(part, 0.0) - before.seconds.get(part, 0.0)) / seconds
-            for part in sorted(set(before.seconds) | set(after.seconds))}
+    spent = cpu.usage(before, cpu.snapshot(data_dir))
+    for note in spent.notes:
+        say(f"  note: {note}")
+    return {part: spent.seconds[part] / seconds for part in sorted(spent.seconds)}
 
 
 ROWS = ("jobs", "job_transitions", "credit_ledger", "outbox", "recovery_leases", "provider_submissions")

@@ -159,10 +159,15 @@ def report_jobs(jobs: dict[str, dict], wall_s: float) -> None:
     print(f"client wall time: {wall_s:.1f} s")
 
 
-def report_cpu(rows: list[tuple[str, float]]) -> None:
+def report_cpu(spent: Any, jobs: int) -> None:
+    from bench import cpu
+
+    rows = cpu.per_job(spent, jobs)
     print("CPU per job (user + system, every process of the stack):")
     for part, ms in rows:
         print(f"  {part:<14} {ms:7.1f} ms")
+    for note in spent.notes:
+        print(f"  note: {note}")
     total = dict(rows).get("total", 0.0)
     if total:
         print(f"jobs/s per core: {1000 / total:.1f} (one core's second over the CPU a job costs)")
@@ -202,7 +207,7 @@ async def run(url: str, key: str, args: argparse.Namespace, data_dir: Path | Non
             await statements.stop_logging(settings.database_url)
             statements.report(statements.count(pg_log, log_offset), len(jobs))
         if before is not None and data_dir is not None:
-            report_cpu(cpu.per_job(before, cpu.snapshot(data_dir), len(jobs)))
+            report_cpu(cpu.usage(before, cpu.snapshot(data_dir)), len(jobs))
         if rss is not None:
             print(rss.stop())
         if counts is not None:
