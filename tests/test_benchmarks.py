@@ -42,6 +42,9 @@ SMALL_RUNS = {
         r"^derive, 5 s 720p\s+median\s+[\d.]+ ms", r"^floor, 5 s 720p\s+median\s+[\d.]+ ms",
         r"^round 1 5 s 720p: ours\s+[\d.]+ ms  floor\s+[\d.]+ ms",
     ]),
+    "media_steps": (["--clip", "720p", "--rounds", "1"], [
+        r"^  derive\s+cpu\s+[\d.]+ \([\d.]+-[\d.]+\)\s+wall\s+[\d.]+$", r"^  whole copy\s+cpu\s+[\d.]+",
+    ]),
     "media_isolation": (["--mb", "4", "--burst", "1"], [r"^download alone\s+[\d.]+ s\s+x 1\.00"]),
 }
 
