@@ -398,13 +398,16 @@ async def test_a_missing_output_fails_after_bounded_retries(settings: Settings, 
     assert not any(work_tmp.iterdir())
 
 
-async def test_a_stalled_download_fails_at_the_stage_deadline(settings: Settings, origin: Origin):
-    async with running_media(settings.with_(download_deadline_s=1.5)) as rt:
+async def test_a_trickling_download_is_given_up_when_its_size_at_the_minimum_rate_runs_out(
+        settings: Settings, origin: Origin):
+    # /slow.mp4 declares 1 MiB and sends 10 kB/s for 4 s. At 400 kB/s that size may take 2.6 s: longer than
+    # the 1 s stage deadline, which moves with it, and shorter than the trickle, which is cut off then.
+    async with running_media(settings.with_(download_deadline_s=1.0, download_min_kb_per_s=400)) as rt:
         job_id = await downloading_job(rt, origin.url("/slow.mp4"))
         job = await wait_status(rt, job_id, JobStatus.FAILED, within=10)
     assert job.error.code is ErrorCode.DOWNLOAD_FAILED
-    assert "took longer" in job.error.message
-    assert origin.hits["/slow.mp4"] == 1  # the deadline had passed: no second try
+    assert "took longer than 3 s" in job.error.message  # the size's allowance (2.6 s), not the stage's 1 s
+    assert origin.hits["/slow.mp4"] == 1  # the moved deadline had passed with it: no second try
 
 
 async def test_deleting_a_job_removes_its_objects(settings: Settings, origin: Origin):
