@@ -15,7 +15,7 @@ from PIL import Image, ImageChops, ImageDraw
 
 from tests.ssim import ssim
 from vidjobs.common.errors import ErrorCode, MediaError
-from vidjobs.media.pipeline import PreviewSpec, derive
+from vidjobs.media.pipeline import Derived, PreviewSpec, derive
 from vidjobs.media.preview import PREVIEW_FPS, X264_OPTIONS, preview_size
 from vidjobs.media.thumbnail import write_thumbnail
 from vidjobs.media.verify import POSTER_AT_S, inspect_video
@@ -61,9 +61,11 @@ def reference_outputs(video: Path, work: Path, spec: PreviewSpec) -> tuple[Path,
         encoder.width, encoder.height, encoder.pix_fmt = size[0], size[1], "yuv420p"
         encoder.options = dict(X264_OPTIONS)
         written, poster = 0, None
+        # A second in, or a quarter of a shorter clip: the frame the poster is meant to be.
+        poster_at = min(POSTER_AT_S, float(stream.duration * stream.time_base) / 4)
         for frame in source.decode(stream):
             at = frame.time or 0.0
-            if poster is None and at >= POSTER_AT_S:
+            if poster is None and at >= poster_at:
                 poster = frame.to_image()
             if at >= spec.seconds:
                 break
@@ -84,30 +86,50 @@ def pictures(video: Path) -> Iterator[Image.Image]:
             yield frame.to_image()
 
 
+SIZES = {"720p": (1280, 720, 4.0), "1080p": (1920, 1080, 3.5)}  # shrunk 4x and 6x to the preview and poster
+
+
 @pytest.fixture(scope="module")
-def clip_720p(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("clips") / "720p.mp4"
-    write_clip(path, width=1280, height=720, seconds=4)
-    return path
+def busy_clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("clips")
+    for name, (width, height, seconds) in SIZES.items():
+        write_clip(folder / f"{name}.mp4", width=width, height=height, seconds=seconds)
+    return {name: folder / f"{name}.mp4" for name in SIZES}
 
 
-def test_the_thumbnail_and_preview_keep_their_size_and_look(clip_720p: Path, tmp_path: Path):
-    spec = PreviewSpec()
-    derived = derive(clip_720p, tmp_path, spec)
-    ref_thumb, ref_clip = reference_outputs(clip_720p, tmp_path, spec)
+@pytest.fixture(scope="module")
+def derived_and_reference(busy_clips: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+                          ) -> dict[str, tuple[Derived, Path, Path]]:
+    made = {}
+    for name, clip in busy_clips.items():
+        work = tmp_path_factory.mktemp(name)
+        made[name] = (derive(clip, work, PreviewSpec()), *reference_outputs(clip, work, PreviewSpec()))
+    return made
 
+
+@pytest.mark.parametrize("size", ["720p", "1080p"])
+def test_the_thumbnail_keeps_its_size_and_look(derived_and_reference: dict[str, tuple[Derived, Path, Path]],
+                                               size: str):
+    derived, ref_thumb, _ = derived_and_reference[size]
     with Image.open(derived.thumbnail.path) as ours, Image.open(ref_thumb) as theirs:
         assert ours.size == theirs.size == (derived.thumbnail.width, derived.thumbnail.height) == (320, 180)
         assert ssim(ours, theirs) >= 0.95
 
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_the_preview_keeps_its_size_and_look(derived_and_reference: dict[str, tuple[Derived, Path, Path]],
+                                             size: str):
+    spec = PreviewSpec()
+    derived, _, ref_clip = derived_and_reference[size]
     ours_frames, ref_frames = list(pictures(derived.preview.path)), list(pictures(ref_clip))
     assert len(ours_frames) == len(ref_frames) == spec.seconds * PREVIEW_FPS
     assert (derived.preview.width, derived.preview.height) == ours_frames[0].size == ref_frames[0].size
     assert derived.preview.duration_s == pytest.approx(spec.seconds)
     for ours_frame, ref_frame in list(zip(ours_frames, ref_frames, strict=True))[::6]:  # every half second
         assert ssim(ours_frame, ref_frame) >= 0.95
-    assert (derived.info.width, derived.info.height, derived.info.codec) == (1280, 720, "h264")
-    assert derived.info.duration_s == pytest.approx(4.0, abs=0.1)
+    width, height, seconds = SIZES[size]
+    assert (derived.info.width, derived.info.height, derived.info.codec) == (width, height, "h264")
+    assert derived.info.duration_s == pytest.approx(seconds, abs=0.1)
 
 
 @pytest.fixture(scope="module")
