@@ -38,9 +38,9 @@ SMALL_RUNS = {
     ]),
     "lifecycle": (["-n", "20"], [r"^per job: xact_commit [\d.]+", r"^\s+total\s+[\d.]+ ms$"]),
     # The ffmpeg comparison needs the [bench] extra's ffmpeg; the test run may not have it.
-    "media": (["--rounds", "2", "--big-rounds", "1", "--sizes", "720p:5"], [
-        r"^derive, 5 s 720p\s+median\s+[\d.]+ ms", r"^floor, 5 s 720p\s+median\s+[\d.]+ ms",
-        r"^round 1 5 s 720p: ours\s+[\d.]+ ms  floor\s+[\d.]+ ms",
+    "media": (["--rounds", "2", "--big-rounds", "1", "--sizes", "720p:5", "--kind", "provider"], [
+        r"^derive, 5 s 720p provider\s+median\s+[\d.]+ ms", r"^floor, 5 s 720p provider\s+median\s+[\d.]+ ms",
+        r"^round 1 5 s 720p provider: ours\s+[\d.]+ ms  floor\s+[\d.]+ ms",
     ]),
     "media_steps": (["--clip", "720p", "--rounds", "1"], [
         r"^  derive\s+cpu\s+[\d.]+ \([\d.]+-[\d.]+\)\s+wall\s+[\d.]+$", r"^  whole copy\s+cpu\s+[\d.]+",

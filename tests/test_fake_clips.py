@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import av
 import pytest
+from av.video.frame import PictureType
 
 from vidjobs.common import ids
 from vidjobs.common.jobs import JobRequest
@@ -110,3 +111,22 @@ async def test_the_cache_stays_under_its_size_removing_the_clips_used_longest_ag
     assert sum(p.stat().st_size for p in (tmp_path / "capped").iterdir()) <= cache.max_bytes
     await cache.get(specs[1])  # asked for again: encoded again
     assert cache.encoded == 4
+
+
+async def test_a_real_clip_has_the_frame_types_a_providers_render_has(tmp_path: Path):
+    """High profile with B-frames, some of which no other frame references (what x264 makes of a provider's
+    picture): the frames the media service may leave undecoded are there to leave."""
+    video = await ClipCache(tmp_path, 1 << 30).get(real_spec("16:9", "480p", 2, seed=7))
+
+    with av.open(str(video)) as container:
+        stream = container.streams.video[0]
+        kinds = {PictureType(frame.pict_type).name for frame in container.decode(stream)}
+        profile = stream.codec_context.profile
+    with av.open(str(video)) as container:
+        stream = container.streams.video[0]
+        stream.codec_context.skip_frame = "NONREF"
+        referenced = sum(1 for _ in container.decode(stream))
+
+    assert profile == "High"
+    assert {"I", "P", "B"} <= kinds
+    assert 0 < referenced < 48

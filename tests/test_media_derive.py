@@ -15,10 +15,12 @@ from PIL import Image, ImageChops, ImageDraw
 
 from tests.ssim import ssim
 from vidjobs.common.errors import ErrorCode, MediaError
+from vidjobs.fakeprovider.clip_cache import ClipCache
+from vidjobs.fakeprovider.clips import real_spec
 from vidjobs.media.pipeline import Derived, PreviewSpec, derive
-from vidjobs.media.preview import PREVIEW_FPS, X264_OPTIONS, preview_size
+from vidjobs.media.preview import PREVIEW_FPS, X264_OPTIONS, PreviewWriter, preview_size
 from vidjobs.media.thumbnail import write_thumbnail
-from vidjobs.media.verify import POSTER_AT_S, inspect_video
+from vidjobs.media.verify import POSTER_AT_S, Needed, TrackReader, inspect_video
 
 FPS = 24
 
@@ -156,3 +158,58 @@ def test_a_whole_faststart_clip_passes(faststart_clip: Path, tmp_path: Path):
     derived = derive(faststart_clip, tmp_path, PreviewSpec())
     assert derived.info.duration_s == pytest.approx(6.0, abs=0.1)
     assert inspect_video(faststart_clip).info.width == 320
+
+
+def taken_by_the_preview(times: list[float]) -> set[float]:
+    """The frames `PreviewWriter.offer` keeps, by its own rule: the first at or past each point of its grid."""
+    taken, next_at = set(), 0.0
+    for at in times:
+        if at < PreviewSpec().seconds and at + 1e-6 >= next_at:
+            taken.add(at)
+            next_at += 1.0 / PREVIEW_FPS
+    return taken
+
+
+@pytest.mark.parametrize("fps", [Fraction(10), Fraction(12), Fraction(24000, 1001), Fraction(24), Fraction(25),
+                                 Fraction(30000, 1001), Fraction(30), Fraction(50), Fraction(60)])
+def test_the_preview_says_it_needs_exactly_the_frames_it_takes(tmp_path: Path, fps: Fraction):
+    lasts = float(1 / fps)
+    times = [float(i / fps) for i in range(int(4 * fps))]
+    writer = PreviewWriter(tmp_path / "unused.mp4", seconds=PreviewSpec().seconds, max_side=320)
+
+    needed = {at for at in times if writer.needs(at, lasts)}
+
+    assert needed == taken_by_the_preview(times)
+
+
+def frames_decoded(video: Path, work: Path, monkeypatch: pytest.MonkeyPatch, *, skipping: bool) -> tuple[Derived, int]:
+    """Derive the video, counting the frames decoded; `skipping=False` decodes every frame as before."""
+    decoded = 0
+    frames = TrackReader.frames
+
+    def counted(self: TrackReader, needed: Needed | None = None) -> Iterator[av.VideoFrame]:
+        nonlocal decoded
+        for frame in frames(self, needed if skipping else None):
+            decoded += 1
+            yield frame
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TrackReader, "frames", counted)
+        work.mkdir()
+        return derive(video, work, PreviewSpec()), decoded
+
+
+async def test_frames_no_output_takes_and_nothing_references_are_not_decoded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """On a provider-like clip (B-frames, some of them referenced by no other frame), the derive leaves out the
+    unreferenced frames neither the preview nor the poster takes; what it makes is byte for byte what
+    decoding every frame makes."""
+    video = await ClipCache(tmp_path / "clips", 1 << 30).get(real_spec("16:9", "480p", 4, seed=29))
+
+    skipped, fewer = frames_decoded(video, tmp_path / "skipping", monkeypatch, skipping=True)
+    whole, every = frames_decoded(video, tmp_path / "every", monkeypatch, skipping=False)
+
+    assert fewer < every
+    assert skipped.thumbnail.sha256 == whole.thumbnail.sha256
+    assert skipped.preview.sha256 == whole.preview.sha256
+    assert skipped.info == whole.info

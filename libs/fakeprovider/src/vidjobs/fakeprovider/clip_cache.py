@@ -24,6 +24,7 @@ from vidjobs.fakeprovider.clips import ClipSpec, encode_into
 log = logging.getLogger("vidjobs.fake_provider")
 
 SUFFIX = ".mp4"
+ENCODING = 2  # part of every clip's name: raised when clips.py encodes differently, so no stale clip is served
 
 
 def default_dir() -> Path:
@@ -39,7 +40,7 @@ class ClipCache:
         self.encoded = 0  # clips this cache encoded (the rest were found on disk or joined an encode under way)
 
     def path_of(self, spec: ClipSpec) -> Path:
-        digest = hashlib.sha256(msgspec.json.encode(spec)).hexdigest()[:32]
+        digest = hashlib.sha256(msgspec.json.encode((ENCODING, spec))).hexdigest()[:32]
         return self.directory / f"{digest}{SUFFIX}"
 
     async def get(self, spec: ClipSpec) -> Path:

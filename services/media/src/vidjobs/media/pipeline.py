@@ -58,7 +58,7 @@ def derive(video: Path, work: Path, spec: PreviewSpec) -> Derived:
             stream, duration = checked_stream(container)
             poster = PosterPicker(duration)
             track = TrackReader(container, stream)
-            for frame in track.frames():
+            for frame in track.frames(lambda at, lasts: clip.needs(at, lasts) or poster.needs(at, lasts)):
                 clip.offer(frame)
                 if poster.offer(frame) and not clip.wants(frame.time or 0.0):
                     break

@@ -15,6 +15,7 @@ below the 0.95 tests/test_media_derive.py holds it to; fast-bilinear and point s
 from __future__ import annotations
 
 import hashlib
+import math
 from fractions import Fraction
 from pathlib import Path
 from types import TracebackType
@@ -70,6 +71,17 @@ class PreviewWriter:
     def wants(self, at: float) -> bool:
         """Whether a frame at `at` seconds is still within the preview."""
         return at < self.seconds
+
+    def needs(self, at: float, lasts: float) -> bool:
+        """Whether a frame shown from `at` for `lasts` seconds is one `offer` would take: the first frame at
+        or past a point of the preview's 1/PREVIEW_FPS grid. (Exact for a constant frame rate; on a variable
+        one a frame it would have taken may be skipped, and the next frame is taken in its place.)"""
+        if not self.wants(at):
+            return False
+        step = 1.0 / PREVIEW_FPS
+        previous = at - lasts + 1e-6  # the frame before, with `offer`'s allowance for rounding
+        point = (math.floor(previous / step) + 1) * step  # the first grid point the frame before falls short of
+        return point <= at + 1e-6
 
     def offer(self, frame: av.VideoFrame) -> None:
         at = frame.time or 0.0

