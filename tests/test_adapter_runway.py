@@ -5,10 +5,13 @@ refusals of what Runway cannot render, and a Runway job through the whole stack 
 from __future__ import annotations
 
 import io
+import json
 import logging
+from decimal import Decimal
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 import av
 import pytest
 
@@ -48,6 +51,39 @@ def test_the_recorded_details_are_kept():
     assert done.output_url is not None and done.output_url.startswith("https://dnznrvs05pmza.cloudfront.net/")
     assert failed.error is not None and not failed.error.retryable
     assert "did not pass our content moderation" in failed.error.message  # Runway's `failure`, for a person
+
+
+def test_an_ended_task_reports_its_bill_in_usd_and_one_under_way_none():
+    signals = {name: read_task(scaffold.recorded("runway", name)) for name in
+               ("task_pending", "task_running", "task_succeeded", "task_failed_safety", "task_cancelled")}
+
+    # 60 credits at $0.01 each; a refunded task reports 0 credits. While a task runs Runway gives only an
+    # estimate (`estimatedCost`), which is no bill.
+    assert {name: sig.cost for name, sig in signals.items()} == {
+        "task_pending": None, "task_running": None, "task_succeeded": 0.6, "task_failed_safety": 0.0,
+        "task_cancelled": 0.0}
+
+
+@pytest.mark.parametrize(("status", "cost", "usd"), [
+    ("SUCCEEDED", {"credits": 7}, 0.07),
+    ("SUCCEEDED", {"credits": 100_000}, 1000.0),
+    ("SUCCEEDED", {"credits": 100_001}, None),  # beyond any render's bill: not believed
+    ("FAILED", {"credits": -5}, None),
+    ("RUNNING", {"credits": 60}, None),  # a task under way has been billed nothing yet
+])
+def test_only_a_plausible_bill_of_an_ended_task_is_believed(status: str, cost: dict, usd: float | None):
+    body = {**json.loads(scaffold.recorded("runway", "task_succeeded")), "status": status, "cost": cost,
+            "progress": 0.5, "failure": "no"}
+
+    assert read_task(json.dumps(body).encode()).cost == usd
+
+
+def test_a_bill_that_is_not_a_number_breaks_the_schema():
+    body = {**json.loads(scaffold.recorded("runway", "task_succeeded")), "cost": {"credits": "sixty"}}
+
+    with pytest.raises(ProviderError) as caught:
+        read_task(json.dumps(body).encode())
+    assert caught.value.code is ErrorCode.INTERNAL
 
 
 def test_a_malformed_recorded_task_is_internal():
@@ -183,15 +219,17 @@ async def test_cancel_deletes_the_task_and_a_gone_task_is_no_error(adapter: Runw
 
 @pytest.mark.parametrize(("fields", "named"), [
     ({"model": "runway/gen5_ultra"}, "model:"),
+    # Models Runway's SDK can no longer create are not offered.
+    ({"model": "runway/gen3a_turbo", "input_image": "upl_1"}, "model:"),
+    ({"model": "runway/veo3", "duration_s": 8}, "model:"),
     ({"model": "runway/gen4_turbo"}, "input_image:"),
-    ({"model": "runway/gen3a_turbo"}, "input_image:"),
     ({"duration_s": 11}, "duration_s:"),
-    ({"model": "runway/veo3"}, "duration_s:"),
-    ({"model": "runway/gen3a_turbo", "input_image": "upl_1", "duration_s": 7}, "duration_s:"),
+    ({"model": "runway/veo3.1"}, "duration_s:"),
+    ({"model": "runway/veo3.1_fast", "input_image": "upl_1", "duration_s": 7}, "duration_s:"),
     ({"resolution": "1080p"}, "resolution:"),
     ({"aspect_ratio": "1:1"}, "aspect_ratio:"),
-    ({"model": "runway/gen3a_turbo", "input_image": "upl_1", "aspect_ratio": "1:1"}, "aspect_ratio:"),
-    ({"model": "runway/veo3", "duration_s": 8, "seed": 3}, "seed:"),
+    ({"model": "runway/veo3.1", "input_image": "upl_1", "duration_s": 4, "aspect_ratio": "1:1"}, "aspect_ratio:"),
+    ({"model": "runway/veo3.1", "duration_s": 8, "seed": 3}, "seed:"),
     ({"negative_prompt": "blur"}, "negative_prompt:"),
     ({"prompt": "fox " * 251}, "prompt:"),
     ({"params": {"motion": 5}}, "params.motion:"),
@@ -219,8 +257,9 @@ def test_gen4_from_text_alone_is_refused_with_a_way_out(adapter: RunwayAdapter):
     {},
     {"aspect_ratio": "9:16", "duration_s": 10, "seed": 9, "params": {"public_figure_threshold": "auto"}},
     {"model": "runway/gen4_turbo", "input_image": "upl_1", "duration_s": 2},
-    {"model": "runway/gen3a_turbo", "input_image": "upl_1", "duration_s": 10, "aspect_ratio": "9:16"},
-    {"model": "runway/veo3", "duration_s": 8, "resolution": "1080p"},
+    {"model": "runway/gen4_turbo", "input_image": "upl_1", "duration_s": 10, "aspect_ratio": "9:16"},
+    {"model": "runway/veo3.1", "duration_s": 8, "resolution": "1080p"},
+    {"model": "runway/veo3.1", "input_image": "upl_1", "duration_s": 4, "aspect_ratio": "9:16", "resolution": "1080p"},
     {"model": "runway/veo3.1_fast", "duration_s": 6, "negative_prompt": "blur", "params": {"audio": False}},
 ])
 def test_validate_accepts_what_the_model_renders(adapter: RunwayAdapter, fields: dict):
@@ -252,6 +291,12 @@ async def test_runway_jobs_finish_through_tapered_polling(tmp_path: Path, databa
             failed = await stack.wait_terminal(rejected["id"], within=60)
             trail = await stack.trail(ok["id"])
             failed_trail = await stack.trail(rejected["id"])
+    conn = await asyncpg.connect(database_url)
+    try:
+        billed = dict(await conn.fetch("SELECT job_id, cost_usd FROM attempt_costs WHERE job_id = ANY($1)",
+                                       [ok["id"], rejected["id"]]))
+    finally:
+        await conn.close()
 
     assert rendering["progress"] == pytest.approx(0.42)  # Runway's own figure, shown as reported
     assert done["status"] == "completed", done
@@ -265,3 +310,5 @@ async def test_runway_jobs_finish_through_tapered_polling(tmp_path: Path, databa
     # One task per job: nothing was rendered twice.
     assert len(runway.submitted("a red fox in snow")) == 1 and len(runway.submitted("a fox scenario:safety")) == 1
     assert runway.downloads == 1
+    # What Runway billed each render (60 credits, and 0 for the refused one) is kept as the attempt's cost.
+    assert billed == {ok["id"]: Decimal("0.6"), rejected["id"]: Decimal("0")}

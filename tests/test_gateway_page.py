@@ -300,10 +300,10 @@ async def test_the_model_picker_offers_what_each_model_renders(h_runway, browser
 
     options = "[...document.getElementById('model').options].map(o => o.value)"
     assert await browser.until(f"{options}.length > 1 && {options}", "the models") == listed
-    assert "runway/veo3" in listed and "fake-poll/default" in listed
-    # Runway's veo3 renders 8-second clips only and takes no seed.
-    await _select(browser, "model", "runway/veo3")
-    assert await browser.js("[...document.getElementById('duration').options].map(o => o.value)") == ["8"]
+    assert "runway/veo3.1" in listed and "fake-poll/default" in listed
+    # Runway's veo3.1 renders 4, 6 or 8-second clips only and, as we offer it, takes no seed.
+    await _select(browser, "model", "runway/veo3.1")
+    assert await browser.js("[...document.getElementById('duration').options].map(o => o.value)") == ["4", "6", "8"]
     assert await browser.js("document.getElementById('seed').disabled") is True
 
     await _select(browser, "model", "fake-poll/default")

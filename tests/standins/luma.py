@@ -2,7 +2,7 @@
 with ids, requests, URLs and timestamps rewritten for each generation.
 
 Routes, as Luma has them (JSON; errors are `{"detail": ...}`):
-  POST   /dream-machine/v1/generations         create a video generation (201)
+  POST   /dream-machine/v1/generations/video   create a video generation (201)
   GET    /dream-machine/v1/generations         the account's generations, newest first (`limit`, `offset`)
   GET    /dream-machine/v1/generations/{id}    one generation
   DELETE /dream-machine/v1/generations/{id}    delete it (204); a generation in progress stops
@@ -155,7 +155,7 @@ def _error(name: str, status: int, headers: dict[str, str] | None = None) -> web
     return web.json_response(payload(name), status=status, headers=headers)
 
 
-@ROUTES.post("/dream-machine/v1/generations")
+@ROUTES.post("/dream-machine/v1/generations/video")
 async def create_generation(request: web.Request) -> web.Response:
     standin = request.app[STANDIN]
     body = await server.json_body(request, {"detail": "Invalid JSON body"})

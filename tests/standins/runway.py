@@ -5,7 +5,8 @@ It speaks the routes the adapter uses (`POST /v1/text_to_video`, `POST /v1/image
 each task's output as a real MP4 at `/outputs/{id}.mp4` (signed by URL at Runway, so it asks for no key).
 
 A `scenario:<name>` word in the prompt picks what happens. Most scenarios are a script: the recorded task
-states the task walks through, one per status poll, the last repeated. The rest misbehave at the door:
+states the task walks through, one per status poll, the last repeated, each with its recorded credits
+(`estimatedCost` while under way, the billed `cost` once ended). The rest misbehave at the door:
 | scenario | behaviour |
 |---|---|
 | `succeed` (default) | PENDING, THROTTLED, RUNNING 42 % (two polls), SUCCEEDED |

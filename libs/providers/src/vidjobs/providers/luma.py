@@ -116,7 +116,8 @@ class LumaAdapter(HttpAdapter):
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
-        raw = await self.send(f"{API}/generations", _create_body(req))
+        # A video generation is created on its own route, as the official SDK creates one.
+        raw = await self.send(f"{API}/generations/video", _create_body(req))
         generation = self.read(raw, _Generation)
         return Submission(provider_job_id=generation.id, state=STATES[generation.state])
 

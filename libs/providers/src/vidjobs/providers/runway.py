@@ -18,6 +18,10 @@ API_VERSION = "2024-11-06"
 KEY_SETTING = "VIDJOBS_RUNWAY_API_KEY"
 MAX_PROMPT_UNITS = 1000  # Runway counts promptText in UTF-16 code units
 MAX_SEED = 2**32 - 1
+# Runway bills a task in credits and sells API credits at $0.01 each (https://docs.dev.runwayml.com/guides/setup,
+# "Add credits"), so a task's bill in USD is its credits / 100.
+CREDITS_PER_USD = 100
+MAX_BILLED_CREDITS = 100_000  # $1,000: far beyond any one render, so a larger figure is not believed
 
 # What each `params` entry a model may take must be.
 PARAM_CHECKS = {"public_figure_threshold": checks.one_of("auto", "low"), "audio": checks.boolean}
@@ -69,6 +73,10 @@ class _Created(msgspec.Struct):
     id: str
 
 
+class _Cost(msgspec.Struct):
+    credits: float
+
+
 class _Task(msgspec.Struct, kw_only=True, rename="camel"):
     id: str
     status: str
@@ -76,6 +84,8 @@ class _Task(msgspec.Struct, kw_only=True, rename="camel"):
     output: list[str] | None = None
     failure: str | None = None
     failure_code: str | None = None
+    # Credits an ended task was billed. One under way has only `estimatedCost`, at current prices: not a bill.
+    cost: _Cost | None = None
 
 
 class _ErrorAnswer(msgspec.Struct):
@@ -166,6 +176,7 @@ STATES = {
     "PENDING": ProviderState.QUEUED, "THROTTLED": ProviderState.QUEUED, "RUNNING": ProviderState.RUNNING,
     "SUCCEEDED": ProviderState.SUCCEEDED, "FAILED": ProviderState.FAILED, "CANCELLED": ProviderState.CANCELED,
 }
+ENDED = (ProviderState.SUCCEEDED, ProviderState.FAILED, ProviderState.CANCELED)
 
 
 def read_task(raw: bytes) -> ProviderSignal:
@@ -175,10 +186,13 @@ def read_task(raw: bytes) -> ProviderSignal:
         raise ProviderError(ErrorCode.INTERNAL, f"Runway reported an unknown task status {task.status!r}")
     progress = task.progress if task.progress is not None and 0 <= task.progress <= 1 else None
     failed = said_error(failure_code(task.failure_code), "Runway", task.failure)
+    # What an ended task was billed, in USD; a figure beyond any render's is dropped, as a progress outside 0..1 is.
+    billed = task.cost.credits if task.cost is not None and state in ENDED else None
     return ProviderSignal(
         provider_job_id=task.id, state=state, progress=progress if state is ProviderState.RUNNING else None,
         output_url=task.output[0] if state is ProviderState.SUCCEEDED and task.output else None,
-        error=failed if state is ProviderState.FAILED else None)
+        error=failed if state is ProviderState.FAILED else None,
+        cost=billed / CREDITS_PER_USD if billed is not None and 0 <= billed <= MAX_BILLED_CREDITS else None)
 
 
 def failure_code(code: str | None) -> ErrorCode:
