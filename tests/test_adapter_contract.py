@@ -136,8 +136,9 @@ def polled(running: Callable[[str], Any], adapter: Callable[..., ProviderAdapter
 PROVIDERS = {
     "fake": fake, "replicate": replicate, "fal": fal, "luma": luma,
     "runway": polled(running_runway, RunwayAdapter, "runway/gen4.5", 5, "bad_output", ProviderState.CANCELED),
-    # The Gemini API cannot stop an operation.
-    "veo": polled(running_veo, VeoAdapter, "veo/veo-3.0-generate-001", 8, "internal", ProviderState.RUNNING),
+    # Veo (on Vertex AI) cannot stop an operation.
+    "veo": polled(running_veo, functools.partial(VeoAdapter, output_uri="gs://vidjobs-test-renders/veo/"),
+                  "veo/veo-3.0-generate-001", 8, "internal", ProviderState.RUNNING),
 }
 
 

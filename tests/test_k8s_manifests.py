@@ -306,7 +306,7 @@ NEEDS: dict[str, set[tuple[str, str]]] = {
     "submitter": S3 | API_KEYS | {REPLICATE_WEBHOOK},
     # Every provider's API key to poll and cancel; no storage.
     "poller": API_KEYS,
-    # S3 to store renders; Veo's key because Veo's render URLs are Gemini API downloads (KEYED_DOWNLOADS).
+    # S3 to store renders; Veo's key because Veo's render URLs on the Gemini API are keyed downloads (KEYED_DOWNLOADS).
     "media": S3 | {("vidjobs-provider-secrets", "VIDJOBS_VEO_API_KEY")},
     # The database and NATS only.
     "reaper": set(),

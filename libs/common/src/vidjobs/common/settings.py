@@ -188,13 +188,23 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Our fal user id: fal signs every customer's callbacks with the same keys, so a callback for another
     # fal user (sent to our URL) verifies; it is refused when its X-Fal-Webhook-User-Id is not this one.
     fal_user_id: str = ""
-    # Runway, Luma and Veo (the Gemini API): each one's base URL and API key.
+    # Runway, Luma and Veo: each one's base URL and API key.
     runway_url: str = "https://api.dev.runwayml.com"
     runway_api_key: str = ""
     luma_url: str = "https://api.lumalabs.ai"
     luma_api_key: str = ""
-    veo_url: str = "https://generativelanguage.googleapis.com"
-    veo_api_key: str = ""
+    veo_url: str = ""  # empty: the public endpoint of `veo_api`
+    veo_api_key: str = ""  # a Vertex AI (express mode) key, or a Gemini API key with `veo_api` gemini
+    # Veo is served by two Google APIs: `vertex` (Vertex AI in express mode, the one Google's SDK builds Veo
+    # requests for) or `gemini` (the Gemini API, whose video route only its REST docs still describe). On Vertex
+    # AI, Veo writes each video to Cloud Storage under `veo_output_uri` (`gs://bucket/prefix/`; no submit is made
+    # without it) and the media service fetches it from `veo_storage_url` with no credentials (an API key does
+    # not open Cloud Storage), as it fetches other providers' CDN links: those objects must be readable so, e.g.
+    # a bucket of their own with public read and a lifecycle rule deleting them after a day. On the Gemini API a
+    # video is a file download fetched with the key (media holds `veo_api_key` either way, and sends it there only).
+    veo_api: Literal["vertex", "gemini"] = "vertex"
+    veo_output_uri: str = ""
+    veo_storage_url: str = "https://storage.googleapis.com"
 
     webhook_tolerance_s: int = 300  # a provider callback signed further than this from now is refused
     metrics_port: int = 0  # worker /healthz and /metrics; 0 picks a free port

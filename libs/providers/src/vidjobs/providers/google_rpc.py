@@ -11,14 +11,19 @@ import msgspec
 
 from vidjobs.common.errors import ErrorCode
 
-# google.rpc.Code numbers, as an operation's `error.code` carries them.
+# google.rpc.Code numbers, as an operation's `error.code` carries them: every code google.rpc defines, so the
+# message names the one Google sent, whichever it is.
 _NAMES = {
-    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
-    7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION", 11: "OUT_OF_RANGE",
-    13: "INTERNAL", 14: "UNAVAILABLE", 16: "UNAUTHENTICATED",
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION", 10: "ABORTED",
+    11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS",
+    16: "UNAUTHENTICATED",
 }
 _CODES: dict[str, ErrorCode] = {
-    **dict.fromkeys(("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE"), ErrorCode.INVALID_INPUT),
+    # The request as written cannot succeed (UNIMPLEMENTED: the model does not do what it asks); trying again
+    # would pay for nothing.
+    **dict.fromkeys(("INVALID_ARGUMENT", "FAILED_PRECONDITION", "OUT_OF_RANGE", "UNIMPLEMENTED"),
+                    ErrorCode.INVALID_INPUT),
     # Our project's quota ran out mid-render: nothing wrong with the job, and it may pass later.
     "RESOURCE_EXHAUSTED": ErrorCode.PROVIDER_UNAVAILABLE, "DEADLINE_EXCEEDED": ErrorCode.TIMEOUT,
     **dict.fromkeys(("PERMISSION_DENIED", "UNAUTHENTICATED"), ErrorCode.INTERNAL),
@@ -35,8 +40,9 @@ class Status(msgspec.Struct, kw_only=True):
 
     @property
     def code_name(self) -> str:
-        """The code's name (`INVALID_ARGUMENT`): as given, or looked up from its number."""
-        return self.status or _NAMES.get(self.code, "UNKNOWN")
+        """The code's name (`INVALID_ARGUMENT`): as given, or looked up from its number (a number google.rpc
+        does not define is UNKNOWN's meaning, under its own number)."""
+        return self.status or _NAMES.get(self.code, f"UNKNOWN ({self.code})"[:40])
 
     @property
     def meaning(self) -> ErrorCode:

@@ -12,7 +12,8 @@ from vidjobs.providers.fake.adapter import FakeAdapter, PollingFakeAdapter
 # Each real provider and the setting that holds its API key.
 API_KEY_SETTINGS = {"replicate": "replicate_api_token", "fal": "fal_api_key", "runway": "runway_api_key",
                     "luma": "luma_api_key", "veo": "veo_api_key"}
-# Providers whose render URLs are fetched with our API key (Gemini API file downloads): media holds these keys.
+# Providers whose render URLs may be fetched with our API key (Veo's, on the Gemini API: file downloads): media
+# holds these keys.
 KEYED_DOWNLOADS = frozenset({"veo"})
 
 
@@ -71,7 +72,8 @@ def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[s
     if "veo" in providers:
         from vidjobs.providers.veo import VeoAdapter
 
-        adapters.append(VeoAdapter(session, settings.veo_url, settings.veo_api_key))
+        adapters.append(VeoAdapter(session, settings.veo_url, settings.veo_api_key, api=settings.veo_api,
+                                   output_uri=settings.veo_output_uri, storage_url=settings.veo_storage_url))
     return {adapter.name: adapter for adapter in adapters}
 
 

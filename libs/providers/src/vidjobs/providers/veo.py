@@ -1,29 +1,30 @@
-"""The adapter for Google's Veo through the Gemini API: long-running operations started and polled, no callbacks,
-and a video download keyed like any call. docs/PROVIDERS.md has the routes and fields it reads."""
+"""The adapter for Google's Veo: long-running operations started and polled, no callbacks. Veo is served by
+two Google APIs, and VIDJOBS_VEO_API picks one: Vertex AI (the default, and the one google-genai builds Veo
+requests for), whose videos are written to Cloud Storage where we tell it, or the Gemini API, whose videos are
+file downloads keyed like any call. veo_wire.py has each API's routes and answers; docs/PROVIDERS.md the rest."""
 
 from __future__ import annotations
 
 import base64
-import re
 from typing import Any
-from urllib.parse import quote
 
+import aiohttp
 import msgspec
 
-from vidjobs.common.errors import ErrorCode, ProviderError
+from vidjobs.common.errors import ConfigError, ErrorCode, ProviderError
 from vidjobs.common.jobs import JobRequest
 from vidjobs.providers import checks, http, models
 from vidjobs.providers.base import Format, ModelInfo, ProviderSignal, ProviderState, Submission, SubmitRequest
 from vidjobs.providers.checks import invalid
 from vidjobs.providers.google_rpc import ErrorAnswer, Status
-from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, decode, lost, read_or_none, refusals
+from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, lost, read_or_none, refusals
+from vidjobs.providers.veo_wire import APIS, Gemini, Place, Started, Vertex
 
-KEY_SETTING = "VIDJOBS_VEO_API_KEY"
-KEY_HEADER = "x-goog-api-key"
+KEY_SETTING, API_SETTING, OUTPUT_SETTING = "VIDJOBS_VEO_API_KEY", "VIDJOBS_VEO_API", "VIDJOBS_VEO_OUTPUT_URI"
+KEY_HEADER = "x-goog-api-key"  # on both APIs, as google-genai sends the key (never in the URL, never logged)
+STORAGE_URL = "https://storage.googleapis.com"  # where a gs://bucket/object is read over HTTPS
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # Veo's documented limit for an image-to-video input
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
-# An operation name as the API hands it out; anything else never reaches a request path.
-OPERATION_NAME = re.compile(r"^models/[A-Za-z0-9._-]+/operations/[A-Za-z0-9._-]+$")
 
 
 class Model(msgspec.Struct, frozen=True, kw_only=True):
@@ -52,41 +53,13 @@ FRAMES = models.frame_sets(_CATALOG.frames)
 PEOPLE, MODELS = _CATALOG.people, _CATALOG.models
 FULL_HD_DURATION_S = 8  # Veo 3 renders 1080p as 8 s clips only
 
-# --- the Gemini API's wire format, as far as we read it -------------------------------------------------
-
-
-class _Video(msgspec.Struct):
-    uri: str | None = None
-
-
-class _Sample(msgspec.Struct):
-    video: _Video | None = None
-
-
-class _VideoResponse(msgspec.Struct, kw_only=True, rename="camel"):
-    generated_samples: list[_Sample] = []
-    rai_media_filtered_count: int = 0
-    rai_media_filtered_reasons: list[str] = []
-
-
-class _OperationResponse(msgspec.Struct, rename="camel"):
-    generate_video_response: _VideoResponse | None = None
-
-
-class _Operation(msgspec.Struct, kw_only=True):
-    name: str
-    done: bool = False
-    error: Status | None = None
-    response: _OperationResponse | None = None
-
-
 # --- the adapter ---------------------------------------------------------------------------------------
 
 
 def _said(status: int, body: bytes) -> Said:
     answer = read_or_none(body, ErrorAnswer)
     given = answer.error if answer else Status()
-    # The Gemini API answers a wrong key with 400 INVALID_ARGUMENT; the reason tells it from a bad request.
+    # Google answers a wrong key with 400 INVALID_ARGUMENT; the reason tells it from a bad request.
     wrong_key = given.detail("ErrorInfo").get("reason") in ("API_KEY_INVALID", "API_KEY_SERVICE_BLOCKED")
     return Said(given.message, _KEY_REFUSED if wrong_key else None, given.retry_delay())
 
@@ -102,6 +75,15 @@ class VeoAdapter(HttpAdapter):
     echo_transport = False
     key_header = (KEY_HEADER, "{}")
 
+    def __init__(self, session: aiohttp.ClientSession, base_url: str = "", api_key: str = "", *,
+                 api: str = "vertex", output_uri: str = "", storage_url: str = STORAGE_URL):
+        if api not in APIS:
+            raise ConfigError(f"{API_SETTING} must be one of {', '.join(APIS)} (got {api[:40]!r})")
+        self.api = APIS[api]
+        super().__init__(session, base_url or self.api.url, api_key)
+        self.output = Place.parse(output_uri, OUTPUT_SETTING) if output_uri else None
+        self.storage_url = storage_url.rstrip("/")
+
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"veo/{name}", durations_s=list(m.durations),
                           formats=[Format(ratio, res, [FULL_HD_DURATION_S] if res == "1080p" else None)
@@ -116,35 +98,72 @@ class VeoAdapter(HttpAdapter):
         checks.check_duration(model_id, model.durations, request)
         if request.resolution == "1080p" and request.duration_s != FULL_HD_DURATION_S:
             raise invalid(f"duration_s: {model_id} renders 1080p as {FULL_HD_DURATION_S} s clips only")
-        checks.check_optional(model_id, request, negative_prompt=True)  # the Gemini API takes no seed
+        checks.check_optional(model_id, request, negative_prompt=True)  # no seed: the Gemini API takes none
         people = model.people_for(has_image=request.input_image is not None)
         checks.check_params(model_id, request.params, {"person_generation": checks.one_of(*people)})
 
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
+        place = self.output.uri if self.output is not None and isinstance(self.api, Vertex) else None
+        if place is None and isinstance(self.api, Vertex):
+            # Told nowhere to write, Vertex AI sends the video back inline, which our media service cannot fetch:
+            # refused before a render is paid for.
+            raise ProviderError(ErrorCode.INTERNAL, f"Veo on Vertex AI needs {OUTPUT_SETTING} (gs://bucket/prefix/),"
+                                                    f" where it writes the videos we fetch.")
         image = await self._inline_image(req) if req.request.input_image is not None else None
-        path = f"/v1beta/models/{quote(req.request.model_name, safe='')}:predictLongRunning"
-        started = decode(await self.call("POST", path, json=operation_body(req, image)), _Operation, "Veo")
-        if not OPERATION_NAME.match(started.name):
+        body = operation_body(req, image, storage_uri=place)
+        started = self.read(await self.send(self.api.create(req.request.model_name), body), Started)
+        if not self.api.operation.match(started.name):
             raise ProviderError(ErrorCode.INTERNAL, f"Veo named its operation unexpectedly: {started.name[:100]!r}")
         return Submission(provider_job_id=started.name, state=ProviderState.QUEUED)
 
     async def status(self, provider_job_id: str) -> ProviderSignal:
-        if not OPERATION_NAME.match(provider_job_id):
-            raise ProviderError(ErrorCode.INTERNAL, f"not a Veo operation name: {provider_job_id[:100]!r}")
-        raw = await self.call_known("GET", f"/v1beta/{quote(provider_job_id, safe='/')}")
-        return lost(provider_job_id, "Veo no longer knows this render.") if raw is None else read_operation(raw)
+        if not self.api.operation.match(provider_job_id):
+            raise ProviderError(ErrorCode.INTERNAL, f"not a Veo operation on {self.api.title} "
+                                                    f"({API_SETTING}): {provider_job_id[:100]!r}")
+        method, path, body = self.api.poll(provider_job_id)
+        raw = await self.call_known(method, path, json=body)
+        return lost(provider_job_id, "Veo no longer knows this render.") if raw is None else self.read_operation(raw)
 
     async def cancel(self, provider_job_id: str) -> None:
-        # The Gemini API documents no way to stop a Veo operation. The render runs to its end and its late
-        # signals find a finished job, which ignores them.
+        # Neither API documents a way to stop a Veo operation, and google-genai has none. The render runs to its
+        # end and its late signals find a finished job, which ignores them.
         return None
 
     def download_headers(self) -> dict[str, str]:
-        return dict(self.auth_headers())  # the video URI is a Gemini API file download, keyed like any call
+        # A Gemini API file download is keyed like any call. Cloud Storage takes no API key: our key stays with
+        # Vertex AI, and the media service reads the video as it reads any provider's CDN.
+        return dict(self.auth_headers()) if isinstance(self.api, Gemini) else {}
+
+    def read_operation(self, raw: bytes) -> ProviderSignal:
+        """A polled operation as a signal; ProviderError(INTERNAL) when it breaks the API's schema."""
+        try:
+            op = self.api.read(raw)
+        except msgspec.DecodeError as exc:
+            raise ProviderError(ErrorCode.INTERNAL, f"Veo sent a malformed answer: {exc}") from exc
+        if not op.done:
+            return ProviderSignal(provider_job_id=op.name, state=ProviderState.RUNNING)  # Veo gives no percentage
+        if op.error is not None:
+            return _errored(op.name, op.error)
+        if op.uris:
+            return self._video(op.name, op.uris[0])
+        if op.inline:
+            return _failed(op.name, ErrorCode.INTERNAL, f"Veo sent the video inline, which our media service cannot "
+                                                        f"fetch; it writes it to {OUTPUT_SETTING} when that is set.")
+        if op.filtered > 0 or op.reasons:
+            said = f"Veo's safety filters held the video back. {' '.join(op.reasons)}"
+            return _failed(op.name, ErrorCode.CONTENT_REJECTED, said.strip())
+        return _failed(op.name, ErrorCode.PROVIDER_UNAVAILABLE, "Veo finished without a video.")
+
+    def _video(self, name: str, uri: str) -> ProviderSignal:
+        # A Gemini API file download is fetched as it is, with the key; Vertex AI's only from where we told it.
+        url = uri if isinstance(self.api, Gemini) else self.output and self.output.https(uri, self.storage_url)
+        if not url:
+            return _failed(name, ErrorCode.INTERNAL, f"Veo put the video somewhere other than {OUTPUT_SETTING}.")
+        return ProviderSignal(provider_job_id=name, state=ProviderState.SUCCEEDED, output_url=url)
 
     async def _inline_image(self, req: SubmitRequest) -> dict[str, str]:
-        """The input image as the Gemini API takes it: inline, base64-encoded (it fetches no URLs)."""
+        """The input image as Veo takes it: inline, base64-encoded (it fetches no URLs of ours)."""
         data, mime = await http.read_image(self.session, req.input_image_url, IMAGE_TYPES, MAX_IMAGE_BYTES)
         return {"bytesBase64Encoded": base64.b64encode(data).decode(), "mimeType": mime}
 
@@ -152,8 +171,10 @@ class VeoAdapter(HttpAdapter):
 # --- translation ---------------------------------------------------------------------------------------
 
 
-def operation_body(req: SubmitRequest, image: dict[str, str] | None = None) -> dict[str, Any]:
-    """The JSON body that starts an operation for this request (validated already)."""
+def operation_body(req: SubmitRequest, image: dict[str, str] | None = None, *,
+                   storage_uri: str | None = None) -> dict[str, Any]:
+    """The JSON body that starts an operation for this request (validated already); both APIs take it, Vertex AI
+    with the place to write the video."""
     r = req.request
     model = MODELS[r.model_name]
     instance: dict[str, Any] = {"prompt": r.prompt}
@@ -167,31 +188,17 @@ def operation_body(req: SubmitRequest, image: dict[str, str] | None = None) -> d
         parameters["negativePrompt"] = r.negative_prompt
     if "person_generation" in r.params:
         parameters["personGeneration"] = r.params["person_generation"]
+    if storage_uri is not None:
+        parameters["storageUri"] = storage_uri
     return {"instances": [instance], "parameters": parameters}
 
 
-def read_operation(raw: bytes) -> ProviderSignal:
-    """A `GET /v1beta/{operation}` answer as a signal; ProviderError(INTERNAL) when it breaks the API's schema."""
-    op = decode(raw, _Operation, "Veo")
-    if not op.done:
-        return ProviderSignal(provider_job_id=op.name, state=ProviderState.RUNNING)  # Veo gives no percentage
-    if op.error is not None:
-        return _errored(op.name, op.error)
-    answer = (op.response and op.response.generate_video_response) or _VideoResponse()
-    uri = next((s.video.uri for s in answer.generated_samples if s.video is not None and s.video.uri), None)
-    if uri is not None:
-        return ProviderSignal(provider_job_id=op.name, state=ProviderState.SUCCEEDED, output_url=uri)
-    if answer.rai_media_filtered_count > 0 or answer.rai_media_filtered_reasons:
-        said = f"Veo's safety filters held the video back. {' '.join(answer.rai_media_filtered_reasons)}"
-        error = http.said_error(ErrorCode.CONTENT_REJECTED, "Veo", said.strip())
-    else:
-        error = http.said_error(ErrorCode.PROVIDER_UNAVAILABLE, "Veo", "Veo finished without a video.")
-    return ProviderSignal(provider_job_id=op.name, state=ProviderState.FAILED, error=error)
+def _failed(name: str, code: ErrorCode, said: str) -> ProviderSignal:
+    return ProviderSignal(provider_job_id=name, state=ProviderState.FAILED, error=http.said_error(code, "Veo", said))
 
 
 def _errored(name: str, status: Status) -> ProviderSignal:
     if status.code_name == "CANCELLED":
         return ProviderSignal(provider_job_id=name, state=ProviderState.CANCELED)
     said = f"{status.code_name}: {status.message}" if status.message else status.code_name
-    return ProviderSignal(provider_job_id=name, state=ProviderState.FAILED,
-                          error=http.said_error(status.meaning, "Veo", said))
+    return _failed(name, status.meaning, said)
