@@ -195,7 +195,7 @@ async def test_on_the_gemini_api_the_video_is_downloaded_with_our_key(veo: VeoSt
 
 
 async def test_without_an_output_place_vertex_ai_is_asked_nothing(veo: VeoStandin, http: aiohttp.ClientSession):
-    adapter = VeoAdapter(http, veo.url, KEY, storage_url=veo.storage_url)
+    adapter = VeoAdapter(http, veo.url, KEY, api="vertex", storage_url=veo.storage_url)
 
     with pytest.raises(ProviderError) as caught:
         await adapter.submit(attempt(job()))
@@ -215,8 +215,9 @@ def test_a_malformed_veo_setting_stops_the_start(http: aiohttp.ClientSession, ap
 
 
 def test_each_api_has_its_public_endpoint_by_default(http: aiohttp.ClientSession):
-    assert VeoAdapter(http).base_url == "https://aiplatform.googleapis.com"
+    assert VeoAdapter(http, api="vertex").base_url == "https://aiplatform.googleapis.com"
     assert VeoAdapter(http, api="gemini").base_url == "https://generativelanguage.googleapis.com"
+    assert VeoAdapter(http).base_url == "https://generativelanguage.googleapis.com"  # a deployment's key keeps working
 
 
 async def test_a_veo_3_request_names_its_resolution(adapter: VeoAdapter, veo: VeoStandin):

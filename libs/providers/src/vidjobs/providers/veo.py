@@ -1,7 +1,8 @@
 """The adapter for Google's Veo: long-running operations started and polled, no callbacks. Veo is served by
-two Google APIs, and VIDJOBS_VEO_API picks one: Vertex AI (the default, and the one google-genai builds Veo
-requests for), whose videos are written to Cloud Storage where we tell it, or the Gemini API, whose videos are
-file downloads keyed like any call. veo_wire.py has each API's routes and answers; docs/PROVIDERS.md the rest."""
+two Google APIs, and VIDJOBS_VEO_API picks one: Vertex AI (the one google-genai builds Veo requests for), whose
+videos are written to Cloud Storage where we tell it, or the Gemini API (the default, so a deployment's key
+keeps working across an upgrade), whose videos are file downloads keyed like any call. veo_wire.py has each
+API's routes and answers; docs/PROVIDERS.md the rest."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ class VeoAdapter(HttpAdapter):
     key_header = (KEY_HEADER, "{}")
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str = "", api_key: str = "", *,
-                 api: str = "vertex", output_uri: str = "", storage_url: str = STORAGE_URL):
+                 api: str = "gemini", output_uri: str = "", storage_url: str = STORAGE_URL):
         if api not in APIS:
             raise ConfigError(f"{API_SETTING} must be one of {', '.join(APIS)} (got {api[:40]!r})")
         self.api = APIS[api]
