@@ -49,6 +49,16 @@ class Exchange:
                 if name not in TRANSPORT_HEADERS and not name.startswith(("x-stainless-", "x-goog-api-client"))}
 
 
+def assert_same_call(server: RecordingServer, protocol_headers: Mapping[str, str]) -> None:
+    """The SDK's request (the first recorded) and ours (the second) went to the same route with the same
+    query and JSON body, and both carried exactly `protocol_headers` (auth, API version)."""
+    theirs, ours = server.exchanges
+    assert ours.route == theirs.route
+    assert ours.query == theirs.query
+    assert ours.protocol_headers() == theirs.protocol_headers() == dict(protocol_headers)
+    assert ours.json() == theirs.json()
+
+
 @dataclass
 class Answer:
     method: str
