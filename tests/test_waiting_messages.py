@@ -70,7 +70,10 @@ async def test_a_job_behind_a_full_quota_starts_when_the_slot_frees(tmp_path, da
         ahead = await stack.create_job(params={"render_s": 3})
         behind = await stack.create_job(params={"render_s": 0.1})
         await stack.wait_for_status(ahead["id"], "processing")
-        await asyncio.sleep(0.5)
+        # Parked, and its message acknowledged: waited for, as on a loaded machine either can take longer than
+        # any fixed sleep. It then waits holding no message of its own (checked again below).
+        await wait_until(lambda: _parked(database_url, behind["id"]), within=10, what="the job behind to park")
+        await wait_until(lambda: _holds_nothing(nats_url, "submitter"), within=5, what="its message acknowledged")
         before = await _deliveries(nats_url, "submitter")
         done = await stack.wait_terminal(behind["id"], within=30)
         moves = await _fetch(database_url, "SELECT job_id, to_status, at FROM job_transitions "
@@ -96,6 +99,10 @@ async def test_a_lost_wake_up_is_caught_by_the_queue_sweep(tmp_path, database_ur
         done = await stack.wait_terminal(behind["id"], within=30)
 
     assert done["status"] == "completed"
+
+
+async def _holds_nothing(nats_url: str, consumer: str) -> bool:
+    return (await _deliveries(nats_url, consumer))[0] == 0
 
 
 async def _parked(database_url: str, job_id: str) -> bool:
