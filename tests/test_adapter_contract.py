@@ -94,7 +94,7 @@ async def replicate(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
 @contextlib.asynccontextmanager
 async def fal(http: aiohttp.ClientSession) -> AsyncIterator[Provider]:
     async with FalStandIn(api_key=KEY, queue_step_s=0.05, render_s=0.1) as standin:
-        adapter = FalAdapter(http, standin.url, KEY, standin.jwks_url)
+        adapter = FalAdapter(http, standin.url, KEY, standin.jwks_url, app_in_ids=True)
         body = json.dumps({"request_id": "r1", "status": "OK", "payload": {"video": {"url": "x"}}}).encode()
         await adapter.verifier.verify_fresh(standin.sign(body, "r1"), body)  # the keys are fetched
         plan = {s.value: s for s in Scenario}

@@ -55,6 +55,9 @@ class ProviderSignal(msgspec.Struct, kw_only=True):
     # False for a callback nobody signed (Luma): it only says where to look, so the poller asks the
     # provider for the job's status before acting on it.
     verified: bool = True
+    # A callback that names its render only in part lists every other id we may have stored the render under
+    # (fal's names the request, not the app our id carries); the render is matched to its job by any of them.
+    alternate_ids: list[str] = []
 
 
 ALL_RATIOS = ("16:9", "9:16", "1:1")

@@ -4,7 +4,7 @@ docs/PROVIDERS.md has the routes and bodies."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -24,9 +24,13 @@ _SERVER_TYPES = {"internal_server_error", "generation_timeout", "downstream_serv
 _CONTENT_WORDS = ("content_policy", "content policy", "flagged by a content checker", "nsfw")
 _INPUT_WORDS = ("validation", "invalid input", "status code: 422", "status code: 400")
 
+# A request id as fal hands it out (a UUID): bounded, and free of the slash that parts it from its app in the
+# provider job id we store (`job_id`).
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^/\s]+$")]
+
 
 class Queued(msgspec.Struct, kw_only=True):
-    request_id: str
+    request_id: RequestId
     queue_position: int | None = None
 
 
@@ -58,11 +62,24 @@ class ErrorBody(msgspec.Struct, kw_only=True):
 
 
 class _Webhook(msgspec.Struct, kw_only=True):
-    request_id: str
+    request_id: RequestId
     status: str
     payload: Any = None
     error: str | None = None
     payload_error: str | None = None
+
+
+def job_id(app: str, request_id: str) -> str:
+    """The provider job id of a request: `<app>/<request id>`, so that its status and cancel go to its own app
+    (the adapter protocol hands `status` and `cancel` nothing else)."""
+    return f"{app}/{request_id}"
+
+
+def split_job_id(provider_job_id: str) -> tuple[str | None, str]:
+    """(app, request id) of a provider job id; no app for an id stored as the bare request id (by a release
+    before ids carried the app, or with VIDJOBS_FAL_APP_IN_JOB_IDS off)."""
+    app, _, request_id = provider_job_id.rpartition("/")
+    return app or None, request_id
 
 
 def request_path(app: str, request_id: str, tail: str = "") -> str:

@@ -92,6 +92,7 @@ async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> No
         log.warning("callback for an unknown job", extra={"inbox_id": event.inbox_id,
                                                           "provider_job_id": sig.provider_job_id})
         return
+    sig = _as_stored(sig, job)
     # From here the callback's work is the job's: it goes on under the request that created the job.
     logs.about_job(job.id, job.account_id)
     log.info("callback matched its job", extra={"job_id": job.id, "inbox_id": event.inbox_id,
@@ -109,9 +110,18 @@ async def _job_for(ctx: Context, provider: str, sig: ProviderSignal) -> JobRow |
         job = await jobs.fetch(ctx.rt.pool, sig.job_id)
         return job if job is not None and job.provider == provider else None
     job_id = await ctx.rt.pool.fetchval(
-        "SELECT id FROM jobs WHERE provider = $1 AND provider_job_id = $2", provider, sig.provider_job_id,
+        "SELECT id FROM jobs WHERE provider = $1 AND provider_job_id = ANY($2::text[])",
+        provider, [sig.provider_job_id, *sig.alternate_ids],
     )
     return None if job_id is None else await jobs.fetch(ctx.rt.pool, job_id)
+
+
+def _as_stored(sig: ProviderSignal, job: JobRow) -> ProviderSignal:
+    """A callback matched to its job by another of the render's ids speaks of it by the id the job holds, the
+    one every check of a signal against its job compares."""
+    if job.provider_job_id is not None and job.provider_job_id in sig.alternate_ids:
+        return msgspec.structs.replace(sig, provider_job_id=job.provider_job_id)
+    return sig
 
 
 async def on_poll(ctx: Context, event: PollRequested, delivery: Delivery) -> None:
