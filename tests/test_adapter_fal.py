@@ -25,12 +25,10 @@ from tests.standins.fal import FalStandIn, Scenario, payload
 from tests.support import wait_until
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
-from vidjobs.common.settings import Settings
 from vidjobs.gateway.bodies import Model as GatewayModel
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from vidjobs.providers.fal import APPS, FalAdapter
 from vidjobs.providers.fal_signature import Jwks, UnknownKey
-from vidjobs.providers.registry import build_adapters
 
 KLING = "fal-ai/kling-video/v2/master/text-to-video"
 KLING_I2V = "fal-ai/kling-video/v2/master/image-to-video"
@@ -49,14 +47,6 @@ async def standin():
 
 @pytest.fixture
 async def adapter(standin, http):
-    fal = FalAdapter(http, standin.url, KEY, standin.jwks_url, app_in_ids=True)
-    yield fal
-    await fal.close()
-
-
-@pytest.fixture
-async def adapter_without_apps(standin, http):
-    """As a deployment with VIDJOBS_FAL_APP_IN_JOB_IDS off (the default for one release): bare request ids."""
     fal = FalAdapter(http, standin.url, KEY, standin.jwks_url)
     yield fal
     await fal.close()
@@ -71,12 +61,12 @@ def submit_request(request: JobRequest, *, callback_url: str | None = None, imag
                          callback_url=callback_url, input_image_url=image_url)
 
 
-async def until_finished(adapter: FalAdapter, request_id: str) -> list[ProviderSignal]:
+async def until_finished(adapter: FalAdapter, request_id: str, model_name: str | None = KLING) -> list[ProviderSignal]:
     """Every status signal from the first poll to a finished one."""
     seen: list[ProviderSignal] = []
 
     async def finished():
-        seen.append(await adapter.status(request_id))
+        seen.append(await adapter.status(request_id, model_name=model_name))
         return seen[-1].state in (ProviderState.SUCCEEDED, ProviderState.FAILED, ProviderState.CANCELED)
 
     await wait_until(finished, within=10, interval=0.05, what=f"{request_id} to finish")
@@ -133,14 +123,16 @@ def test_it_has_every_method_of_a_provider_adapter_with_a_signature_that_takes_i
     mismatched = {name: why for name in _protocol_methods()
                   if (why := _takes_every_call_of(getattr(ProviderAdapter, name), getattr(FalAdapter, name)))}
     assert not mismatched, mismatched
-    assert "status" in _protocol_methods() and list(inspect.signature(FalAdapter.status).parameters) == [
-        "self", "provider_job_id"]  # the app travels inside the id, not beside it
+    for name in ("status", "cancel"):  # the job's model, which says which app holds the request
+        model_name = inspect.signature(getattr(FalAdapter, name)).parameters["model_name"]
+        assert model_name.kind is inspect.Parameter.KEYWORD_ONLY and model_name.default is None
 
 
 def test_the_signature_check_sees_a_method_that_would_not_take_the_protocols_calls():
     """The check itself: each way of not fitting a method of the Protocol is caught."""
-    async def status(self: Any, provider_job_id: str) -> ProviderSignal: ...
-    def blocking(self: Any, provider_job_id: str) -> ProviderSignal: ...
+    async def status(self: Any, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal: ...
+    async def without_model(self: Any, provider_job_id: str) -> ProviderSignal: ...
+    def blocking(self: Any, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal: ...
     async def renamed(self: Any, job_id: str) -> ProviderSignal: ...
     async def needs_more(self: Any, provider_job_id: str, model_name: str) -> ProviderSignal: ...
     async def wrong_type(self: Any, provider_job_id: int) -> ProviderSignal: ...
@@ -148,7 +140,7 @@ def test_the_signature_check_sees_a_method_that_would_not_take_the_protocols_cal
 
     spec = ProviderAdapter.status
     assert _takes_every_call_of(spec, status) == []
-    for impl in (blocking, renamed, needs_more, wrong_type, wrong_answer):
+    for impl in (without_model, blocking, renamed, needs_more, wrong_type, wrong_answer):
         assert _takes_every_call_of(spec, impl), impl.__name__
 
 
@@ -194,9 +186,8 @@ async def test_submit_sends_the_models_own_input_and_the_webhook(adapter, standi
 
     accepted = await adapter.submit(submit_request(request, callback_url="http://gw.test/v1/webhooks/fal"))
 
-    sent = standin.request(accepted.provider_job_id)
+    sent = standin.requests[accepted.provider_job_id]  # fal's request id, as fal handed it out
     assert sent.model_id == KLING and sent.app == "fal-ai/kling-video"
-    assert accepted.provider_job_id == f"fal-ai/kling-video/{sent.id}"  # the app travels with the id
     assert sent.input == {"prompt": "a red fox in snow", "duration": "10", "aspect_ratio": "9:16",
                           "negative_prompt": "blur", "cfg_scale": 0.25}
     assert sent.webhook_url == "http://gw.test/v1/webhooks/fal"
@@ -210,23 +201,21 @@ async def test_submit_sends_the_models_own_input_and_the_webhook(adapter, standi
 ])
 async def test_each_family_gets_its_own_spelling(adapter, standin, request_, expected):
     accepted = await adapter.submit(submit_request(request_))
-    assert standin.request(accepted.provider_job_id).input == {"prompt": "a red fox in snow", **expected}
+    assert standin.requests[accepted.provider_job_id].input == {"prompt": "a red fox in snow", **expected}
 
 
 async def test_an_image_to_video_model_gets_the_image_url(adapter, standin):
     request = job(KLING_I2V, input_image="upl_1")
     accepted = await adapter.submit(submit_request(request, image_url="https://files.test/upl_1.png"))
-    assert standin.request(accepted.provider_job_id).input["image_url"] == "https://files.test/upl_1.png"
+    assert standin.requests[accepted.provider_job_id].input["image_url"] == "https://files.test/upl_1.png"
 
 
-@pytest.mark.parametrize("ids", ["naming the app", "bare, as stored before"])
-async def test_a_render_is_queued_with_positions_then_runs_then_succeeds(adapter, adapter_without_apps, standin,
-                                                                         http, ids):
-    fal = adapter if ids == "naming the app" else adapter_without_apps
+@pytest.mark.parametrize("model_name", [KLING, None])  # None: the adapter finds the request's app itself
+async def test_a_render_is_queued_with_positions_then_runs_then_succeeds(adapter, standin, http, model_name):
     prompt = standin.plan("a long queue", Scenario.LONG_QUEUE)
-    accepted = await fal.submit(submit_request(job(prompt=prompt)))
+    accepted = await adapter.submit(submit_request(job(prompt=prompt)))
 
-    seen = await until_finished(fal, accepted.provider_job_id)
+    seen = await until_finished(adapter, accepted.provider_job_id, model_name)
 
     positions = [s.queue_position for s in seen if s.state is ProviderState.QUEUED]
     assert positions[0] == 3 and positions[-1] == 0 and positions == sorted(positions, reverse=True)
@@ -274,7 +263,7 @@ async def test_a_rate_limit_carries_retry_after_and_then_lets_the_submit_through
 
     accepted = await adapter.submit(submit_request(job(prompt=prompt)))
 
-    assert standin.request(accepted.provider_job_id) and standin.renders[prompt] == 1
+    assert standin.requests[accepted.provider_job_id] and standin.renders[prompt] == 1
 
 
 async def test_a_wrong_key_is_our_configuration_and_the_key_is_never_repeated(standin, http, caplog):
@@ -303,7 +292,7 @@ async def test_an_unreachable_fal_is_unavailable_and_a_silent_one_times_out(http
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.2)) as impatient:
         silent = FalAdapter(impatient, url, KEY, url + "/jwks", prefetch_keys=False)
         with pytest.raises(ProviderError) as err:
-            await silent.status(f"fal-ai/kling-video/{RID}")
+            await silent.status(RID, model_name=KLING)
     assert err.value.code is ErrorCode.TIMEOUT
 
 
@@ -314,7 +303,7 @@ async def test_an_unreachable_fal_is_unavailable_and_a_silent_one_times_out(http
 ])
 async def test_a_completed_requests_failed_result_is_a_failed_render(http, status, body, headers, code):
     async with _completed_request_whose_result_answers(http, status, payload(body), headers) as fal:
-        signal = await fal.status(f"fal-ai/veo3/{RID}")
+        signal = await fal.status(RID, model_name=VEO3)
     assert signal.state is ProviderState.FAILED and signal.error is not None and signal.error.code is code
 
 
@@ -330,7 +319,7 @@ async def test_a_failed_fetch_of_a_completed_requests_result_is_raised_to_be_tri
     data = payload(body) if body else b"<html>upstream trouble</html>"
     async with _completed_request_whose_result_answers(http, status, data, headers) as fal:
         with pytest.raises(ProviderError) as err:
-            await fal.status(f"fal-ai/veo3/{RID}")
+            await fal.status(RID, model_name=VEO3)
     assert err.value.code is code, err.value.message
     assert err.value.retryable and err.value.retry_after == retry_after
 
@@ -349,11 +338,11 @@ async def _completed_request_whose_result_answers(http: aiohttp.ClientSession, s
         yield FalAdapter(http, url, KEY, url + "/jwks", prefetch_keys=False)
 
 
-@pytest.mark.parametrize("provider_job_id", [f"fal-ai/veo3/{RID}", RID])
-async def test_a_request_fal_does_not_know_has_failed(adapter, provider_job_id):
-    signal = await adapter.status(provider_job_id)
+@pytest.mark.parametrize("model_name", [VEO3, None])
+async def test_a_request_fal_does_not_know_has_failed(adapter, model_name):
+    signal = await adapter.status(RID, model_name=model_name)
     assert signal.state is ProviderState.FAILED and signal.error.code is ErrorCode.PROVIDER_UNAVAILABLE
-    assert signal.provider_job_id == provider_job_id
+    assert signal.provider_job_id == RID
 
 
 async def test_cancel_stops_a_queued_request_and_is_quiet_about_finished_ones(adapter, standin):
@@ -361,48 +350,44 @@ async def test_cancel_stops_a_queued_request_and_is_quiet_about_finished_ones(ad
     done = await adapter.submit(submit_request(job(prompt="a quick one")))
     await until_finished(adapter, done.provider_job_id)
 
-    await adapter.cancel(hung.provider_job_id)
-    await adapter.cancel(done.provider_job_id)  # ALREADY_COMPLETED: nothing to stop
-    await adapter.cancel(f"fal-ai/veo3/{RID}")  # unknown to its app: nothing to stop
-    await adapter.cancel(RID)  # an id stored without its app, unknown anywhere: nothing to stop
+    await adapter.cancel(hung.provider_job_id, model_name=KLING)
+    await adapter.cancel(done.provider_job_id, model_name=KLING)  # ALREADY_COMPLETED: nothing to stop
+    await adapter.cancel(RID, model_name=VEO3)  # unknown to its app: nothing to stop
+    await adapter.cancel(RID)  # no model named, unknown under every app: nothing to stop
 
-    assert standin.request(hung.provider_job_id).canceled
-    assert not standin.request(done.provider_job_id).canceled
+    assert standin.requests[hung.provider_job_id].canceled
+    assert not standin.requests[done.provider_job_id].canceled
 
 
 async def test_status_and_cancel_ask_the_jobs_own_app_and_no_other(adapter, standin):
     accepted = await adapter.submit(submit_request(job(VEO3, duration_s=8,
                                                        prompt=standin.plan("a long wait", Scenario.HANG))))
+    rid = accepted.provider_job_id
     standin.asked.clear()
 
-    assert (await adapter.status(accepted.provider_job_id)).state is ProviderState.QUEUED
-    await adapter.cancel(accepted.provider_job_id)
+    assert (await adapter.status(rid, model_name=VEO3)).state is ProviderState.QUEUED
+    await adapter.cancel(rid, model_name=VEO3)
 
-    rid = standin.request(accepted.provider_job_id).id
     assert standin.asked == [("GET", f"/fal-ai/veo3/requests/{rid}/status"),
                              ("PUT", f"/fal-ai/veo3/requests/{rid}/cancel")]
-    assert standin.request(accepted.provider_job_id).canceled
+    assert standin.requests[rid].canceled
 
 
-async def test_an_id_stored_without_its_app_is_looked_up_under_each_app_in_turn(adapter_without_apps, standin):
-    accepted = await adapter_without_apps.submit(submit_request(job(VEO3, duration_s=8)))
+@pytest.mark.parametrize("model_name", [None, "fal-ai/a-model-since-dropped"])
+async def test_a_job_whose_model_is_not_known_is_looked_up_under_each_app_in_turn(adapter, standin, model_name):
+    accepted = await adapter.submit(submit_request(job(VEO3, duration_s=8,
+                                                       prompt=standin.plan("a long wait", Scenario.HANG))))
+    rid = accepted.provider_job_id
     standin.asked.clear()
 
-    await adapter_without_apps.status(accepted.provider_job_id)
+    assert (await adapter.status(rid, model_name=model_name)).state is ProviderState.QUEUED
+    await adapter.cancel(rid, model_name=model_name)
 
-    assert "/" not in accepted.provider_job_id
-    assert standin.asked == [("GET", f"/{app}/requests/{accepted.provider_job_id}/status")
-                             for app in APPS[:APPS.index("fal-ai/veo3") + 1]]
-
-
-@pytest.mark.parametrize(("setting", "names_app"), [("on", True), ("off", False)])
-async def test_the_setting_decides_whether_new_ids_name_their_app(http, setting, names_app):
-    settings = Settings(fal_api_key=KEY, fal_jwks_url="http://127.0.0.1:9/jwks", fal_app_in_job_ids=setting)
-    fal = build_adapters(settings, http)["fal"]
-    try:
-        assert isinstance(fal, FalAdapter) and fal.app_in_ids is names_app
-    finally:
-        await fal.close()
+    up_to_veo3 = APPS[:APPS.index("fal-ai/veo3") + 1]
+    assert len(up_to_veo3) > 1  # another app is asked first, and answers 404
+    assert standin.asked == [*(("GET", f"/{app}/requests/{rid}/status") for app in up_to_veo3),
+                             *(("PUT", f"/{app}/requests/{rid}/cancel") for app in up_to_veo3)]
+    assert standin.requests[rid].canceled
 
 
 async def test_there_is_no_earlier_submission_to_find(adapter):
@@ -418,9 +403,7 @@ def recorded(name: str) -> bytes:
 
 def test_an_ok_webhook_is_a_finished_render(adapter):
     signal = adapter.parse_callback(recorded("webhook_ok"))
-    # fal's webhook names the request but not its app: the job holds the bare id, or the id under its app.
-    assert signal == ProviderSignal(provider_job_id=RID, state=ProviderState.SUCCEEDED, output_url=VIDEO,
-                                    alternate_ids=[f"{app}/{RID}" for app in APPS])
+    assert signal == ProviderSignal(provider_job_id=RID, state=ProviderState.SUCCEEDED, output_url=VIDEO)
 
 
 def test_an_ok_webhook_without_its_payload_only_says_where_to_look(adapter):
@@ -590,7 +573,7 @@ async def _tried(fal: FalAdapter) -> bool:
 async def test_webhooks_from_the_standin_are_verified_by_a_receiver_over_http(standin, http):
     """What the gateway does with a delivery — verify, 401 if untrusted, else read it — against the stand-in's
     own signed deliveries; the keys are not loaded when the first one arrives, so fal's retry is what lands."""
-    fal = FalAdapter(http, standin.url, KEY, standin.jwks_url, prefetch_keys=False, app_in_ids=True)
+    fal = FalAdapter(http, standin.url, KEY, standin.jwks_url, prefetch_keys=False)
     received: list[ProviderSignal] = []
 
     async def receive(request: web.Request) -> web.Response:
@@ -607,10 +590,8 @@ async def test_webhooks_from_the_standin_are_verified_by_a_receiver_over_http(st
         await wait_until(lambda: _got(received), within=10, what="a verified delivery")
     await fal.close()
 
-    request_id = standin.request(accepted.provider_job_id).id
-    assert [d.status for d in standin.delivered(request_id)] == [401, 200]
-    assert received[0].provider_job_id == request_id and received[0].output_url.endswith(".mp4")
-    assert accepted.provider_job_id in received[0].alternate_ids
+    assert [d.status for d in standin.delivered(accepted.provider_job_id)] == [401, 200]
+    assert received[0].provider_job_id == accepted.provider_job_id and received[0].output_url.endswith(".mp4")
 
 
 async def _got(received: list) -> bool:
@@ -632,11 +613,8 @@ needs_fal_models = pytest.mark.skipif(
 
 @pytest.fixture
 async def fal_stack(tmp_path, database_url, nats_url, standin):
-    """The stack with fal job ids naming their app: a webhook, which names only the request, still finds its
-    job (through the signal's alternate ids, at the gateway and in the poller)."""
     settings = stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
-                              fal_jwks_url=standin.jwks_url, download_allow_hosts=host_port(standin.url),
-                              fal_app_in_job_ids="on")
+                              fal_jwks_url=standin.jwks_url, download_allow_hosts=host_port(standin.url))
     async with running_stack(settings) as stack:
         yield stack
 
@@ -657,8 +635,7 @@ async def test_a_fal_job_completes_through_a_verified_webhook(fal_stack, standin
     assert done["outputs"]["height"] > done["outputs"]["width"]  # 9:16 as asked
     trail = await fal_stack.trail(done["id"])
     assert_legal_trail(trail)
-    assert any(f"as fal-ai/kling-video/{request.id}" in m["reason"] for m in trail), trail  # the id we stored
-    assert any("callback" in m["reason"] for m in trail), trail  # ... and the webhook naming only the request
+    assert any("callback" in m["reason"] for m in trail), trail
     assert standin.renders[prompt] == 1
 
 
@@ -725,6 +702,35 @@ async def test_a_fal_job_without_a_webhook_is_found_by_polling(tmp_path, databas
 
     assert done["status"] == "completed", done
     assert any("recovery" in r for r in reasons), reasons
+
+
+@needs_fal_models
+async def test_the_pollers_status_polls_and_cancel_ask_only_the_jobs_own_app(tmp_path, database_url, nats_url,
+                                                                               standin):
+    """A veo3 job through the real stack: its recovery polls and its cancel carry its model, so fal-ai/veo3 alone
+    is asked, never fal-ai/kling-video, which comes first in our table and would be asked first otherwise."""
+    settings = stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
+                              fal_jwks_url=standin.jwks_url, recovery_delay_s=1, recovery_interval_s=1,
+                              download_allow_hosts=host_port(standin.url))
+    prompt = standin.plan("a render that waits until it is canceled", Scenario.HANG)
+    async with running_stack(settings) as stack:
+        created = await stack.create_job(model=f"fal/{VEO3}", prompt=prompt, duration_s=8)
+        await stack.wait_for_status(created["id"], "submitted", "processing")
+        [request] = [r for r in standin.requests.values() if r.input["prompt"] == prompt]
+        await wait_until(lambda: _asked(standin, "GET", request.id), within=20, what="a status poll")
+        async with stack.session.post(f"{stack.url}/v1/jobs/{created['id']}/cancel", headers=stack.auth) as resp:
+            assert resp.status == 200
+        await wait_until(lambda: _asked(standin, "PUT", request.id), within=20, what="the cancel to reach fal")
+
+    asked = [(method, path) for method, path in standin.asked if request.id in path]
+    assert ("GET", f"/fal-ai/veo3/requests/{request.id}/status") in asked
+    assert ("PUT", f"/fal-ai/veo3/requests/{request.id}/cancel") in asked
+    assert all(path.startswith("/fal-ai/veo3/") for _, path in asked), asked
+    assert request.canceled
+
+
+async def _asked(standin: FalStandIn, method: str, request_id: str) -> bool:
+    return any(m == method and request_id in path for m, path in standin.asked)
 
 
 def test_recorded_payloads_are_json():

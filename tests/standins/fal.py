@@ -198,10 +198,6 @@ class FalStandIn(CallingStandin):
     def delivered(self, request_id: str) -> list[Delivery]:
         return [d for d in self.deliveries if d.request_id == request_id]
 
-    def request(self, provider_job_id: str) -> FalRequest:
-        """The request an adapter's provider job id names, with its app (`<app>/<request id>`) or without."""
-        return self.requests[provider_job_id.rpartition("/")[2]]
-
     # --- routes ---
 
     async def _submit(self, request: web.Request) -> web.Response:

@@ -188,11 +188,6 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Our fal user id: fal signs every customer's callbacks with the same keys, so a callback for another
     # fal user (sent to our URL) verifies; it is refused when its X-Fal-Webhook-User-Id is not this one.
     fal_user_id: str = ""
-    # `on`: a new fal job's provider id names its app (`<app>/<request id>`), so its status and cancel are
-    # asked of that app alone; `off`: it is the bare request id, looked up under each app we offer in turn. Ids
-    # of both forms are read either way. Turn it on once no pod of the previous release runs: that release
-    # cannot poll or cancel an id that names its app (docs/UPGRADES.md).
-    fal_app_in_job_ids: Literal["on", "off"] = "off"
     # Runway, Luma and Veo (the Gemini API): each one's base URL and API key.
     runway_url: str = "https://api.dev.runwayml.com"
     runway_api_key: str = ""

@@ -1,6 +1,5 @@
 """The adapter for fal.ai's queue API (`fal/<model id>`): requests queued, polled and canceled under the model's
-app (named in our provider job id, `<app>/<request id>`, once VIDJOBS_FAL_APP_IN_JOB_IDS is on), webhooks signed
-with ED25519 (`fal_signature.py`). docs/PROVIDERS.md has the routes and bodies it reads."""
+app, webhooks signed with ED25519 (`fal_signature.py`). docs/PROVIDERS.md has the routes and bodies it reads."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from vidjobs.common.jobs import JobRequest
 from vidjobs.providers import checks, fal_queue, http, models
 from vidjobs.providers.base import ModelInfo, ProviderSignal, Submission, SubmitRequest, formats
 from vidjobs.providers.checks import boolean, invalid, number
-from vidjobs.providers.fal_queue import NAME, Queued, Status, job_id, request_path, split_job_id
+from vidjobs.providers.fal_queue import NAME, Queued, Status, request_path
 from vidjobs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
 from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, decode, lost
 
@@ -63,12 +62,9 @@ class FalAdapter(HttpAdapter):
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, api_key: str, jwks_url: str, *,
                  tolerance_s: float = 300, jwks: Jwks | None = None, prefetch_keys: bool = True,
-                 user_id: str = "", app_in_ids: bool = False):
+                 user_id: str = ""):
         super().__init__(session, base_url, api_key)
         self.user_id = user_id  # ours; empty: not checked (every fal user's callbacks verify)
-        # VIDJOBS_FAL_APP_IN_JOB_IDS: new jobs' ids name their app. Off, they are the bare request id, which the
-        # previous release can still poll and cancel (docs/UPGRADES.md); every id of either form is read here.
-        self.app_in_ids = app_in_ids
         self.jwks = jwks or Jwks(session, jwks_url)
         self.verifier = Verifier(self.jwks, tolerance_s=tolerance_s)
         if prefetch_keys:
@@ -98,17 +94,14 @@ class FalAdapter(HttpAdapter):
         params = {"fal_webhook": req.callback_url} if req.callback_url else None
         raw = await self.send(f"/{quote(req.request.model_name)}", _input(req), params=params)
         queued = decode(raw, Queued, NAME, "queue answer")
-        app = MODELS[req.request.model_name].app
-        provider_job_id = job_id(app, queued.request_id) if self.app_in_ids else queued.request_id
-        return Submission(provider_job_id=provider_job_id, queue_position=queued.queue_position)
+        return Submission(provider_job_id=queued.request_id, queue_position=queued.queue_position)
 
     # `find` finds nothing: fal takes no idempotency key and cannot look a request up by anything of ours. A
     # second submit after a crash inside the round trip leaves the first request's webhook matching no job.
 
-    async def status(self, provider_job_id: str) -> ProviderSignal:
-        own_app, request_id = split_job_id(provider_job_id)
-        for app in _apps(own_app):
-            raw = await self.call_known("GET", request_path(app, request_id, "/status"))
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
+        for app in _apps(model_name):
+            raw = await self.call_known("GET", request_path(app, provider_job_id, "/status"))
             if raw is None:  # not a request of this app
                 continue
             status = decode(raw, Status, NAME, "status")
@@ -116,10 +109,9 @@ class FalAdapter(HttpAdapter):
             return signal or await self._result(app, provider_job_id, status.response_url)
         return lost(provider_job_id, "fal no longer knows this render.")
 
-    async def cancel(self, provider_job_id: str) -> None:
-        own_app, request_id = split_job_id(provider_job_id)
-        for app in _apps(own_app):
-            answer = await self.answer("PUT", request_path(app, request_id, "/cancel"))
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
+        for app in _apps(model_name):
+            answer = await self.answer("PUT", request_path(app, provider_job_id, "/cancel"))
             if answer.status == 404:
                 continue
             if answer.ok or answer.status == 400:  # 400: ALREADY_COMPLETED, nothing left to stop
@@ -136,19 +128,15 @@ class FalAdapter(HttpAdapter):
         return self.verifier.verify(headers, body)
 
     def parse_callback(self, body: bytes) -> ProviderSignal:
-        signal = fal_queue.read_webhook(body)
-        # fal's webhook names the request, not its app: the job holds the bare id or the id under one of ours.
-        apps = [job_id(app, signal.provider_job_id) for app in APPS]
-        return msgspec.structs.replace(signal, alternate_ids=apps)
+        return fal_queue.read_webhook(body)
 
     async def close(self) -> None:
         """The session belongs to the caller; only the key refresh is ours."""
         await self.jwks.close()
 
-    async def _result(self, app: str, provider_job_id: str, response_url: str | None) -> ProviderSignal:
-        request_id = split_job_id(provider_job_id)[1]
+    async def _result(self, app: str, request_id: str, response_url: str | None) -> ProviderSignal:
         answer = await self.answer("GET", self._own(response_url) or request_path(app, request_id))
-        if (signal := fal_queue.read_result(provider_job_id, answer)) is None:
+        if (signal := fal_queue.read_result(request_id, answer)) is None:
             raise ERRORS.error(*answer)
         return signal
 
@@ -161,10 +149,12 @@ class FalAdapter(HttpAdapter):
 # --- our request as fal's model input ---------------------------------------------------------------------
 
 
-def _apps(app: str | None) -> tuple[str, ...]:
-    """The apps to ask for a request: its own, or for an id stored without it, each of ours in turn (a request
-    another app does not hold answers 404 there)."""
-    return (app,) if app else APPS
+def _apps(model_name: str | None) -> tuple[str, ...]:
+    """The apps to ask about a request (our provider job id is fal's bare request id): its model's alone, as
+    fal files a request under its model's app. Only for a job whose model is not known here (None, or a model
+    since dropped from models/fal.toml) is each app of ours asked in turn, until one does not answer 404."""
+    spec = MODELS.get(model_name or "")
+    return (spec.app,) if spec is not None else APPS
 
 
 def _input(req: SubmitRequest) -> dict[str, Any]:

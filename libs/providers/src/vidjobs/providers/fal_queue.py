@@ -24,8 +24,8 @@ _SERVER_TYPES = {"internal_server_error", "generation_timeout", "downstream_serv
 _CONTENT_WORDS = ("content_policy", "content policy", "flagged by a content checker", "nsfw")
 _INPUT_WORDS = ("validation", "invalid input", "status code: 422", "status code: 400")
 
-# A request id as fal hands it out (a UUID): bounded, and free of the slash that parts it from its app in the
-# provider job id we store (`job_id`).
+# A request id as fal hands it out (a UUID): it becomes our stored provider job id and a segment of every URL
+# about the request, so it is bounded, and one segment (no slash, no whitespace).
 RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^/\s]+$")]
 
 
@@ -67,19 +67,6 @@ class _Webhook(msgspec.Struct, kw_only=True):
     payload: Any = None
     error: str | None = None
     payload_error: str | None = None
-
-
-def job_id(app: str, request_id: str) -> str:
-    """The provider job id of a request: `<app>/<request id>`, so that its status and cancel go to its own app
-    (the adapter protocol hands `status` and `cancel` nothing else)."""
-    return f"{app}/{request_id}"
-
-
-def split_job_id(provider_job_id: str) -> tuple[str | None, str]:
-    """(app, request id) of a provider job id; no app for an id stored as the bare request id (by a release
-    before ids carried the app, or with VIDJOBS_FAL_APP_IN_JOB_IDS off)."""
-    app, _, request_id = provider_job_id.rpartition("/")
-    return app or None, request_id
 
 
 def request_path(app: str, request_id: str, tail: str = "") -> str:

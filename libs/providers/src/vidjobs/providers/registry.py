@@ -59,8 +59,7 @@ def build_adapters(settings: Settings, session: aiohttp.ClientSession) -> dict[s
         from vidjobs.providers.fal import FalAdapter
 
         adapters.append(FalAdapter(session, settings.fal_url, settings.fal_api_key, settings.fal_jwks_url,
-                                   tolerance_s=settings.webhook_tolerance_s, user_id=settings.fal_user_id,
-                                   app_in_ids=settings.fal_app_in_job_ids == "on"))
+                                   tolerance_s=settings.webhook_tolerance_s, user_id=settings.fal_user_id))
     if "runway" in providers:
         from vidjobs.providers.runway import RunwayAdapter
 

@@ -129,13 +129,13 @@ class VeoAdapter(HttpAdapter):
             raise ProviderError(ErrorCode.INTERNAL, f"Veo named its operation unexpectedly: {started.name[:100]!r}")
         return Submission(provider_job_id=started.name, state=ProviderState.QUEUED)
 
-    async def status(self, provider_job_id: str) -> ProviderSignal:
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
         if not OPERATION_NAME.match(provider_job_id):
             raise ProviderError(ErrorCode.INTERNAL, f"not a Veo operation name: {provider_job_id[:100]!r}")
         raw = await self.call_known("GET", f"/v1beta/{quote(provider_job_id, safe='/')}")
         return lost(provider_job_id, "Veo no longer knows this render.") if raw is None else read_operation(raw)
 
-    async def cancel(self, provider_job_id: str) -> None:
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
         # The Gemini API documents no way to stop a Veo operation. The render runs to its end and its late
         # signals find a finished job, which ignores them.
         return None

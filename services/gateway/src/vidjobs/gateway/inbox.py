@@ -22,14 +22,13 @@ PRUNE_BATCH = 5000
 
 _TERMINAL = sorted(s.value for s in TERMINAL)
 
-# $1 provider, $2 our job id (callbacks that carry it), $3 the render's ids (the provider's, then any other we
-# may have stored it under), $4 verified, $5 window.
+# $1 provider, $2 our job id (callbacks that carry it), $3 the provider's render id, $4 verified, $5 window.
 # A verified signal naming our job id may be about a render the job gave up on, which the poller then
 # stops, so any job of that provider counts. A render id counts while a live job uses it. A verified
 # callback may also come before the submitter has recorded the render id, while a submit is in flight.
 _KNOWN = f"""
 SELECT ($2::text IS NOT NULL AND $4 AND EXISTS (SELECT 1 FROM jobs WHERE id = $2 AND provider = $1))
-    OR EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND provider_job_id = ANY($3::text[])
+    OR EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND provider_job_id = $3::text
                AND deleted_at IS NULL AND status <> ALL($6::job_status[]))
     OR ($4 AND EXISTS (SELECT 1 FROM provider_submissions WHERE provider = $1
                        AND {inflight.unanswered_call("$5")}))
@@ -38,8 +37,8 @@ SELECT ($2::text IS NOT NULL AND $4 AND EXISTS (SELECT 1 FROM jobs WHERE id = $2
 
 async def is_known(conn: asyncpg.Connection | asyncpg.Pool, provider: str, sig: ProviderSignal) -> bool:
     """Whether `sig` (a parsed callback) may be about a render we started with `provider`."""
-    return bool(await conn.fetchval(_KNOWN, provider, sig.job_id, [sig.provider_job_id, *sig.alternate_ids],
-                                    sig.verified, IN_FLIGHT_S, _TERMINAL))
+    return bool(await conn.fetchval(_KNOWN, provider, sig.job_id, sig.provider_job_id, sig.verified,
+                                    IN_FLIGHT_S, _TERMINAL))
 
 
 async def store(conn: asyncpg.Connection, provider: str, webhook_id: str, raw: bytes, sig: ProviderSignal) -> bool:

@@ -92,7 +92,6 @@ async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> No
         log.warning("callback for an unknown job", extra={"inbox_id": event.inbox_id,
                                                           "provider_job_id": sig.provider_job_id})
         return
-    sig = _as_stored(sig, job)
     # From here the callback's work is the job's: it goes on under the request that created the job.
     logs.about_job(job.id, job.account_id)
     log.info("callback matched its job", extra={"job_id": job.id, "inbox_id": event.inbox_id,
@@ -110,18 +109,9 @@ async def _job_for(ctx: Context, provider: str, sig: ProviderSignal) -> JobRow |
         job = await jobs.fetch(ctx.rt.pool, sig.job_id)
         return job if job is not None and job.provider == provider else None
     job_id = await ctx.rt.pool.fetchval(
-        "SELECT id FROM jobs WHERE provider = $1 AND provider_job_id = ANY($2::text[])",
-        provider, [sig.provider_job_id, *sig.alternate_ids],
+        "SELECT id FROM jobs WHERE provider = $1 AND provider_job_id = $2", provider, sig.provider_job_id,
     )
     return None if job_id is None else await jobs.fetch(ctx.rt.pool, job_id)
-
-
-def _as_stored(sig: ProviderSignal, job: JobRow) -> ProviderSignal:
-    """A callback matched to its job by another of the render's ids speaks of it by the id the job holds, the
-    one every check of a signal against its job compares."""
-    if job.provider_job_id is not None and job.provider_job_id in sig.alternate_ids:
-        return msgspec.structs.replace(sig, provider_job_id=job.provider_job_id)
-    return sig
 
 
 async def on_poll(ctx: Context, event: PollRequested, delivery: Delivery) -> None:
@@ -136,7 +126,7 @@ async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) ->
     """Ask the provider to stop a render we no longer want. Best effort: a provider that cannot cancel
     finishes the render, and its late signals find a finished job."""
     try:
-        await adapter_for(ctx.adapters, event.provider).cancel(event.provider_job_id)
+        await adapter_for(ctx.adapters, event.provider).cancel(event.provider_job_id, model_name=event.model_name)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(event.provider, "cancel", err.code.value).inc()
         if err.retryable:
@@ -157,7 +147,7 @@ async def poll_once(ctx: Context, job_id: str, *, source: str, learned_by: Learn
     logs.about_job(job.id, job.account_id)
     adapter = adapter_for(ctx.adapters, job.provider)
     try:
-        sig = await adapter.status(job.provider_job_id)
+        sig = await adapter.status(job.provider_job_id, model_name=job.request.model_name)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(job.provider, "status", err.code.value).inc()
         if err.retryable:
