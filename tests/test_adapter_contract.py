@@ -152,19 +152,21 @@ def play(provider: Provider, behaviour: str) -> SubmitRequest:
     return provider.job(provider.plays[behaviour])
 
 
-async def until_finished(adapter: ProviderAdapter, provider_job_id: str) -> list[ProviderSignal]:
-    seen = [await adapter.status(provider_job_id)]
+async def until_finished(adapter: ProviderAdapter, provider_job_id: str, model_name: str) -> list[ProviderSignal]:
+    """Every status from the first to a finished one, each asked with the job's model, as the poller asks."""
+    seen = [await adapter.status(provider_job_id, model_name=model_name)]
     while seen[-1].state in WAITING:
         assert len(seen) < 100, f"{provider_job_id} never finished"
         await asyncio.sleep(0.1)
-        seen.append(await adapter.status(provider_job_id))
+        seen.append(await adapter.status(provider_job_id, model_name=model_name))
     return seen
 
 
 async def test_a_render_is_submitted_and_its_states_only_move_forward(provider: Provider):
-    accepted = await provider.adapter.submit(play(provider, "succeed"))
+    req = play(provider, "succeed")
+    accepted = await provider.adapter.submit(req)
 
-    seen = await until_finished(provider.adapter, accepted.provider_job_id)
+    seen = await until_finished(provider.adapter, accepted.provider_job_id, req.request.model_name)
 
     order = [ProviderState.QUEUED, ProviderState.RUNNING, ProviderState.SUCCEEDED]
     assert [order.index(s.state) for s in seen] == sorted(order.index(s.state) for s in seen)
@@ -173,19 +175,22 @@ async def test_a_render_is_submitted_and_its_states_only_move_forward(provider: 
 
 
 async def test_a_failed_render_says_why_in_our_taxonomy(provider: Provider):
-    accepted = await provider.adapter.submit(play(provider, "fail"))
+    req = play(provider, "fail")
+    accepted = await provider.adapter.submit(req)
 
-    last = (await until_finished(provider.adapter, accepted.provider_job_id))[-1]
+    last = (await until_finished(provider.adapter, accepted.provider_job_id, req.request.model_name))[-1]
 
     assert last.state is ProviderState.FAILED
     assert last.error is not None and last.error.code in set(ErrorCode) and last.error.message
 
 
 async def test_cancel_stops_a_render_and_a_gone_one_is_no_error(provider: Provider):
-    accepted = await provider.adapter.submit(play(provider, "hang"))
+    req = play(provider, "hang")
+    accepted = await provider.adapter.submit(req)
 
-    await provider.adapter.cancel(accepted.provider_job_id)
-    after = await provider.adapter.status(accepted.provider_job_id)
+    # As the poller asks: with the job's model (which only fal needs, to find the request's app).
+    await provider.adapter.cancel(accepted.provider_job_id, model_name=req.request.model_name)
+    after = await provider.adapter.status(accepted.provider_job_id, model_name=req.request.model_name)
 
     assert after.state is provider.after_cancel
 
@@ -193,9 +198,10 @@ async def test_cancel_stops_a_render_and_a_gone_one_is_no_error(provider: Provid
 async def test_a_render_the_provider_forgot_has_failed(provider: Provider):
     if "lost" not in provider.plays:
         pytest.skip("this stand-in never forgets a render")
-    accepted = await provider.adapter.submit(play(provider, "lost"))
+    req = play(provider, "lost")
+    accepted = await provider.adapter.submit(req)
 
-    sig = await provider.adapter.status(accepted.provider_job_id)
+    sig = await provider.adapter.status(accepted.provider_job_id, model_name=req.request.model_name)
 
     assert sig.state is ProviderState.FAILED
     assert sig.error is not None and sig.error.code is ErrorCode.PROVIDER_UNAVAILABLE

@@ -27,7 +27,7 @@ from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
 from vidjobs.gateway.bodies import Model as GatewayModel
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
-from vidjobs.providers.fal import FalAdapter
+from vidjobs.providers.fal import APPS, FalAdapter
 from vidjobs.providers.fal_signature import Jwks, UnknownKey
 
 KLING = "fal-ai/kling-video/v2/master/text-to-video"
@@ -61,12 +61,12 @@ def submit_request(request: JobRequest, *, callback_url: str | None = None, imag
                          callback_url=callback_url, input_image_url=image_url)
 
 
-async def until_finished(adapter: FalAdapter, request_id: str, **kwargs) -> list[ProviderSignal]:
+async def until_finished(adapter: FalAdapter, request_id: str, model_name: str | None = KLING) -> list[ProviderSignal]:
     """Every status signal from the first poll to a finished one."""
     seen: list[ProviderSignal] = []
 
     async def finished():
-        seen.append(await adapter.status(request_id, **kwargs))
+        seen.append(await adapter.status(request_id, model_name=model_name))
         return seen[-1].state in (ProviderState.SUCCEEDED, ProviderState.FAILED, ProviderState.CANCELED)
 
     await wait_until(finished, within=10, interval=0.05, what=f"{request_id} to finish")
@@ -123,13 +123,16 @@ def test_it_has_every_method_of_a_provider_adapter_with_a_signature_that_takes_i
     mismatched = {name: why for name in _protocol_methods()
                   if (why := _takes_every_call_of(getattr(ProviderAdapter, name), getattr(FalAdapter, name)))}
     assert not mismatched, mismatched
-    assert "status" in _protocol_methods() and "model_name" in inspect.signature(FalAdapter.status).parameters
+    for name in ("status", "cancel"):  # the job's model, which says which app holds the request
+        model_name = inspect.signature(getattr(FalAdapter, name)).parameters["model_name"]
+        assert model_name.kind is inspect.Parameter.KEYWORD_ONLY and model_name.default is None
 
 
 def test_the_signature_check_sees_a_method_that_would_not_take_the_protocols_calls():
     """The check itself: each way of not fitting a method of the Protocol is caught."""
-    async def status(self: Any, provider_job_id: str) -> ProviderSignal: ...
-    def blocking(self: Any, provider_job_id: str) -> ProviderSignal: ...
+    async def status(self: Any, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal: ...
+    async def without_model(self: Any, provider_job_id: str) -> ProviderSignal: ...
+    def blocking(self: Any, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal: ...
     async def renamed(self: Any, job_id: str) -> ProviderSignal: ...
     async def needs_more(self: Any, provider_job_id: str, model_name: str) -> ProviderSignal: ...
     async def wrong_type(self: Any, provider_job_id: int) -> ProviderSignal: ...
@@ -137,7 +140,7 @@ def test_the_signature_check_sees_a_method_that_would_not_take_the_protocols_cal
 
     spec = ProviderAdapter.status
     assert _takes_every_call_of(spec, status) == []
-    for impl in (blocking, renamed, needs_more, wrong_type, wrong_answer):
+    for impl in (without_model, blocking, renamed, needs_more, wrong_type, wrong_answer):
         assert _takes_every_call_of(spec, impl), impl.__name__
 
 
@@ -183,7 +186,7 @@ async def test_submit_sends_the_models_own_input_and_the_webhook(adapter, standi
 
     accepted = await adapter.submit(submit_request(request, callback_url="http://gw.test/v1/webhooks/fal"))
 
-    sent = standin.requests[accepted.provider_job_id]
+    sent = standin.requests[accepted.provider_job_id]  # fal's request id, as fal handed it out
     assert sent.model_id == KLING and sent.app == "fal-ai/kling-video"
     assert sent.input == {"prompt": "a red fox in snow", "duration": "10", "aspect_ratio": "9:16",
                           "negative_prompt": "blur", "cfg_scale": 0.25}
@@ -212,7 +215,7 @@ async def test_a_render_is_queued_with_positions_then_runs_then_succeeds(adapter
     prompt = standin.plan("a long queue", Scenario.LONG_QUEUE)
     accepted = await adapter.submit(submit_request(job(prompt=prompt)))
 
-    seen = await until_finished(adapter, accepted.provider_job_id, model_name=model_name)
+    seen = await until_finished(adapter, accepted.provider_job_id, model_name)
 
     positions = [s.queue_position for s in seen if s.state is ProviderState.QUEUED]
     assert positions[0] == 3 and positions[-1] == 0 and positions == sorted(positions, reverse=True)
@@ -260,7 +263,7 @@ async def test_a_rate_limit_carries_retry_after_and_then_lets_the_submit_through
 
     accepted = await adapter.submit(submit_request(job(prompt=prompt)))
 
-    assert accepted.provider_job_id in standin.requests and standin.renders[prompt] == 1
+    assert standin.requests[accepted.provider_job_id] and standin.renders[prompt] == 1
 
 
 async def test_a_wrong_key_is_our_configuration_and_the_key_is_never_repeated(standin, http, caplog):
@@ -335,9 +338,11 @@ async def _completed_request_whose_result_answers(http: aiohttp.ClientSession, s
         yield FalAdapter(http, url, KEY, url + "/jwks", prefetch_keys=False)
 
 
-async def test_a_request_fal_does_not_know_has_failed(adapter):
-    signal = await adapter.status(RID)
+@pytest.mark.parametrize("model_name", [VEO3, None])
+async def test_a_request_fal_does_not_know_has_failed(adapter, model_name):
+    signal = await adapter.status(RID, model_name=model_name)
     assert signal.state is ProviderState.FAILED and signal.error.code is ErrorCode.PROVIDER_UNAVAILABLE
+    assert signal.provider_job_id == RID
 
 
 async def test_cancel_stops_a_queued_request_and_is_quiet_about_finished_ones(adapter, standin):
@@ -345,12 +350,44 @@ async def test_cancel_stops_a_queued_request_and_is_quiet_about_finished_ones(ad
     done = await adapter.submit(submit_request(job(prompt="a quick one")))
     await until_finished(adapter, done.provider_job_id)
 
-    await adapter.cancel(hung.provider_job_id)  # found under its app without being told the model
+    await adapter.cancel(hung.provider_job_id, model_name=KLING)
     await adapter.cancel(done.provider_job_id, model_name=KLING)  # ALREADY_COMPLETED: nothing to stop
-    await adapter.cancel(RID)  # unknown anywhere: nothing to stop
+    await adapter.cancel(RID, model_name=VEO3)  # unknown to its app: nothing to stop
+    await adapter.cancel(RID)  # no model named, unknown under every app: nothing to stop
 
     assert standin.requests[hung.provider_job_id].canceled
     assert not standin.requests[done.provider_job_id].canceled
+
+
+async def test_status_and_cancel_ask_the_jobs_own_app_and_no_other(adapter, standin):
+    accepted = await adapter.submit(submit_request(job(VEO3, duration_s=8,
+                                                       prompt=standin.plan("a long wait", Scenario.HANG))))
+    rid = accepted.provider_job_id
+    standin.asked.clear()
+
+    assert (await adapter.status(rid, model_name=VEO3)).state is ProviderState.QUEUED
+    await adapter.cancel(rid, model_name=VEO3)
+
+    assert standin.asked == [("GET", f"/fal-ai/veo3/requests/{rid}/status"),
+                             ("PUT", f"/fal-ai/veo3/requests/{rid}/cancel")]
+    assert standin.requests[rid].canceled
+
+
+@pytest.mark.parametrize("model_name", [None, "fal-ai/a-model-since-dropped"])
+async def test_a_job_whose_model_is_not_known_is_looked_up_under_each_app_in_turn(adapter, standin, model_name):
+    accepted = await adapter.submit(submit_request(job(VEO3, duration_s=8,
+                                                       prompt=standin.plan("a long wait", Scenario.HANG))))
+    rid = accepted.provider_job_id
+    standin.asked.clear()
+
+    assert (await adapter.status(rid, model_name=model_name)).state is ProviderState.QUEUED
+    await adapter.cancel(rid, model_name=model_name)
+
+    up_to_veo3 = APPS[:APPS.index("fal-ai/veo3") + 1]
+    assert len(up_to_veo3) > 1  # another app is asked first, and answers 404
+    assert standin.asked == [*(("GET", f"/{app}/requests/{rid}/status") for app in up_to_veo3),
+                             *(("PUT", f"/{app}/requests/{rid}/cancel") for app in up_to_veo3)]
+    assert standin.requests[rid].canceled
 
 
 async def test_there_is_no_earlier_submission_to_find(adapter):
@@ -385,7 +422,8 @@ def test_an_error_webhook_is_a_failed_render_in_our_taxonomy(adapter, name, code
     assert signal.error.code is code and "fal said:" in signal.error.message
 
 
-@pytest.mark.parametrize("body", [recorded("webhook_malformed"), b"<html>502</html>", b'{"request_id": 7}'])
+@pytest.mark.parametrize("body", [recorded("webhook_malformed"), b"<html>502</html>", b'{"request_id": 7}',
+                                  recorded("webhook_ok").replace(RID.encode(), b"fal-ai/veo3/x")])
 def test_a_malformed_webhook_is_internal(adapter, body):
     with pytest.raises(ProviderError) as err:
         adapter.parse_callback(body)
@@ -664,6 +702,35 @@ async def test_a_fal_job_without_a_webhook_is_found_by_polling(tmp_path, databas
 
     assert done["status"] == "completed", done
     assert any("recovery" in r for r in reasons), reasons
+
+
+@needs_fal_models
+async def test_the_pollers_status_polls_and_cancel_ask_only_the_jobs_own_app(tmp_path, database_url, nats_url,
+                                                                               standin):
+    """A veo3 job through the real stack: its recovery polls and its cancel carry its model, so fal-ai/veo3 alone
+    is asked, never fal-ai/kling-video, which comes first in our table and would be asked first otherwise."""
+    settings = stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
+                              fal_jwks_url=standin.jwks_url, recovery_delay_s=1, recovery_interval_s=1,
+                              download_allow_hosts=host_port(standin.url))
+    prompt = standin.plan("a render that waits until it is canceled", Scenario.HANG)
+    async with running_stack(settings) as stack:
+        created = await stack.create_job(model=f"fal/{VEO3}", prompt=prompt, duration_s=8)
+        await stack.wait_for_status(created["id"], "submitted", "processing")
+        [request] = [r for r in standin.requests.values() if r.input["prompt"] == prompt]
+        await wait_until(lambda: _asked(standin, "GET", request.id), within=20, what="a status poll")
+        async with stack.session.post(f"{stack.url}/v1/jobs/{created['id']}/cancel", headers=stack.auth) as resp:
+            assert resp.status == 200
+        await wait_until(lambda: _asked(standin, "PUT", request.id), within=20, what="the cancel to reach fal")
+
+    asked = [(method, path) for method, path in standin.asked if request.id in path]
+    assert ("GET", f"/fal-ai/veo3/requests/{request.id}/status") in asked
+    assert ("PUT", f"/fal-ai/veo3/requests/{request.id}/cancel") in asked
+    assert all(path.startswith("/fal-ai/veo3/") for _, path in asked), asked
+    assert request.canceled
+
+
+async def _asked(standin: FalStandIn, method: str, request_id: str) -> bool:
+    return any(m == method and request_id in path for m, path in standin.asked)
 
 
 def test_recorded_payloads_are_json():

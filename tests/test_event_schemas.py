@@ -1,6 +1,6 @@
 """Events keep the wire rule (tests/eventschemas.py) against tests/event_schemas.json, recorded from the
-events as the previous release (110046d) and this one both define them: a message either release
-publishes decodes in the other."""
+events as the previous release (110046d) and this one both define them (and the optional fields this release
+adds, each also decoded here without it): a message either release publishes decodes in the other."""
 
 from __future__ import annotations
 
@@ -75,6 +75,30 @@ def test_an_event_in_the_recorded_shape_decodes_today(tag: str):
     read = events.decode(entry["subject"], msgspec.json.encode(sent))
     assert events.tag_of(read) == tag
     assert all(getattr(read, name) == getattr(sent, name) for name in entry["fields"])
+
+
+# Fields this release adds to a recorded event (each with a default): the previous release's event lacks them.
+ADDED_SINCE_PREVIOUS = {"cancel.requested": ["model_name"]}
+
+
+@pytest.mark.parametrize(("tag", "added"), ADDED_SINCE_PREVIOUS.items())
+def test_a_field_this_release_adds_is_absent_or_skipped_in_the_previous_release(tag: str, added: list[str]):
+    """The previous release's shape is the recorded one less the fields added since: its message (without
+    them) decodes today with their defaults, and today's message (with them) decodes in its consumer."""
+    entry = SNAPSHOT[tag]
+    assert set(added) <= set(entry["fields"])
+    previous = eventschemas.shaped(tag, {**entry, "fields": {name: field for name, field in entry["fields"].items()
+                                                             if name not in added}})
+    sent = previous(**{f.name: sample(f.type) for f in msgspec.structs.fields(previous)})
+
+    read = events.decode(entry["subject"], msgspec.json.encode(sent))
+    today = today_event(tag)
+    read_there = msgspec.json.decode(events.encode(today), type=previous)
+
+    defaults = {f.name: f.default for f in msgspec.structs.fields(type(today))}
+    assert all(getattr(read, name) == defaults[name] for name in added)
+    assert all(getattr(read_there, f.name) == getattr(today, f.name) for f in msgspec.structs.fields(previous))
+    assert not any(hasattr(read_there, name) for name in added)
 
 
 def test_the_hints_decode_both_ways():

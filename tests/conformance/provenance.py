@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pydantic
+from pydantic import v1 as pydantic_v1
 
 PAYLOADS = Path(__file__).resolve().parents[1] / "payloads"
 # Files in a payload folder that are our own tables, not a provider's payloads.
@@ -57,3 +59,11 @@ def payload_files(provider: str) -> set[str]:
 def model_of(reference: str) -> Any:
     module, _, attribute = reference.partition(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def validate(model: Any, data: Any) -> Any:
+    """`data` parsed with an SDK's model: a pydantic v2 model or any type through a TypeAdapter, a pydantic v1
+    model (replicate's SDK is written in `pydantic.v1`, which a TypeAdapter refuses) through its own parse."""
+    if isinstance(model, type) and issubclass(model, pydantic_v1.BaseModel):
+        return model.parse_obj(data)
+    return pydantic.TypeAdapter(model).validate_python(data)

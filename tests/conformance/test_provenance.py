@@ -8,10 +8,9 @@ import json
 import tomllib
 from pathlib import Path
 
-import pydantic
 import pytest
 
-from tests.conformance.provenance import PAYLOADS, model_of, payload_files, provenance, providers
+from tests.conformance.provenance import PAYLOADS, model_of, payload_files, provenance, providers, validate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,4 +46,4 @@ def test_each_payload_parses_with_its_sdk_model(provider: str, name: str):
     model = model_of(provenance(provider).payloads[name].model)
     data = json.loads((PAYLOADS / provider / name).read_bytes())
 
-    pydantic.TypeAdapter(model).validate_python(data)
+    validate(model, data)

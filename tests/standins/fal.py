@@ -9,7 +9,8 @@ Routes, as fal has them:
   GET  /.well-known/jwks.json                   the public half of a freshly generated ED25519 key pair
   GET  /files/{id}.mp4                          a real MP4 (vidjobs.fakeprovider.clips)
 Every queue route wants `Authorization: Key <api_key>` (401 otherwise); a request asked for under another app
-answers 404, as at fal. A finished request is announced to its `fal_webhook` URL with fal's signed headers, and
+answers 404, as at fal, and every request asked for under an app is noted in `asked`, so a test can tell
+which apps were asked. A finished request is announced to its `fal_webhook` URL with fal's signed headers, and
 the delivery is retried (re-signed each time) while the receiver refuses it, as fal does.
 
 A request's scenario comes from its prompt (`plan(prompt, scenario)`), else from `default`. The stand-in's own
@@ -139,6 +140,7 @@ class FalStandIn(CallingStandin):
         self.submits: Counter[str] = Counter()  # submit attempts by prompt, refused or not
         self.renders: Counter[str] = Counter()  # requests queued by prompt
         self.deliveries: list[Delivery] = []
+        self.asked: list[tuple[str, str]] = []  # (method, path) of every call about a request, whoever held it
         self.jwks_fetches = 0
         self.keys = [_Key(kid=secrets.token_hex(4))]
         self._serving = contextlib.AsyncExitStack()
@@ -319,6 +321,7 @@ class FalStandIn(CallingStandin):
             await asyncio.sleep(delay)
 
     def _find(self, request: web.Request) -> FalRequest | web.Response:
+        self.asked.append((request.method, request.path))
         if (refused := self._unauthorized(request)) is not None:
             return refused
         app = f"{request.match_info['owner']}/{request.match_info['name']}"

@@ -64,6 +64,11 @@ class CancelRequested(msgspec.Struct, tag="cancel.requested"):
     job_id: str
     provider: str
     provider_job_id: str
+    # The job's model without the provider prefix (`JobRequest.model_name`): a provider whose render ids do not
+    # say where the render lives (fal) is asked under that model alone. Safe across a rolling upgrade: a message
+    # from the previous release lacks it and decodes as None (the adapter then looks the render up as before),
+    # and the previous release's consumer skips it as an unknown field (no event forbids those).
+    model_name: str | None = None
 
 
 class RecoveryDue(msgspec.Struct, tag="recovery.due"):

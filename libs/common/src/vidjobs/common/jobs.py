@@ -125,4 +125,5 @@ def stop_at_provider(job: JobRow, was: JobStatus | None = None) -> list[CancelRe
     by `was`, its status before the change at hand, when given)."""
     if job.provider_job_id is None or (was or job.status) not in RENDERING:
         return []
-    return [CancelRequested(job_id=job.id, provider=job.provider, provider_job_id=job.provider_job_id)]
+    return [CancelRequested(job_id=job.id, provider=job.provider, provider_job_id=job.provider_job_id,
+                            model_name=job.request.model_name)]

@@ -181,7 +181,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     providers: str = ""
     replicate_url: str = "https://api.replicate.com"
     replicate_api_token: str = ""
-    replicate_webhook_secret: str = ""  # `whsec_...`, from Replicate's webhook signing-secret endpoint
+    replicate_webhook_secret: str = ""  # `whsec_...` from Replicate's secret endpoint (prefix and padding optional)
     fal_url: str = "https://queue.fal.run"
     fal_api_key: str = ""
     fal_jwks_url: str = "https://rest.alpha.fal.ai/.well-known/jwks.json"

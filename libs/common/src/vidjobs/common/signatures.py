@@ -2,9 +2,11 @@
 it sign the callbacks they send us (checked by the adapters, vidjobs.providers.http.SignedCallbacks, and sent
 by the fake provider), and the gateway signs the webhooks it sends to an account's app with the same scheme.
 
-A secret is `whsec_` followed by the base64 of the key bytes. A delivery carries three headers: `webhook-id`
-(the same on every retry of one message, so a receiver can store it once), `webhook-timestamp` (unix seconds
-of this attempt) and `webhook-signature`: one or more space-separated `v1,<base64 HMAC-SHA256 of
+A secret is `whsec_` followed by the base64 of the key bytes, read as the reference library (standardwebhooks)
+reads it: the prefix may be left out, the padding may be missing (or doubled), and whitespace is ignored; text
+that is not base64 is refused at start (`decode_secret`). A delivery carries three headers: `webhook-id` (the
+same on every retry of one message, so a receiver can store it once), `webhook-timestamp` (unix seconds of
+this attempt) and `webhook-signature`: one or more space-separated `v1,<base64 HMAC-SHA256 of
 "{id}.{timestamp}.{body}">` (several while a key is being rotated). The timestamp is signed too, so a captured
 delivery cannot be replayed once it falls outside the tolerance, in either direction.
 """
@@ -12,9 +14,9 @@ delivery cannot be replayed once it falls outside the tolerance, in either direc
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -27,6 +29,8 @@ ID_HEADER = "webhook-id"
 TIMESTAMP_HEADER = "webhook-timestamp"
 SIGNATURE_HEADER = "webhook-signature"
 DEFAULT_TOLERANCE_S = 300
+_BASE64 = re.compile(r"[A-Za-z0-9+/]*")
+_WHITESPACE = re.compile(r"[ \t\r\n\f\v]")
 
 
 def new_secret(nbytes: int = 32) -> str:
@@ -39,14 +43,23 @@ def new_message_id() -> str:
 
 
 def decode_secret(secret: str) -> bytes:
-    """The key bytes of a `whsec_...` secret (the prefix is optional, as in the reference libraries)."""
-    raw = secret.removeprefix(SECRET_PREFIX)
-    try:
-        key = base64.b64decode(raw, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ConfigError("webhook secret is not `whsec_` followed by base64") from exc
+    """The key bytes of a signing secret, as standardwebhooks derives them from the same text: `whsec_` is
+    optional, the base64 may be padded, unpadded or over-padded, and whitespace (a mounted file's newline) is
+    ignored. Raises ConfigError, saying why, for what standardwebhooks refuses (nothing after the prefix, a
+    length base64 cannot have) and for characters outside base64's alphabet: standardwebhooks drops those
+    silently and signs with a key the text does not say (a URL-safe `-`/`_`, a stray quote, `WHSEC_`)."""
+    text = _WHITESPACE.sub("", secret).removeprefix(SECRET_PREFIX)
+    data = text.rstrip("=")
+    if not _BASE64.fullmatch(data):  # the secret's own characters stay out of the message
+        raise ConfigError("webhook secret is not `whsec_` followed by base64: it holds characters outside base64's "
+                          "alphabet (A-Z, a-z, 0-9, + and /, then = padding at the end only); a URL-safe secret "
+                          "(- and _) must be converted to standard base64")
+    if len(data) % 4 == 1:
+        raise ConfigError(f"webhook secret is not `whsec_` followed by base64: {len(data)} base64 characters "
+                          "cannot be whole bytes (one is missing or one too many)")
+    key = base64.b64decode(data + "=" * (-len(data) % 4))
     if not key:
-        raise ConfigError("webhook secret is empty")
+        raise ConfigError("webhook secret is empty: nothing follows `whsec_`")
     return key
 
 

@@ -106,10 +106,14 @@ class ProviderAdapter(Protocol):
     async def find(self, req: SubmitRequest) -> Submission | None:
         """The provider's job for this attempt if it already exists (looked up before any resubmit)."""
 
-    async def status(self, provider_job_id: str) -> ProviderSignal:
+    # `model_name`: the job's model without the provider prefix (`JobRequest.model_name`), for a provider whose
+    # render ids do not say where the render lives (fal files each request under its model's app); None when
+    # the caller does not know it. Adapters that need no more than the id take it and ignore it.
+
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
         """Ask the provider where a job stands."""
 
-    async def cancel(self, provider_job_id: str) -> None:
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
         """Ask the provider to stop; a provider that cannot cancel does nothing."""
 
     def verify_callback(self, headers: Mapping[str, str], body: bytes) -> str:

@@ -99,7 +99,7 @@ class FalAdapter(HttpAdapter):
     # `find` finds nothing: fal takes no idempotency key and cannot look a request up by anything of ours. A
     # second submit after a crash inside the round trip leaves the first request's webhook matching no job.
 
-    async def status(self, provider_job_id: str, model_name: str | None = None) -> ProviderSignal:
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
         for app in _apps(model_name):
             raw = await self.call_known("GET", request_path(app, provider_job_id, "/status"))
             if raw is None:  # not a request of this app
@@ -109,7 +109,7 @@ class FalAdapter(HttpAdapter):
             return signal or await self._result(app, provider_job_id, status.response_url)
         return lost(provider_job_id, "fal no longer knows this render.")
 
-    async def cancel(self, provider_job_id: str, model_name: str | None = None) -> None:
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
         for app in _apps(model_name):
             answer = await self.answer("PUT", request_path(app, provider_job_id, "/cancel"))
             if answer.status == 404:
@@ -150,6 +150,9 @@ class FalAdapter(HttpAdapter):
 
 
 def _apps(model_name: str | None) -> tuple[str, ...]:
+    """The apps to ask about a request (our provider job id is fal's bare request id): its model's alone, as
+    fal files a request under its model's app. Only for a job whose model is not known here (None, or a model
+    since dropped from models/fal.toml) is each app of ours asked in turn, until one does not answer 404."""
     spec = MODELS.get(model_name or "")
     return (spec.app,) if spec is not None else APPS
 

@@ -4,7 +4,7 @@ docs/PROVIDERS.md has the routes and bodies."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -24,9 +24,13 @@ _SERVER_TYPES = {"internal_server_error", "generation_timeout", "downstream_serv
 _CONTENT_WORDS = ("content_policy", "content policy", "flagged by a content checker", "nsfw")
 _INPUT_WORDS = ("validation", "invalid input", "status code: 422", "status code: 400")
 
+# A request id as fal hands it out (a UUID): it becomes our stored provider job id and a segment of every URL
+# about the request, so it is bounded, and one segment (no slash, no whitespace).
+RequestId = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^/\s]+$")]
+
 
 class Queued(msgspec.Struct, kw_only=True):
-    request_id: str
+    request_id: RequestId
     queue_position: int | None = None
 
 
@@ -58,7 +62,7 @@ class ErrorBody(msgspec.Struct, kw_only=True):
 
 
 class _Webhook(msgspec.Struct, kw_only=True):
-    request_id: str
+    request_id: RequestId
     status: str
     payload: Any = None
     error: str | None = None

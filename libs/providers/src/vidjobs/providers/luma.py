@@ -134,10 +134,10 @@ class LumaAdapter(HttpAdapter):
                 return None
         return None
 
-    async def status(self, provider_job_id: str) -> ProviderSignal:
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
         return await self.poll(_generation_path(provider_job_id), provider_job_id, self._polled)
 
-    async def cancel(self, provider_job_id: str) -> None:
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
         # Luma documents no way to stop a generation, only to delete it; a job that no longer wants its
         # render (canceled, deleted, past its deadline) has no use for the generation either. One already
         # gone is nothing to stop.

@@ -138,10 +138,10 @@ class ReplicateAdapter(SignedCallbacks, HttpAdapter):
     # `find` finds nothing: Replicate takes no idempotency key, and a prediction carries nothing of ours (not
     # even its webhook URL) to match an attempt by; its input is the same for every attempt of a job.
 
-    async def status(self, provider_job_id: str) -> ProviderSignal:
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
         return await self.poll(_prediction_path(provider_job_id), provider_job_id, self.parse_callback)
 
-    async def cancel(self, provider_job_id: str) -> None:
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
         # A prediction Replicate no longer has is nothing to stop.
         await self.call_known("POST", _prediction_path(provider_job_id) + "/cancel")
 

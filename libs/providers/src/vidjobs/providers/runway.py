@@ -136,12 +136,12 @@ class RunwayAdapter(HttpAdapter):
         raw = await self.call("POST", path, json=task_body(req))
         return Submission(provider_job_id=decode(raw, _Created, "Runway").id, state=ProviderState.QUEUED)
 
-    async def status(self, provider_job_id: str) -> ProviderSignal:
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
         raw = await self.call_known("GET", _task_path(provider_job_id))
         # Runway forgets deleted tasks; this one will never finish.
         return lost(provider_job_id, "Runway no longer knows this render.") if raw is None else read_task(raw)
 
-    async def cancel(self, provider_job_id: str) -> None:
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
         # DELETE aborts a pending, throttled or running task (and deletes a finished one, whose output we no
         # longer want either: only renders still in flight are ever canceled). A task already gone is no error.
         await self.call_known("DELETE", _task_path(provider_job_id))

@@ -118,7 +118,7 @@ class VeoAdapter(HttpAdapter):
             raise ProviderError(ErrorCode.INTERNAL, f"Veo named its operation unexpectedly: {started.name[:100]!r}")
         return Submission(provider_job_id=started.name, state=ProviderState.QUEUED)
 
-    async def status(self, provider_job_id: str) -> ProviderSignal:
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
         if not self.api.operation.match(provider_job_id):
             raise ProviderError(ErrorCode.INTERNAL, f"not a Veo operation on {self.api.title} "
                                                     f"({API_SETTING}): {provider_job_id[:100]!r}")
@@ -126,7 +126,7 @@ class VeoAdapter(HttpAdapter):
         raw = await self.call_known(method, path, json=body)
         return lost(provider_job_id, "Veo no longer knows this render.") if raw is None else self.read_operation(raw)
 
-    async def cancel(self, provider_job_id: str) -> None:
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
         # Neither API documents a way to stop a Veo operation, and google-genai has none. The render runs to its
         # end and its late signals find a finished job, which ignores them.
         return None

@@ -78,9 +78,13 @@ async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, 
 async def _stop_stray(ctx: SignalContext, job: JobRow, sig: ProviderSignal, source: str) -> None:
     log.warning("a render this job does not use is still going; stopping it", extra={
         "job_id": job.id, "source": source, "provider_job_id": sig.provider_job_id, "attempt": sig.attempt})
+    # A job moves to another model only before its attempt is submitted (vidjobs.submitter.failover), so a
+    # render of its current attempt was made with its model; one of an earlier attempt (or of none it names)
+    # may have been made with a model it has since left, so the provider looks that render up itself.
+    model_name = job.request.model_name if sig.attempt == job.attempt else None
     async with ctx.rt.tx() as conn:
         await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,
-                                                provider_job_id=sig.provider_job_id)])
+                                                provider_job_id=sig.provider_job_id, model_name=model_name)])
 
 
 def _same_render(job: JobRow) -> Guard:

@@ -126,7 +126,7 @@ async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) ->
     """Ask the provider to stop a render we no longer want. Best effort: a provider that cannot cancel
     finishes the render, and its late signals find a finished job."""
     try:
-        await adapter_for(ctx.adapters, event.provider).cancel(event.provider_job_id)
+        await adapter_for(ctx.adapters, event.provider).cancel(event.provider_job_id, model_name=event.model_name)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(event.provider, "cancel", err.code.value).inc()
         if err.retryable:
@@ -147,7 +147,7 @@ async def poll_once(ctx: Context, job_id: str, *, source: str, learned_by: Learn
     logs.about_job(job.id, job.account_id)
     adapter = adapter_for(ctx.adapters, job.provider)
     try:
-        sig = await adapter.status(job.provider_job_id)
+        sig = await adapter.status(job.provider_job_id, model_name=job.request.model_name)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(job.provider, "status", err.code.value).inc()
         if err.retryable:

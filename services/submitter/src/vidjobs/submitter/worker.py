@@ -404,7 +404,8 @@ async def _accepted(
         if moved is None and await _orphaned(conn, job.id, accepted.provider_job_id):
             # Canceled, deleted or retried while the provider was answering: this render is nobody's; stop it.
             await outbox.add(conn, [CancelRequested(job_id=job.id, provider=job.provider,
-                                                    provider_job_id=accepted.provider_job_id)])
+                                                    provider_job_id=accepted.provider_job_id,
+                                                    model_name=req.request.model_name)])
     log.info("submitted", extra={"job_id": job.id, "provider_job_id": accepted.provider_job_id,
                                  "attempt": job.attempt, "deadline_s": deadline.seconds,
                                  "deadline_samples": deadline.samples})

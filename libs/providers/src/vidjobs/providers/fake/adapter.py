@@ -155,11 +155,11 @@ class FakeAdapter(SignedCallbacks, HttpAdapter):
         found = self.read(raw, _RenderList, "render list").data
         return Submission(provider_job_id=found[0].id, state=found[0].status) if found else None
 
-    async def status(self, provider_job_id: str) -> ProviderSignal:
+    async def status(self, provider_job_id: str, *, model_name: str | None = None) -> ProviderSignal:
         return await self.poll(f"/v1/renders/{quote(provider_job_id, safe='')}", provider_job_id,
                                lambda raw: _signal(self.read(raw, _Render, "render")))
 
-    async def cancel(self, provider_job_id: str) -> None:
+    async def cancel(self, provider_job_id: str, *, model_name: str | None = None) -> None:
         # A render the provider no longer has is nothing to stop.
         await self.call_known("POST", f"/v1/renders/{quote(provider_job_id, safe='')}/cancel")
 
