@@ -359,11 +359,16 @@ async def test_cancel_stops_a_queued_request_and_is_quiet_about_finished_ones(ad
     assert not standin.requests[done.provider_job_id].canceled
 
 
-async def test_status_and_cancel_ask_the_jobs_own_app_and_no_other(adapter, standin):
+async def a_hung_veo3_request(adapter, standin) -> str:
+    """A veo3 request that never finishes, its id; the stand-in's record of the apps asked starts empty."""
     accepted = await adapter.submit(submit_request(job(VEO3, duration_s=8,
                                                        prompt=standin.plan("a long wait", Scenario.HANG))))
-    rid = accepted.provider_job_id
     standin.asked.clear()
+    return accepted.provider_job_id
+
+
+async def test_status_and_cancel_ask_the_jobs_own_app_and_no_other(adapter, standin):
+    rid = await a_hung_veo3_request(adapter, standin)
 
     assert (await adapter.status(rid, model_name=VEO3)).state is ProviderState.QUEUED
     await adapter.cancel(rid, model_name=VEO3)
@@ -375,10 +380,7 @@ async def test_status_and_cancel_ask_the_jobs_own_app_and_no_other(adapter, stan
 
 @pytest.mark.parametrize("model_name", [None, "fal-ai/a-model-since-dropped"])
 async def test_a_job_whose_model_is_not_known_is_looked_up_under_each_app_in_turn(adapter, standin, model_name):
-    accepted = await adapter.submit(submit_request(job(VEO3, duration_s=8,
-                                                       prompt=standin.plan("a long wait", Scenario.HANG))))
-    rid = accepted.provider_job_id
-    standin.asked.clear()
+    rid = await a_hung_veo3_request(adapter, standin)
 
     assert (await adapter.status(rid, model_name=model_name)).state is ProviderState.QUEUED
     await adapter.cancel(rid, model_name=model_name)
