@@ -194,15 +194,10 @@ async def test_on_the_gemini_api_the_video_is_downloaded_with_our_key(veo: VeoSt
         assert container.streams.video[0].codec_context.name == "h264"
 
 
-async def test_without_an_output_place_vertex_ai_is_asked_nothing(veo: VeoStandin, http: aiohttp.ClientSession):
-    adapter = VeoAdapter(http, veo.url, KEY, api="vertex", storage_url=veo.storage_url)
-
-    with pytest.raises(ProviderError) as caught:
-        await adapter.submit(attempt(job()))
-
-    # Vertex AI would send the video back inline, which nothing of ours can fetch: no render is paid for.
-    assert caught.value.code is ErrorCode.INTERNAL and "VIDJOBS_VEO_OUTPUT_URI" in caught.value.message
-    assert veo.submissions == []
+def test_vertex_ai_without_an_output_place_refuses_to_start(http: aiohttp.ClientSession):
+    # Vertex AI would send the video back inline, which nothing of ours can fetch: no job is taken to fail.
+    with pytest.raises(ConfigError, match="VIDJOBS_VEO_OUTPUT_URI"):
+        VeoAdapter(http, "", KEY, api="vertex")
 
 
 @pytest.mark.parametrize(("api", "output"), [
@@ -215,7 +210,7 @@ def test_a_malformed_veo_setting_stops_the_start(http: aiohttp.ClientSession, ap
 
 
 def test_each_api_has_its_public_endpoint_by_default(http: aiohttp.ClientSession):
-    assert VeoAdapter(http, api="vertex").base_url == "https://aiplatform.googleapis.com"
+    assert VeoAdapter(http, api="vertex", output_uri=OUTPUT).base_url == "https://aiplatform.googleapis.com"
     assert VeoAdapter(http, api="gemini").base_url == "https://generativelanguage.googleapis.com"
     assert VeoAdapter(http).base_url == "https://generativelanguage.googleapis.com"  # a deployment's key keeps working
 

@@ -83,6 +83,11 @@ class VeoAdapter(HttpAdapter):
         self.api = APIS[api]
         super().__init__(session, base_url or self.api.url, api_key)
         self.output = Place.parse(output_uri, OUTPUT_SETTING) if output_uri else None
+        if self.output is None and isinstance(self.api, Vertex):
+            # Told nowhere to write, Vertex AI sends the video back inline, which our media service cannot fetch:
+            # refused at start, before any render is paid for or any job fails.
+            raise ConfigError(f"{API_SETTING}=vertex needs {OUTPUT_SETTING}: the Cloud Storage place "
+                              f"(gs://bucket/prefix/) where Veo writes the videos we fetch")
         self.storage_url = storage_url.rstrip("/")
 
     def models(self) -> list[ModelInfo]:
@@ -106,11 +111,6 @@ class VeoAdapter(HttpAdapter):
     async def submit(self, req: SubmitRequest) -> Submission:
         self.validate(req.request)
         place = self.output.uri if self.output is not None and isinstance(self.api, Vertex) else None
-        if place is None and isinstance(self.api, Vertex):
-            # Told nowhere to write, Vertex AI sends the video back inline, which our media service cannot fetch:
-            # refused before a render is paid for.
-            raise ProviderError(ErrorCode.INTERNAL, f"Veo on Vertex AI needs {OUTPUT_SETTING} (gs://bucket/prefix/),"
-                                                    f" where it writes the videos we fetch.")
         image = await self._inline_image(req) if req.request.input_image is not None else None
         body = operation_body(req, image, storage_uri=place)
         started = self.read(await self.send(self.api.create(req.request.model_name), body), Started)
