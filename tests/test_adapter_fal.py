@@ -25,6 +25,7 @@ from tests.standins.fal import FalStandIn, Scenario, payload
 from tests.support import wait_until
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
+from vidjobs.common.settings import Settings
 from vidjobs.gateway.bodies import Model as GatewayModel
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from vidjobs.providers.fal import APPS, FalAdapter
@@ -613,11 +614,15 @@ needs_fal_models = pytest.mark.skipif(
     reason="the gateway's `model` pattern refuses `fal/<owner>/<app>/...` (vidjobs.gateway.bodies)")
 
 
+def fal_settings(tmp_path, database_url, nats_url, standin: FalStandIn, **more: Any) -> Settings:
+    """A stack that renders fal jobs at the stand-in, with its key and key set, fetching renders from it."""
+    return stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
+                          fal_jwks_url=standin.jwks_url, download_allow_hosts=host_port(standin.url), **more)
+
+
 @pytest.fixture
 async def fal_stack(tmp_path, database_url, nats_url, standin):
-    settings = stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
-                              fal_jwks_url=standin.jwks_url, download_allow_hosts=host_port(standin.url))
-    async with running_stack(settings) as stack:
+    async with running_stack(fal_settings(tmp_path, database_url, nats_url, standin)) as stack:
         yield stack
 
 
@@ -693,9 +698,7 @@ async def test_a_fal_render_refused_for_content_fails_the_job_with_that_code(fal
 
 @needs_fal_models
 async def test_a_fal_job_without_a_webhook_is_found_by_polling(tmp_path, database_url, nats_url, standin):
-    settings = stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
-                              fal_jwks_url=standin.jwks_url, recovery_delay_s=2, recovery_interval_s=2,
-                              download_allow_hosts=host_port(standin.url))
+    settings = fal_settings(tmp_path, database_url, nats_url, standin, recovery_delay_s=2, recovery_interval_s=2)
     prompt = standin.plan("a render whose webhook never comes", Scenario.NO_WEBHOOK)
     async with running_stack(settings) as stack:
         created = await stack.create_job(model=f"fal/{VEO3}", prompt=prompt, duration_s=8)
@@ -711,9 +714,7 @@ async def test_the_pollers_status_polls_and_cancel_ask_only_the_jobs_own_app(tmp
                                                                                standin):
     """A veo3 job through the real stack: its recovery polls and its cancel carry its model, so fal-ai/veo3 alone
     is asked, never fal-ai/kling-video, which comes first in our table and would be asked first otherwise."""
-    settings = stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
-                              fal_jwks_url=standin.jwks_url, recovery_delay_s=1, recovery_interval_s=1,
-                              download_allow_hosts=host_port(standin.url))
+    settings = fal_settings(tmp_path, database_url, nats_url, standin, recovery_delay_s=1, recovery_interval_s=1)
     prompt = standin.plan("a render that waits until it is canceled", Scenario.HANG)
     async with running_stack(settings) as stack:
         created = await stack.create_job(model=f"fal/{VEO3}", prompt=prompt, duration_s=8)
