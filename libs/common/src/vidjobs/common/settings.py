@@ -200,10 +200,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # in express mode, the one Google's SDK builds Veo requests for: move to it with a Vertex key and
     # `veo_output_uri` once no Veo render is in flight, as each API polls only its own operations). On Vertex
     # AI, Veo writes each video to Cloud Storage under `veo_output_uri` (`gs://bucket/prefix/`; a process
-    # refuses to start without it) and the media service fetches it from `veo_storage_url` with no credentials (an API key does
-    # not open Cloud Storage), as it fetches other providers' CDN links: those objects must be readable so, e.g.
-    # a bucket of their own with public read and a lifecycle rule deleting them after a day. On the Gemini API a
-    # video is a file download fetched with the key (media holds `veo_api_key` either way, and sends it there only).
+    # refuses to start without it) and the media service fetches it from `veo_storage_url` with no credentials
+    # (an API key does not open Cloud Storage), as it fetches other providers' CDN links: those objects must be
+    # readable so, e.g. a bucket of their own with public read and a lifecycle rule deleting them after a day. On
+    # the Gemini API a video is a file download fetched with the key (media holds `veo_api_key` either way, and
+    # sends it there only).
     veo_api: Literal["vertex", "gemini"] = "gemini"
     veo_output_uri: str = ""
     veo_storage_url: str = "https://storage.googleapis.com"
