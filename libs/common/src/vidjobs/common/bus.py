@@ -111,7 +111,6 @@ class ConsumerSpec(Generic[E]):
     # (Redeliver) and infrastructure faults are not failures: a job held back by a provider's limits may be
     # deferred for hours.
     max_deliver: int = 20
-    max_ack_pending: int | None = None
     on_dead: Callable[[Event], Awaitable[None]] | None = None
     # Where the pull loop reports itself, for the service's /readyz.
     pulls: Pulls | None = None
@@ -171,11 +170,18 @@ class Tries:
                    streak=int(headers.get(STREAK_HEADER, 0)), not_before=not_before)
 
 
+# The most messages JetStream lets one consumer have out at once, across all its replicas together. It is not
+# what bounds the work: each process fetches only as many messages as it has free handlers (`concurrency`),
+# so every replica adds handlers. But a message handed back with a delay (a retry's backoff, a deferred copy
+# held until it is due, a recovery check waiting for its hour) counts against it for the whole wait, one per
+# live job at most: the window holds them all, or a few jobs waiting would stop every other job on the subject.
+ACK_WINDOW = 1_000_000
+
+
 def consumer_config(spec: ConsumerSpec[E]) -> ConsumerConfig:
     return ConsumerConfig(
         durable_name=spec.durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=spec.ack_wait_s,
-        max_deliver=spec.max_deliver + BACKSTOP_SLACK, max_ack_pending=spec.max_ack_pending or spec.concurrency * 4,
-        filter_subject=spec.subject,
+        max_deliver=spec.max_deliver + BACKSTOP_SLACK, max_ack_pending=ACK_WINDOW, filter_subject=spec.subject,
     )
 
 

@@ -16,9 +16,8 @@ from vidjobs.reaper.recovery import Context, on_recovery_due
 
 async def main(rt: Runtime) -> None:
     ctx = Context(rt=rt, policies=Policies(rt.settings), submit_queue=SubmitQueue(rt.js))
-    # Checks wait here until due (a delayed nak each), so this consumer defers often and holds many.
-    spec = consumer(rt, "reaper-recovery", events.RECOVERY, partial(on_recovery_due, ctx), concurrency=16,
-                    max_ack_pending=1_000_000)
+    # Checks wait here until due (a delayed nak each, within bus.ACK_WINDOW).
+    spec = consumer(rt, "reaper-recovery", events.RECOVERY, partial(on_recovery_due, ctx), concurrency=16)
     async with asyncio.TaskGroup() as tg:
         tg.create_task(bus.consume(rt.js, spec, rt.stop), name="recovery-consumer")
         tg.create_task(sweep.run(rt), name="recovery-sweep")

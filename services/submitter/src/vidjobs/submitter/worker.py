@@ -87,9 +87,8 @@ async def main(rt: Runtime) -> None:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session), policies=Policies(rt.settings),
                       storage=storage, estimator=estimates.Estimator(rt.settings),
                       deadlines=RenderDeadlines(rt.settings))
-        # Jobs held back by a provider's limits wait in the stream (a delayed nak each), so allow many.
         spec = consumer(rt, events.SUBMIT_DURABLE, events.SUBMIT, partial(handle, ctx),
-                        concurrency=rt.settings.submit_concurrency, max_ack_pending=1_000_000)
+                        concurrency=rt.settings.submit_concurrency)
         async with asyncio.TaskGroup() as tg:
             tg.create_task(bus.consume(rt.js, spec, rt.stop), name="submit-consumer")
             tg.create_task(provider_gauges.run(rt, ctx.adapters), name="provider-gauges")
