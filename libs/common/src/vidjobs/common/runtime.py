@@ -174,14 +174,14 @@ async def _require_current_schema(pool: asyncpg.Pool) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_runtime(name: str, settings: Settings, *, pool_size: int = 10) -> AsyncIterator[Runtime]:
+async def open_runtime(name: str, settings: Settings) -> AsyncIterator[Runtime]:
     """Connect a service to the database and JetStream (creating the streams it consumes if they are missing)
     and start its outbox relay. Changes no schema and no grant: a database that lacks a migration this code
     needs is refused (`migrate_database` comes first)."""
     database_url, nats_url = _require_urls(settings)
     BoundedResolver.configure(settings.dns_threads, settings.dns_timeout_s)
     await _wait_for_database(database_url)
-    pool = await db.create_pool(database_url, max_size=pool_size, timeouts=db.Timeouts.of(settings),
+    pool = await db.create_pool(database_url, max_size=settings.db_pool_size, timeouts=db.Timeouts.of(settings),
                                 name=f"vidjobs-{name}")
     try:
         await _require_current_schema(pool)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -147,6 +147,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # database that stops answering is met with 503 `unavailable` after this long, not a hung request. The
     # server cannot end a statement while it is stalled; the client gives up on it (vidjobs.common.dbcalls).
     db_call_timeout_s: float = 5.0
+    # Connections each process's database pool holds at most; a call waits for a free one (under an API
+    # request, within `db_call_timeout_s`). Lower it where many replicas share one PostgreSQL (deploy/CAPACITY.md).
+    db_pool_size: Annotated[int, msgspec.Meta(ge=2, le=500)] = 10
     # NATS: the client pings its server this often and calls it gone after this many pings go unanswered,
     # then moves to another server of the cluster: a frozen server is noticed within (pings + 1) intervals.
     nats_ping_interval_s: float = 3.0
