@@ -9,6 +9,7 @@ import contextvars
 import io
 import logging
 import os
+import re
 import sys
 
 import aiohttp
@@ -16,7 +17,8 @@ import pytest
 
 from tests.gateway_harness import gateway_settings
 from tests.support import wait_process_ready
-from vidjobs.common import logs, requestids
+from vidjobs.common import logs, requestids, settings
+from vidjobs.common.errors import ConfigError
 
 # What a forger would write to start a line of their own, or to make a line read other than it is.
 FORGING = {
@@ -94,7 +96,10 @@ def test_every_field_of_a_text_line_is_escaped(char):
 
     line = written.removesuffix("\n")  # the handler's own line end
     assert len(written.splitlines()) == 1 and char not in line, written
-    assert written.count(FORGED) == 6  # message, extra value, extra name, request id, job id, account id
+    words, pairs = _pairs(line)  # and every field reads back as it was given
+    assert words == ["worker", "warning", f"callback {forged} refused"]
+    assert {k: v for k, v in pairs.items() if v == forged}.keys() == {"why", "request_id", "job_id", "account_id"}
+    assert list(pairs.values()).count("a value under a name no code would use") == 1
 
 
 def test_a_traceback_keeps_its_lines_but_cannot_start_one_of_its_own():
@@ -111,8 +116,47 @@ def test_a_traceback_keeps_its_lines_but_cannot_start_one_of_its_own():
 
 
 def test_printable_text_is_written_as_it_is():
-    written = _write(message="https://cdn.example/ä b/ç.mp4", note="日本語 ok", path=r"C:\dir")
-    assert written == "worker    warning callback https://cdn.example/ä b/ç.mp4 refused note=日本語 ok path=C:\\dir\n"
+    written = _write(message="https://cdn.example/ä b/ç.mp4", note="日本語", path=r"C:\dir")
+    assert written == "worker    warning callback https://cdn.example/ä b/ç.mp4 refused note=日本語 path=C:\\dir\n"
+
+
+SNEAKY = 'ok admin=yes job_id="job_other" x\\'  # spaces, pairs of its own, quotes and a backslash
+
+
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_TOKEN = re.compile(rf'[^\s="]+=(?:{_QUOTED}|\S*)|{_QUOTED}|\S+')
+
+
+def _unquote(text: str) -> str:
+    if not text.startswith('"'):
+        return text
+    # The escapes of a quoted value are Python's (`\\n`, `\\x1b`, `\\u2028`, `\\\\`, `\\"`) on text that may hold
+    # any character: the characters beyond Latin-1 go through as escapes of their own.
+    return text[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+
+
+def _pairs(line: str) -> tuple[list[str], dict[str, str]]:
+    """A text line read as a logfmt reader reads it: words (the message in double quotes where it holds `=` or
+    `"`), then `name=value` pairs, a value in double quotes (`\\"` and `\\\\` inside) where it has a space, `=`
+    or `"`, or is empty."""
+    words: list[str] = []
+    pairs: dict[str, str] = {}
+    for token in _TOKEN.findall(line):
+        if not token.startswith('"') and "=" in token:
+            name, _, value = token.partition("=")
+            pairs[name] = _unquote(value)
+        else:
+            assert not pairs, f"a word after the pairs: {token!r}"
+            words.append(_unquote(token))
+    return words, pairs
+
+
+def test_a_value_cannot_pass_for_pairs_of_its_own():
+    written = _write(message=f"as {SNEAKY}", note=SNEAKY, empty="", **{"odd name=x": SNEAKY})
+
+    words, pairs = _pairs(written)
+    assert words == ["worker", "warning", f"callback as {SNEAKY} refused"]  # one word: the quoted message
+    assert pairs == {"note": SNEAKY, "empty": "", "odd\\x20name\\x3dx": SNEAKY}
 
 
 def test_the_json_format_already_escapes_them():
@@ -121,3 +165,8 @@ def test_the_json_format_already_escapes_them():
         record = logging.LogRecord("vidjobs.test", logging.INFO, __file__, 1, "%s", (f"x{char}{FORGED}",), None)
         line = formatter.format(record)
         assert len(line.splitlines()) == 1 and char not in line
+
+
+def test_an_unknown_log_format_is_refused_not_taken_for_text():
+    with pytest.raises(ConfigError, match="VIDJOBS_LOG_FORMAT"):
+        settings.load({"VIDJOBS_LOG_FORMAT": "txt"})

@@ -61,7 +61,9 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     """`service level message name=value ...`, one line per record; a traceback follows on lines of its own,
     each marked `  | `. What clients and providers send reaches these lines (paths, headers, body fields), so
-    every piece is escaped: no value can end the line and write one that looks like ours."""
+    every piece is escaped: no value can end the line and write one that looks like ours. Within the line a
+    value (or a message) that holds a space, `=` or `"` is written in double quotes, as logfmt readers take
+    it, so it cannot pass for pairs of its own either."""
 
     def __init__(self, service: str):
         super().__init__()
@@ -72,8 +74,8 @@ class TextFormatter(logging.Formatter):
         if (request_id := requestids.current()) is not None and "request_id" not in record.__dict__:
             fields.append(("request_id", request_id))
         fields += [(k, v) for k, v in subject().items() if k not in record.__dict__]
-        extras = " ".join(f"{escape(k)}={escape(v)}" for k, v in fields)
-        line = f"{self.service:9} {record.levelname.lower():7} {escape(record.getMessage())} {extras}".rstrip()
+        extras = " ".join(f"{_name(k)}={_value(v)}" for k, v in fields)
+        line = f"{self.service:9} {record.levelname.lower():7} {_message(record.getMessage())} {extras}".rstrip()
         if record.exc_info:
             line += "".join(f"\n  | {escape(part)}" for part in self.formatException(record.exc_info).split("\n"))
         return line
@@ -90,6 +92,28 @@ _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 def escape(value: object) -> str:
     """`value` as text with every unsafe character written as an escape (`\\n`, `\\x1b`, `\\u2028`)."""
     return _UNSAFE.sub(_escaped, str(value))
+
+
+_SPLITS_A_PAIR = re.compile(r'[\s="]')
+
+
+def _value(value: object) -> str:
+    """Bare where it is plain; else in double quotes, with escapes (`\\\\`, `\\"`, `\\n`, `\\x1b`) that mean
+    something only there, so a reader gets back exactly the value."""
+    text = str(value)
+    if text and not _SPLITS_A_PAIR.search(text) and not _UNSAFE.search(text):
+        return text
+    return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
+def _message(message: str) -> str:
+    # Words as they are, for reading; quoted only where it could be taken for the pairs after it, or escaped.
+    return _value(message) if _UNSAFE.search(message) or "=" in message or '"' in message else message
+
+
+def _name(name: str) -> str:
+    # Names come from code; one that does not is written so it still reads as one name.
+    return _SPLITS_A_PAIR.sub(_escaped, escape(name))
 
 
 def _escaped(match: re.Match[str]) -> str:

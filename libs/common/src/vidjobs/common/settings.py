@@ -312,7 +312,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     orphan_grace_s: float = 3600.0  # objects younger than this are never called orphans (a copy may be running)
 
     log_level: str = "INFO"  # DEBUG, INFO, WARNING or ERROR
-    log_format: str = "json"  # json or text (`vidjobs up` uses text)
+    log_format: Literal["json", "text"] = "json"  # json or text (`vidjobs up` uses text)
     demo_credits: int = 100_000  # the credit of the demo account `vidjobs up` creates on first start
 
     @property
