@@ -30,3 +30,4 @@ UPLOADS = Counter(
     "Uploaded images decoded, by outcome (ready, rejected) and rejection reason (empty when ready)",
     ["outcome", "reason"],
 )
+UPLOADS.labels("ready", "")  # exported from the start, at 0: a panel shows none decoded rather than no data
