@@ -8,10 +8,13 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import asyncpg
+import botocore.session
 import pytest
+from botocore.config import Config
 
 from tests.s3server import TEST_BUCKET, MotoS3, aws_environment, moto_s3
 from tests.support import with_database
@@ -102,6 +105,25 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoS3]:
     with moto_s3(tmp_path_factory.mktemp("moto")) as server, aws_environment(server):
         server.create_bucket(TEST_BUCKET)
         yield server
+
+
+@pytest.fixture
+def customer_bucket(s3_server: MotoS3) -> str:
+    """A bucket of an account's own on the same S3 server (an export's destination): not the one the services
+    store into."""
+    name = f"customer-{secrets.token_hex(4)}"
+    s3_server.create_bucket(name)
+    return name
+
+
+@pytest.fixture
+def s3_client(s3_server: MotoS3) -> Iterator[Any]:
+    """A botocore S3 client of the test server: to presign a PUT as an account would, and to read what landed."""
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=s3_server.endpoint, region_name="us-east-1",
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}))
+    yield client
+    client.close()
 
 
 @pytest.fixture

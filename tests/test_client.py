@@ -1,13 +1,15 @@
 """The Python client (clients/python) against the real stack: a render followed to the end and downloaded with
 its checksum checked, a cancel, errors that carry the API's code and request id, a 429 waited out, a dropped
-stream resumed across a gateway crash, paging, uploads; and the client's models kept in step with the API's own
-OpenAPI document, its types checked, and nothing of the server imported."""
+stream resumed across a gateway crash, paging, uploads, a clip kept, released and exported to a bucket; and the
+client's models kept in step with the API's own OpenAPI document, its types checked, and nothing of the server
+imported."""
 
 from __future__ import annotations
 
 import ast
 import asyncio
 import hashlib
+import secrets
 import shutil
 import signal
 import subprocess
@@ -21,7 +23,8 @@ import pytest
 
 from tests import imagefiles
 from tests.gateway_harness import gateway_settings, running_gateway
-from tests.stack import demo_key, running_stack, stack_settings
+from tests.s3server import TEST_BUCKET, MotoS3
+from tests.stack import demo_key, host_port, running_stack, stack_settings
 from vidjobs.cli.embedded import free_port
 from vidjobs.common.settings import Settings
 from vidjobs.gateway.app import route_table
@@ -31,6 +34,7 @@ from vidjobs_client import (
     AuthenticationError,
     ChecksumMismatch,
     Client,
+    Conflict,
     ConnectionFailed,
     InvalidRequest,
     JobNotReady,
@@ -222,6 +226,56 @@ async def test_fallbacks_are_named_per_job_or_by_the_account(tmp_path, database_
     assert none.fallback_models == [] and none.max_wait_s is None
 
 
+async def test_a_ready_clip_is_kept_released_and_exported_to_the_owners_bucket(
+        tmp_path, database_url, nats_url, s3_server: MotoS3, customer_bucket: str, s3_client):
+    settings = stack_settings(tmp_path, database_url, nats_url,
+                              storage_url=f"s3://{TEST_BUCKET}/client-{secrets.token_hex(4)}",
+                              export_allow_hosts=host_port(s3_server.endpoint))
+    put_url = s3_client.generate_presigned_url(
+        "put_object", Params={"Bucket": customer_bucket, "Key": "clips/fox.mp4"}, ExpiresIn=600)
+    async with running_stack(settings) as stack, AsyncClient(stack.url, stack.key) as vj:
+        waiting = await vj.create_job("fake/default", "never ends", duration_s=1, params={"scenario": "hang"})
+        with pytest.raises(Conflict) as early:
+            await vj.export_job(waiting.id, put_url, wait=True)
+        with pytest.raises(Conflict) as unkeepable:
+            await vj.keep_job(waiting.id)
+        done = await vj.wait((await vj.create_job("fake/default", "a fox", duration_s=1,
+                                                  params={"render_s": 0.2})).id, timeout_s=60)
+
+        def keep_and_release() -> tuple[models.Job, models.Job, models.Account, models.Job, models.Account]:
+            with Client(stack.url, stack.key) as sync:
+                kept, again = sync.keep_job(done.id), sync.keep_job(done.id)  # a keep may be repeated
+                holding = sync.account()
+                released = sync.release_job(done.id)
+                return kept, again, holding, released, sync.account()
+
+        kept, again, holding, released, freed = await asyncio.to_thread(keep_and_release)
+        export = await vj.export_job(done.id, put_url, wait=True, timeout_s=60)
+        listed = await vj.list_exports(done.id)
+        fetched = await vj.get_export(done.id, export.id)
+
+    assert early.value.status == 409 and early.value.code == "conflict", early.value
+    assert "only a ready job's clip can be exported" in early.value.message
+    assert unkeepable.value.code == "conflict"
+
+    assert done.outputs is not None and done.outputs.retained_until is not None and not done.outputs.kept
+    for job in (kept, again):
+        assert job.outputs is not None and job.outputs.kept and job.outputs.retained_until is None
+    assert holding.storage is not None and holding.storage.kept_jobs == 1
+    assert holding.storage.used_bytes == done.outputs.bytes
+    # Released, its window counts from its completion again.
+    assert released.outputs is not None and not released.outputs.kept
+    assert released.outputs.retained_until == done.outputs.retained_until
+    assert freed.storage is not None and (freed.storage.kept_jobs, freed.storage.used_bytes) == (0, 0)
+
+    assert export.status == "done" and not export.pending and export.reason is None, export
+    assert (export.job_id, export.host, export.bytes) == (done.id, host_port(s3_server.endpoint), done.outputs.bytes)
+    assert export.finished_at is not None and export.attempts == 0
+    assert [e.id for e in listed] == [export.id] and listed[0] == export and fetched == export
+    stored = s3_client.get_object(Bucket=customer_bucket, Key="clips/fox.mp4")["Body"].read()
+    assert len(stored) == done.outputs.bytes and hashlib.sha256(stored).hexdigest() == done.outputs.sha256
+
+
 def test_a_connection_that_cannot_be_made_fails_after_the_policy_s_tries():
     tries: list[str] = []
     hooks = {"request": [lambda req: tries.append(req.url.path)]}
@@ -244,7 +298,8 @@ _SCHEMAS = {
     models.WebhookSecret: "WebhookSecretOut", models.NewWebhookSecret: "SecretIssued",
     models.EndpointList: "EndpointList",
     models.DeliveryList: "DeliveryList", models.Trail: "Trail", models.Usage: "UsageReport",
-    models.UsageGroup: "UsageGroup",
+    models.UsageGroup: "UsageGroup", models.Storage: "StorageOut", models.Export: "ExportOut",
+    models.ExportList: "ExportList",
 }
 
 

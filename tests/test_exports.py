@@ -7,32 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Iterator
-
-import botocore.session
-import pytest
-from botocore.config import Config
 
 from tests.s3server import TEST_BUCKET, MotoS3
 from tests.stack import Stack, host_port, running_stack, stack_settings
 from tests.support import wait_until
-
-
-@pytest.fixture
-def customer_bucket(s3_server: MotoS3) -> str:
-    """A bucket of the account's own on the same S3 server: not the one the services store into."""
-    name = f"customer-{secrets.token_hex(4)}"
-    s3_server.create_bucket(name)
-    return name
-
-
-@pytest.fixture
-def s3(s3_server: MotoS3) -> Iterator[object]:
-    client = botocore.session.get_session().create_client(
-        "s3", endpoint_url=s3_server.endpoint, region_name="us-east-1",
-        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}))
-    yield client
-    client.close()
 
 
 async def _call(stack: Stack, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
@@ -47,12 +25,12 @@ async def _finished(stack: Stack, job_id: str, export_id: str) -> dict | None:
 
 
 async def test_an_export_lands_byte_identical_in_the_owners_bucket_and_unsafe_ones_are_refused(
-        tmp_path, database_url, nats_url, s3_server: MotoS3, customer_bucket: str, s3):
+        tmp_path, database_url, nats_url, s3_server: MotoS3, customer_bucket: str, s3_client):
     settings = stack_settings(tmp_path, database_url, nats_url,
                               storage_url=f"s3://{TEST_BUCKET}/exports-{secrets.token_hex(4)}",
                               export_allow_hosts=host_port(s3_server.endpoint))
-    put_url = s3.generate_presigned_url("put_object", Params={"Bucket": customer_bucket, "Key": "clips/fox.mp4"},
-                                        ExpiresIn=600)
+    put_url = s3_client.generate_presigned_url(
+        "put_object", Params={"Bucket": customer_bucket, "Key": "clips/fox.mp4"}, ExpiresIn=600)
     async with running_stack(settings) as stack:
         waiting = await stack.create_job(params={"scenario": "hang"})
         status, early = await _call(stack, "POST", f"/v1/jobs/{waiting['id']}/export", {"url": put_url})
@@ -74,8 +52,8 @@ async def test_an_export_lands_byte_identical_in_the_owners_bucket_and_unsafe_on
             refusals[url] = await _call(stack, "POST", f"/v1/jobs/{job['id']}/export", {"url": url})
 
         # A destination that refuses the PUT: its answer is the reason, and it is not tried again.
-        wrong = s3.generate_presigned_url("put_object", Params={"Bucket": f"none-{secrets.token_hex(4)}",
-                                                                "Key": "x.mp4"}, ExpiresIn=600)
+        wrong = s3_client.generate_presigned_url("put_object", Params={"Bucket": f"none-{secrets.token_hex(4)}",
+                                                                       "Key": "x.mp4"}, ExpiresIn=600)
         status, doomed = await _call(stack, "POST", f"/v1/jobs/{job['id']}/export", {"url": wrong})
         assert status == 202, doomed
         failed = await wait_until(lambda: _finished(stack, job["id"], doomed["id"]), within=60, what="the failure")
@@ -83,7 +61,7 @@ async def test_an_export_lands_byte_identical_in_the_owners_bucket_and_unsafe_on
         other = stack.as_key(await _other_key(database_url))
         hidden = await _call(other, "GET", f"/v1/jobs/{job['id']}/exports/{made['id']}")
 
-    stored = s3.get_object(Bucket=customer_bucket, Key="clips/fox.mp4")["Body"].read()
+    stored = s3_client.get_object(Bucket=customer_bucket, Key="clips/fox.mp4")["Body"].read()
     assert len(stored) == job["outputs"]["bytes"]
     assert hashlib.sha256(stored).hexdigest() == job["outputs"]["sha256"]
 

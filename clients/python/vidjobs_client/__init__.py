@@ -30,13 +30,13 @@ from .errors import (
     VidjobsError,
     WaitTimeout,
 )
-from .models import TERMINAL, Account, Estimate, Job, JobPage, Model, QueueEstimate, Transition, Upload
+from .models import TERMINAL, Account, Estimate, Export, Job, JobPage, Model, QueueEstimate, Transition, Upload
 from .retrying import RetryPolicy
 
 __version__ = "0.1.0"
 __all__ = [
     "TERMINAL", "APIError", "Account", "AsyncClient", "AuthenticationError", "ChecksumMismatch", "Client",
-    "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "InsufficientCredits", "InvalidRequest", "Job",
-    "JobNotReady", "JobPage", "Model", "NotFound", "QueueEstimate", "RateLimited", "RetryPolicy", "Transition",
-    "Unavailable", "Upload", "UploadRejected", "VidjobsError", "WaitTimeout",
+    "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "Export", "InsufficientCredits",
+    "InvalidRequest", "Job", "JobNotReady", "JobPage", "Model", "NotFound", "QueueEstimate", "RateLimited",
+    "RetryPolicy", "Transition", "Unavailable", "Upload", "UploadRejected", "VidjobsError", "WaitTimeout",
 ]

@@ -198,6 +198,44 @@ class AsyncClient:
             except httpx.TransportError as exc:
                 await asyncio.sleep(self._retry.after_failure(Call("GET", url, None), attempt, exc))
 
+    # Keeping and exporting clips
+
+    async def keep_job(self, job_id: str) -> models.Job:
+        """Keep a ready job's clip past retention (`outputs.kept`), counted against the account's storage quota.
+        `Conflict` with code `conflict` if the job is not ready, `storage_quota_exceeded` past the quota."""
+        return await self._send(calls.keep_job(job_id))
+
+    async def release_job(self, job_id: str) -> models.Job:
+        """Stop keeping the job's clip: retention counts from its completion again (`outputs.retained_until`)."""
+        return await self._send(calls.release_job(job_id))
+
+    async def export_job(self, job_id: str, url: str, *, wait: bool = False,
+                         timeout_s: float | None = 600.0) -> models.Export:
+        """Copy a ready job's stored original to `url`, a presigned PUT URL of your own bucket (`Conflict` if the
+        job is not ready). The copy is made after answering: it is returned pending unless `wait`, which asks
+        until it is done or failed (see `reason`), or raises `WaitTimeout` past `timeout_s`."""
+        export = await self._send(calls.export_job(job_id, url))
+        return await self._wait_export(export, timeout_s) if wait else export
+
+    async def _wait_export(self, current: models.Export, timeout_s: float | None) -> models.Export:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for delay in calls.export_poll_delays():
+            if not current.pending:
+                break
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise WaitTimeout(f"export {current.id} was still pending after {timeout_s} s")
+            await asyncio.sleep(delay)
+            current = await self.get_export(current.job_id, current.id)
+        return current
+
+    async def get_export(self, job_id: str, export_id: str) -> models.Export:
+        """One export of the job, as it stands: pending, done or failed."""
+        return await self._send(calls.get_export(job_id, export_id))
+
+    async def list_exports(self, job_id: str) -> list[models.Export]:
+        """The job's exports, newest first (the last 20)."""
+        return (await self._send(calls.list_exports(job_id))).data
+
     # Uploads, account, models, webhooks
 
     async def upload(self, image: str | Path | bytes, content_type: str | None = None, *, wait: bool = True,

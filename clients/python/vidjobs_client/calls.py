@@ -128,6 +128,38 @@ def delete_job(job_id: str) -> Call[None]:
     return Call("DELETE", _job(job_id), None)
 
 
+def keep_job(job_id: str) -> Call[models.Job]:
+    return Call("POST", _job(job_id) + "/keep", models.Job)  # keeping a kept clip leaves it kept
+
+
+def release_job(job_id: str) -> Call[models.Job]:
+    return Call("DELETE", _job(job_id) + "/keep", models.Job)  # releasing a released clip changes nothing
+
+
+def export_job(job_id: str, url: str) -> Call[models.Export]:
+    # Not replayable: the API takes no idempotency key here, so a POST sent again after a lost answer starts a
+    # second export: the clip PUT to the bucket a second time, and a second of the account's exports in flight.
+    return Call("POST", _job(job_id) + "/export", models.Export, body=_json({"url": url}),
+                headers={"Content-Type": "application/json"}, replayable=False)
+
+
+def get_export(job_id: str, export_id: str) -> Call[models.Export]:
+    return Call("GET", f"{_job(job_id)}/exports/{quote(export_id, safe='')}", models.Export)
+
+
+def list_exports(job_id: str) -> Call[models.ExportList]:
+    return Call("GET", _job(job_id) + "/exports", models.ExportList)
+
+
+def export_poll_delays() -> Iterator[float]:
+    """Seconds between asking about a pending export: soon at first (a small clip is copied in about a
+    second), then at most every five seconds (a failed try waits out a backoff of up to a minute anyway)."""
+    delay = 0.5
+    while True:
+        yield delay
+        delay = min(delay * 1.5, 5.0)
+
+
 def job_events(job_id: str) -> Call[models.Trail]:
     return Call("GET", _job(job_id) + "/events", models.Trail)
 

@@ -192,6 +192,44 @@ class Client:
             except httpx.TransportError as exc:
                 time.sleep(self._retry.after_failure(Call("GET", url, None), attempt, exc))
 
+    # Keeping and exporting clips
+
+    def keep_job(self, job_id: str) -> models.Job:
+        """Keep a ready job's clip past retention (`outputs.kept`), counted against the account's storage quota.
+        `Conflict` with code `conflict` if the job is not ready, `storage_quota_exceeded` past the quota."""
+        return self._send(calls.keep_job(job_id))
+
+    def release_job(self, job_id: str) -> models.Job:
+        """Stop keeping the job's clip: retention counts from its completion again (`outputs.retained_until`)."""
+        return self._send(calls.release_job(job_id))
+
+    def export_job(self, job_id: str, url: str, *, wait: bool = False,
+                   timeout_s: float | None = 600.0) -> models.Export:
+        """Copy a ready job's stored original to `url`, a presigned PUT URL of your own bucket (`Conflict` if the
+        job is not ready). The copy is made after answering: it is returned pending unless `wait`, which asks
+        until it is done or failed (see `reason`), or raises `WaitTimeout` past `timeout_s`."""
+        export = self._send(calls.export_job(job_id, url))
+        return self._wait_export(export, timeout_s) if wait else export
+
+    def _wait_export(self, current: models.Export, timeout_s: float | None) -> models.Export:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        for delay in calls.export_poll_delays():
+            if not current.pending:
+                break
+            if deadline is not None and time.monotonic() + delay > deadline:
+                raise WaitTimeout(f"export {current.id} was still pending after {timeout_s} s")
+            time.sleep(delay)
+            current = self.get_export(current.job_id, current.id)
+        return current
+
+    def get_export(self, job_id: str, export_id: str) -> models.Export:
+        """One export of the job, as it stands: pending, done or failed."""
+        return self._send(calls.get_export(job_id, export_id))
+
+    def list_exports(self, job_id: str) -> list[models.Export]:
+        """The job's exports, newest first (the last 20)."""
+        return self._send(calls.list_exports(job_id)).data
+
     # Uploads, account, models, webhooks
 
     def upload(self, image: str | Path | bytes, content_type: str | None = None, *, wait: bool = True,

@@ -187,6 +187,29 @@ class Upload(_Model, kw_only=True):
         return self.status == "processing"
 
 
+class Export(_Model, kw_only=True):
+    """A copy of a job's stored original to a presigned PUT URL of the account's own bucket."""
+
+    id: str
+    job_id: str
+    host: str  # where it goes; the URL itself is a credential and is never shown back
+    # pending until the copy is stored there, then done (`bytes`) or failed (`reason`)
+    status: str
+    reason: str | None = None  # failed: why; pending: what the last failed try met (it is tried again)
+    attempts: int = 0  # tries that failed so far
+    bytes: int | None = None  # sent, once done
+    created_at: datetime
+    finished_at: datetime | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.status == "pending"
+
+
+class ExportList(_Model, kw_only=True):
+    data: list[Export]  # newest first, the last 20
+
+
 class Credits(_Model, kw_only=True):
     balance: int
     reserved: int
