@@ -231,8 +231,9 @@ async def test_a_ready_clip_is_kept_released_and_exported_to_the_owners_bucket(
     settings = stack_settings(tmp_path, database_url, nats_url,
                               storage_url=f"s3://{TEST_BUCKET}/client-{secrets.token_hex(4)}",
                               export_allow_hosts=host_port(s3_server.endpoint))
-    put_url = s3_client.generate_presigned_url(
-        "put_object", Params={"Bucket": customer_bucket, "Key": "clips/fox.mp4"}, ExpiresIn=600)
+    put_url, again_url = (s3_client.generate_presigned_url(
+        "put_object", Params={"Bucket": customer_bucket, "Key": key}, ExpiresIn=600)
+        for key in ("clips/fox.mp4", "clips/fox-again.mp4"))
     async with running_stack(settings) as stack, AsyncClient(stack.url, stack.key) as vj:
         waiting = await vj.create_job("fake/default", "never ends", duration_s=1, params={"scenario": "hang"})
         with pytest.raises(Conflict) as early:
@@ -254,6 +255,13 @@ async def test_a_ready_clip_is_kept_released_and_exported_to_the_owners_bucket(
         listed = await vj.list_exports(done.id)
         fetched = await vj.get_export(done.id, export.id)
 
+        def export_then_wait() -> tuple[models.Export, models.Export]:
+            with Client(stack.url, stack.key) as sync:
+                started = sync.export_job(done.id, again_url)
+                return started, sync.wait_export(started, timeout_s=60)
+
+        started, waited = await asyncio.to_thread(export_then_wait)
+
     assert early.value.status == 409 and early.value.code == "conflict", early.value
     assert "only a ready job's clip can be exported" in early.value.message
     assert unkeepable.value.code == "conflict"
@@ -274,6 +282,10 @@ async def test_a_ready_clip_is_kept_released_and_exported_to_the_owners_bucket(
     assert [e.id for e in listed] == [export.id] and listed[0] == export and fetched == export
     stored = s3_client.get_object(Bucket=customer_bucket, Key="clips/fox.mp4")["Body"].read()
     assert len(stored) == done.outputs.bytes and hashlib.sha256(stored).hexdigest() == done.outputs.sha256
+    # Started without waiting, then waited for: the same export, ended.
+    assert started.id == waited.id and started.id != export.id and waited.status == "done", (started, waited)
+    again = s3_client.get_object(Bucket=customer_bucket, Key="clips/fox-again.mp4")["Body"].read()
+    assert again == stored
 
 
 def test_a_connection_that_cannot_be_made_fails_after_the_policy_s_tries():

@@ -209,9 +209,11 @@ class Client:
         job is not ready). The copy is made after answering: it is returned pending unless `wait`, which asks
         until it is done or failed (see `reason`), or raises `WaitTimeout` past `timeout_s`."""
         export = self._send(calls.export_job(job_id, url))
-        return self._wait_export(export, timeout_s) if wait else export
+        return self.wait_export(export, timeout_s=timeout_s) if wait else export
 
-    def _wait_export(self, current: models.Export, timeout_s: float | None) -> models.Export:
+    def wait_export(self, export: models.Export, *, timeout_s: float | None = 600.0) -> models.Export:
+        """Ask about an export until it is done or failed (see `reason`); `WaitTimeout` past `timeout_s`."""
+        current = export
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for delay in calls.export_poll_delays():
             if not current.pending:
