@@ -42,6 +42,7 @@ from vidjobs_client import (
     RateLimited,
     RetryPolicy,
     UploadRejected,
+    WaitTimeout,
     models,
 )
 
@@ -257,7 +258,9 @@ async def test_a_ready_clip_is_kept_released_and_exported_to_the_owners_bucket(
 
         def export_then_wait() -> tuple[models.Export, models.Export]:
             with Client(stack.url, stack.key) as sync:
-                started = sync.export_job(done.id, again_url)
+                started = sync.export_job(done.id, again_url)  # answered pending: the copy is made after
+                with pytest.raises(WaitTimeout, match=f"export {started.id} was still pending after 0.1 s"):
+                    sync.wait_export(started, timeout_s=0.1)  # no pause fits in 0.1 s
                 return started, sync.wait_export(started, timeout_s=60)
 
         started, waited = await asyncio.to_thread(export_then_wait)

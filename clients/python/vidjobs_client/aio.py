@@ -219,14 +219,9 @@ class AsyncClient:
 
     async def wait_export(self, export: models.Export, *, timeout_s: float | None = 600.0) -> models.Export:
         """Ask about an export until it is done or failed (see `reason`); `WaitTimeout` past `timeout_s`."""
-        current = export
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for delay in calls.export_poll_delays():
-            if not current.pending:
-                break
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise WaitTimeout(f"export {current.id} was still pending after {timeout_s} s")
-            await asyncio.sleep(delay)
+        current, pauses = export, calls.export_pauses(export, timeout_s)
+        while current.pending:
+            await asyncio.sleep(next(pauses))
             current = await self.get_export(current.job_id, current.id)
         return current
 
@@ -260,13 +255,9 @@ class AsyncClient:
     async def wait_upload(self, upload: models.Upload | str, *, timeout_s: float | None = 120.0) -> models.Upload:
         """The upload once decoded and ready; raises `UploadRejected` or `WaitTimeout`."""
         current = await self.get_upload(upload) if isinstance(upload, str) else upload
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for delay in calls.upload_poll_delays():
-            if not current.processing:
-                break
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise WaitTimeout(f"upload {current.id} was still processing after {timeout_s} s")
-            await asyncio.sleep(delay)
+        pauses = calls.upload_pauses(current, timeout_s)
+        while current.processing:
+            await asyncio.sleep(next(pauses))
             current = await self.get_upload(current.id)
         return calls.settled(current)
 

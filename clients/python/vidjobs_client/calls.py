@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mimetypes
 import secrets
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,7 +20,7 @@ from urllib.parse import quote
 import msgspec
 
 from . import models
-from .errors import APIError, UploadRejected, error_class
+from .errors import APIError, UploadRejected, WaitTimeout, error_class
 
 T = TypeVar("T")
 Query = list[tuple[str, str | int | float | bool | None]]  # as httpx takes it
@@ -151,13 +152,10 @@ def list_exports(job_id: str) -> Call[models.ExportList]:
     return Call("GET", _job(job_id) + "/exports", models.ExportList)
 
 
-def export_poll_delays() -> Iterator[float]:
+def export_pauses(export: models.Export, timeout_s: float | None) -> Iterator[float]:
     """Seconds between asking about a pending export: soon at first (a small clip is copied in about a
     second), then at most every five seconds (a failed try waits out a backoff of up to a minute anyway)."""
-    delay = 0.5
-    while True:
-        yield delay
-        delay = min(delay * 1.5, 5.0)
+    return _pauses(0.5, 5.0, timeout_s, f"export {export.id} was still pending")
 
 
 def job_events(job_id: str) -> Call[models.Trail]:
@@ -182,13 +180,22 @@ def get_upload(upload_id: str) -> Call[models.Upload]:
     return Call("GET", f"/v1/uploads/{quote(upload_id, safe='')}", models.Upload)
 
 
-def upload_poll_delays() -> Iterator[float]:
+def upload_pauses(upload: models.Upload, timeout_s: float | None) -> Iterator[float]:
     """Seconds between asking about a processing upload: soon at first (decoding takes about a second),
     then at most every two seconds."""
-    delay = 0.2
+    return _pauses(0.2, 2.0, timeout_s, f"upload {upload.id} was still processing")
+
+
+def _pauses(first: float, most: float, timeout_s: float | None, still: str) -> Iterator[float]:
+    """The pauses of one wait, growing from `first` to `most`; `WaitTimeout` instead of one that would end
+    past `timeout_s` from now."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    delay = first
     while True:
+        if deadline is not None and time.monotonic() + delay > deadline:
+            raise WaitTimeout(f"{still} after {timeout_s} s")
         yield delay
-        delay = min(delay * 1.5, 2.0)
+        delay = min(delay * 1.5, most)
 
 
 def settled(upload: models.Upload) -> models.Upload:

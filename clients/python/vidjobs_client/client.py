@@ -213,14 +213,9 @@ class Client:
 
     def wait_export(self, export: models.Export, *, timeout_s: float | None = 600.0) -> models.Export:
         """Ask about an export until it is done or failed (see `reason`); `WaitTimeout` past `timeout_s`."""
-        current = export
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for delay in calls.export_poll_delays():
-            if not current.pending:
-                break
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise WaitTimeout(f"export {current.id} was still pending after {timeout_s} s")
-            time.sleep(delay)
+        current, pauses = export, calls.export_pauses(export, timeout_s)
+        while current.pending:
+            time.sleep(next(pauses))
             current = self.get_export(current.job_id, current.id)
         return current
 
@@ -253,13 +248,9 @@ class Client:
     def wait_upload(self, upload: models.Upload | str, *, timeout_s: float | None = 120.0) -> models.Upload:
         """The upload once decoded and ready; raises `UploadRejected` or `WaitTimeout`."""
         current = self.get_upload(upload) if isinstance(upload, str) else upload
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for delay in calls.upload_poll_delays():
-            if not current.processing:
-                break
-            if deadline is not None and time.monotonic() + delay > deadline:
-                raise WaitTimeout(f"upload {current.id} was still processing after {timeout_s} s")
-            time.sleep(delay)
+        pauses = calls.upload_pauses(current, timeout_s)
+        while current.processing:
+            time.sleep(next(pauses))
             current = self.get_upload(current.id)
         return calls.settled(current)
 
