@@ -339,7 +339,8 @@ async def test_cancel_asks_nothing_of_veo(either: VeoAdapter, veo: VeoStandin):
     ({"aspect_ratio": "1:1"}, "aspect_ratio:"),
     ({"model": "veo/veo-3.0-generate-001", "duration_s": 8, "aspect_ratio": "9:16", "resolution": "1080p"},
      "resolution:"),
-    ({"seed": 7}, "seed:"),
+    ({"seed": 2**32}, "seed:"),
+    ({"seed": -1}, "seed:"),
     ({"params": {"sample_count": 2}}, "params.sample_count:"),
     ({"params": {"person_generation": "allow_everyone"}}, "params.person_generation:"),
     ({"input_image": "upl_1", "params": {"person_generation": "allow_all"}}, "params.person_generation:"),
@@ -364,6 +365,20 @@ def test_validate_refuses_naming_the_field(adapter: VeoAdapter, fields: dict, na
 ])
 def test_validate_accepts_what_the_model_renders(adapter: VeoAdapter, fields: dict):
     adapter.validate(job(**fields))
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**32 - 1])
+async def test_a_seed_is_sent_on_vertex_ai_and_refused_on_the_gemini_api(http: aiohttp.ClientSession,
+                                                                         veo: VeoStandin, seed: int):
+    vertex, gemini = on("vertex", http, veo), on("gemini", http, veo)
+
+    await vertex.submit(attempt(job(seed=seed)))
+    with pytest.raises(ProviderError) as caught:
+        gemini.validate(job(seed=seed))
+
+    assert veo.submissions[-1]["parameters"]["seed"] == seed
+    assert caught.value.code is ErrorCode.INVALID_INPUT and caught.value.message.startswith("seed:")
+    assert {m.seed for m in vertex.models()} == {True} and {m.seed for m in gemini.models()} == {False}
 
 
 # --- through the whole stack -----------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def sdk_config(r: JobRequest, **extra: Any) -> types.GenerateVideosConfig:
     return types.GenerateVideosConfig(
         aspect_ratio=model.frame_map()[(r.aspect_ratio, r.resolution)], duration_seconds=r.duration_s,
         resolution=r.resolution if model.sends_resolution else None, negative_prompt=r.negative_prompt,
-        person_generation=r.params.get("person_generation"), **extra)
+        person_generation=r.params.get("person_generation"), seed=r.seed, **extra)
 
 
 def sdk_source(r: JobRequest, image: bytes | None = None) -> types.GenerateVideosSource:
@@ -180,6 +180,8 @@ CREATES = {
                                           aspect_ratio="9:16", resolution="1080p"),
     "veo 3, from an image": JobRequest(model="veo/veo-3.0-generate-001", prompt="it walks away", duration_s=6,
                                        input_image="upl_1", params={"person_generation": "allow_adult"}),
+    "veo 3.1, seeded": JobRequest(model="veo/veo-3.1-generate-preview", prompt="a heron", duration_s=8,
+                                  seed=2**32 - 1),
 }
 
 
@@ -207,7 +209,7 @@ async def test_a_create_is_the_request_the_sdk_sends_to_vertex_ai(http: aiohttp.
 
 def test_the_sdk_builds_no_veo_request_for_the_gemini_api(server: RecordingServer, sdks: dict[str, genai.Client]):
     # google-genai 3.3.0 refuses before sending: the Gemini API's predictLongRunning is a route only its REST
-    # docs still describe, which is why Vertex AI is our default.
+    # docs still describe, which is why `VIDJOBS_VEO_API=vertex` is the API to move to.
     with pytest.raises(ValueError, match="only supported in Gemini Enterprise Agent Platform"):
         sdks["gemini"].models.generate_videos(model="veo-2.0-generate-001",
                                               source=types.GenerateVideosSource(prompt="a fox"))

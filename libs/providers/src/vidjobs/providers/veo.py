@@ -26,6 +26,7 @@ KEY_HEADER = "x-goog-api-key"  # on both APIs, as google-genai sends the key (ne
 STORAGE_URL = "https://storage.googleapis.com"  # where a gs://bucket/object is read over HTTPS
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # Veo's documented limit for an image-to-video input
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
+MAX_SEED = 2**32 - 1  # Vertex AI's `seed` is a uint32; the Gemini API documents none, so a seed is refused there
 
 
 class Model(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,12 +90,13 @@ class VeoAdapter(HttpAdapter):
             raise ConfigError(f"{API_SETTING}=vertex needs {OUTPUT_SETTING}: the Cloud Storage place "
                               f"(gs://bucket/prefix/) where Veo writes the videos we fetch")
         self.storage_url = storage_url.rstrip("/")
+        self.seeds = isinstance(self.api, Vertex)
 
     def models(self) -> list[ModelInfo]:
         return [ModelInfo(id=f"veo/{name}", durations_s=list(m.durations),
                           formats=[Format(ratio, res, [FULL_HD_DURATION_S] if res == "1080p" else None)
                                    for ratio, res in m.frame_map()], input_image="optional",
-                          negative_prompt=True)
+                          negative_prompt=True, seed=self.seeds)
                 for name, m in MODELS.items()]
 
     def validate(self, request: JobRequest) -> None:
@@ -104,7 +106,9 @@ class VeoAdapter(HttpAdapter):
         checks.check_duration(model_id, model.durations, request)
         if request.resolution == "1080p" and request.duration_s != FULL_HD_DURATION_S:
             raise invalid(f"duration_s: {model_id} renders 1080p as {FULL_HD_DURATION_S} s clips only")
-        checks.check_optional(model_id, request, negative_prompt=True)  # no seed: the Gemini API takes none
+        checks.check_optional(model_id, request, seed=self.seeds, negative_prompt=True)
+        if request.seed is not None and not 0 <= request.seed <= MAX_SEED:
+            raise invalid(f"seed: must be from 0 to {MAX_SEED}")
         people = model.people_for(has_image=request.input_image is not None)
         checks.check_params(model_id, request.params, {"person_generation": checks.one_of(*people)})
 
@@ -187,6 +191,8 @@ def operation_body(req: SubmitRequest, image: dict[str, str] | None = None, *,
         parameters["resolution"] = r.resolution
     if r.negative_prompt:
         parameters["negativePrompt"] = r.negative_prompt
+    if r.seed is not None:
+        parameters["seed"] = r.seed
     if "person_generation" in r.params:
         parameters["personGeneration"] = r.params["person_generation"]
     if storage_uri is not None:
