@@ -84,11 +84,17 @@ def check_params(model_id: str, params: Mapping[str, Any], allowed: Mapping[str,
             raise invalid(f"params.{name}: {problem}, not {value!r}")
 
 
+UINT32_MAX = 2**32 - 1  # the largest seed of providers that take it as an unsigned 32-bit integer
+
+
 def check_optional(model_id: str, request: JobRequest, *, seed: bool = False, negative_prompt: bool = False,
-                   input_image: bool = True) -> None:
-    """Refuse the optional fields the model takes no value for, naming each."""
+                   input_image: bool = True, max_seed: int | None = None) -> None:
+    """Refuse the optional fields the model takes no value for, naming each, and a seed outside 0..`max_seed`
+    where the provider bounds it."""
     if request.seed is not None and not seed:
         raise invalid(f"seed: {model_id} takes no seed; leave it out")
+    if request.seed is not None and max_seed is not None and not 0 <= request.seed <= max_seed:
+        raise invalid(f"seed: must be from 0 to {max_seed}")
     if request.negative_prompt and not negative_prompt:
         raise invalid(f"negative_prompt: {model_id} takes no negative prompt; leave it out")
     if request.input_image is not None and not input_image:

@@ -17,7 +17,6 @@ from vidjobs.providers.http import ErrorTable, HttpAdapter, Said, decode, lost, 
 API_VERSION = "2024-11-06"
 KEY_SETTING = "VIDJOBS_RUNWAY_API_KEY"
 MAX_PROMPT_UNITS = 1000  # Runway counts promptText in UTF-16 code units
-MAX_SEED = 2**32 - 1
 # Runway bills a task in credits and sells API credits at $0.01 each (https://docs.dev.runwayml.com/guides/setup,
 # "Add credits"), so a task's bill in USD is its credits / 100.
 CREDITS_PER_USD = 100
@@ -121,9 +120,8 @@ class RunwayAdapter(HttpAdapter):
                           f"for a prompt alone choose {' or '.join(TEXT_MODELS)}")
         checks.check_frame(model_id, model.frames(has_image), request)
         checks.check_duration(model_id, model.durations, request)
-        checks.check_optional(model_id, request, seed=model.seed, negative_prompt=model.negative_prompt)
-        if request.seed is not None and not 0 <= request.seed <= MAX_SEED:
-            raise checks.invalid(f"seed: must be from 0 to {MAX_SEED}")
+        checks.check_optional(model_id, request, seed=model.seed, negative_prompt=model.negative_prompt,
+                              max_seed=checks.UINT32_MAX)
         if (units := len(request.prompt.encode("utf-16-le")) // 2) > MAX_PROMPT_UNITS:
             raise checks.invalid(f"prompt: Runway takes at most {MAX_PROMPT_UNITS} characters, this one has {units}")
         checks.check_params(model_id, request.params, {p: PARAM_CHECKS[p] for p in model.params})

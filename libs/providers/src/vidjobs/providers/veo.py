@@ -26,7 +26,6 @@ KEY_HEADER = "x-goog-api-key"  # on both APIs, as google-genai sends the key (ne
 STORAGE_URL = "https://storage.googleapis.com"  # where a gs://bucket/object is read over HTTPS
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # Veo's documented limit for an image-to-video input
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp")
-MAX_SEED = 2**32 - 1  # Vertex AI's `seed` is a uint32; the Gemini API documents none, so a seed is refused there
 
 
 class Model(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,9 +105,8 @@ class VeoAdapter(HttpAdapter):
         checks.check_duration(model_id, model.durations, request)
         if request.resolution == "1080p" and request.duration_s != FULL_HD_DURATION_S:
             raise invalid(f"duration_s: {model_id} renders 1080p as {FULL_HD_DURATION_S} s clips only")
-        checks.check_optional(model_id, request, seed=self.seeds, negative_prompt=True)
-        if request.seed is not None and not 0 <= request.seed <= MAX_SEED:
-            raise invalid(f"seed: must be from 0 to {MAX_SEED}")
+        # Vertex AI's `seed` is a uint32; the Gemini API documents none, so a seed is refused there.
+        checks.check_optional(model_id, request, seed=self.seeds, negative_prompt=True, max_seed=checks.UINT32_MAX)
         people = model.people_for(has_image=request.input_image is not None)
         checks.check_params(model_id, request.params, {"person_generation": checks.one_of(*people)})
 
