@@ -4,6 +4,7 @@ with JetStream started per test on a free port."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +22,8 @@ from tests.support import with_database
 from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres
 from vidjobs.common import db
 
+pytest_plugins = ["tests.scheduling"]
+
 
 @pytest.fixture(scope="session")
 def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
@@ -30,9 +33,22 @@ def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data").start()
     try:
+        asyncio.run(_without_durability(server.url))
         yield server.url
     finally:
         server.stop()
+
+
+async def _without_durability(url: str) -> None:
+    """The tests' own server need not survive a crash of the machine: commits and database copies skip fsync.
+    (Tests that crash or restart PostgreSQL start servers of their own, with the defaults.)"""
+    conn = await asyncpg.connect(url)
+    try:
+        for name in ("fsync", "synchronous_commit", "full_page_writes"):
+            await conn.execute(f"ALTER SYSTEM SET {name} = off")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
 
 
 @pytest.fixture(scope="session")

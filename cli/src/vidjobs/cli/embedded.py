@@ -49,12 +49,17 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+PORT_SLICE_ENV = "VIDJOBS_PORT_SLICE"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port that is free now, picked below the kernel's ephemeral range: a process that later binds port 0
     (a worker's metrics server, an outgoing connection) can then never be handed the same one first."""
     low, _ = _ephemeral_range()
+    index, count = _port_slice()
+    first, last = max(1024, low - 12000), low - 1
     for _ in range(200):
-        port = random.randint(max(1024, low - 12000), low - 1)
+        port = random.randint(-(-(first - index) // count), (last - index) // count) * count + index
         with socket.socket() as s:
             try:
                 s.bind((host, port))
@@ -62,6 +67,16 @@ def free_port(host: str = "127.0.0.1") -> int:
                 continue
             return port
     raise ConfigError("no free TCP port found on this machine")
+
+
+def _port_slice() -> tuple[int, int]:
+    """(i, n) from PORT_SLICE_ENV="i/n": processes started side by side (a test run's parallel workers, and what
+    they start) each pick among the ports equal to i modulo n, so two of them never pick the same port between
+    one's check and its bind. Unset or malformed: every port (0, 1)."""
+    index, _, count = os.environ.get(PORT_SLICE_ENV, "").partition("/")
+    if index.isdigit() and count.isdigit() and int(index) < int(count):
+        return int(index), int(count)
+    return 0, 1
 
 
 def _ephemeral_range() -> tuple[int, int]:

@@ -24,6 +24,7 @@ _JSON_FIELDS = {"retry_policies", "provider_limits", "model_routes", "render_dea
 # Variables the test harness and CLI set for their own use; they are not service settings.
 _NOT_SETTINGS = {"VIDJOBS_TEST_DATABASE_URL", "VIDJOBS_TEST_NATS_URL", "VIDJOBS_FAULTS_LOGS", "VIDJOBS_ABUSE_FIGURES",
                  "VIDJOBS_FAULTS_LONG", "VIDJOBS_FAULTS_BACKLOG", "VIDJOBS_FUZZ_EXAMPLES", "VIDJOBS_FUZZ_SEED",
+                 "VIDJOBS_TEST_LOCKS", "VIDJOBS_PORT_SLICE",
                  # the client and the `vidjobs render` family read these: where the API is, and the key
                  "VIDJOBS_URL", "VIDJOBS_API_KEY", "VIDJOBS_CONFIG"}
 
