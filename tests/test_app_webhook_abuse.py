@@ -17,10 +17,12 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import psutil
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.stack import Stack, demo_key, running_stack, stack_settings
 from tests.standins.server import serving
 from tests.support import wait_until
+from vidjobs.gateway.appwebhooks.deliveries import READ_LIMIT
 
 HUGE_MB = 300
 
@@ -137,12 +139,17 @@ async def test_a_huge_answer_an_endless_retry_after_and_a_deleted_endpoint(tmp_p
             await wait_until(lambda: _settled(stack, forever["id"]), within=30, what="the first Retry-After")
             await asyncio.sleep(2.0)  # several retry intervals: a wrongly pending delivery would go again
             rss_grew = gateway.memory_info().rss - rss_before
+            answers_read = _counter(await stack.metrics("gateway"), "vidjobs_app_webhook_answer_bytes_read")
             forever_rows = await _rows(stack, forever["id"])
             hang_rows = await _rows(stack, hang["id"])
             listed = (await _get(stack, f"/v1/webhook-endpoints/{forever['id']}/deliveries"))["data"]
 
-    # 1. A prefix read, the connection dropped: the endpoint could not push its 300 MB into the gateway.
+    # 1. A prefix read, the connection dropped: the endpoint could not push its 300 MB into the gateway. The
+    # gateway's own count of what it read is the bound (the other answers here are empty, so every byte it
+    # counted is the huge one's): exactly READ_LIMIT, 64 KiB. What the endpoint managed to write says the
+    # connection was cut rather than drained: only what the sockets' buffers took before the close.
     assert huge_rows[0]["status"] == "delivered" and huge_rows[0]["last_status"] == 200
+    assert answers_read == READ_LIMIT == 64 * 1024, answers_read
     assert app.huge_bytes_sent < 64 * 2**20, app.huge_bytes_sent
     assert rss_grew < 100 * 2**20, f"the gateway grew by {rss_grew / 2**20:.0f} MiB"
     # 3. Retry-After: 1e300 is counted as an attempt and waits at most a day; it is not sent again meanwhile.
@@ -154,6 +161,13 @@ async def test_a_huge_answer_an_endless_retry_after_and_a_deleted_endpoint(tmp_p
     # 4. The attempt in flight when its endpoint was deleted settles as disabled; no second POST.
     assert app.received["hang"] == 1
     assert [(r["status"], r["attempts"]) for r in hang_rows] == [("disabled", 1)]
+
+
+def _counter(metrics: str, name: str) -> float:
+    """An unlabelled counter's value in Prometheus' text format (`name` without its `_total`)."""
+    [family] = [f for f in text_string_to_metric_families(metrics) if f.name == name]
+    [total] = [s.value for s in family.samples if s.name == f"{name}_total"]
+    return total
 
 
 async def _received(app: Listener, name: str, count: int) -> bool:
