@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -29,19 +28,24 @@ HUGE_MB = 300
 
 class Listener:
     """An app's endpoints, each misbehaving as its name says; it counts what it sent and how many requests
-    it held at once."""
+    it held at once, and, given another app's Listener as `beside`, how many that one held as each request
+    arrived here."""
 
-    def __init__(self) -> None:
+    def __init__(self, beside: Listener | None = None) -> None:
         self.received: dict[str, int] = defaultdict(int)
         self.huge_bytes_sent = 0
         self.let_go = asyncio.Event()
         self.open = 0
         self.most_open = 0
+        self.beside = beside
+        self.beside_open: list[int] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()
         name = request.match_info["name"]
         self.received[name] += 1
+        if self.beside is not None:
+            self.beside_open.append(self.beside.open)
         self.open += 1
         self.most_open = max(self.most_open, self.open)
         try:
@@ -73,9 +77,9 @@ class Listener:
 
 
 @contextlib.asynccontextmanager
-async def listeners(*hosts: str) -> AsyncIterator[tuple[Listener, list[str]]]:
+async def listeners(*hosts: str, beside: Listener | None = None) -> AsyncIterator[tuple[Listener, list[str]]]:
     """One Listener served on a free port of each host (127.0.0.x: each a host of its own to the gateway)."""
-    state = Listener()
+    state = Listener(beside)
     async with contextlib.AsyncExitStack() as stack:
         urls = []
         for host in hosts:
@@ -181,31 +185,56 @@ async def _settled(stack: Stack, endpoint_id: str) -> list[asyncpg.Record] | Non
 
 
 SLOW_HOSTS = [f"127.0.0.{n}" for n in range(2, 22)]
+IN_FLIGHT = 6  # the slow tenant's cap: not the default (16), so the cap held is the one set
 
 
 async def test_a_tenant_whose_endpoints_never_answer_holds_only_its_own_share(tmp_path, database_url, nats_url):
-    async with listeners(*SLOW_HOSTS) as (slow, slow_urls), listeners("127.0.0.1") as (quick, [quick_url]):
+    async with listeners(*SLOW_HOSTS) as (slow, slow_urls), \
+            listeners("127.0.0.1", beside=slow) as (quick, [quick_url]):
+        # The slow tenant's attempts hang until the test lets them go (the timeout is far beyond the test's
+        # length), so none ends and frees its place however slowly the machine runs.
         settings = stack_settings(tmp_path, database_url, nats_url, webhook_allow_hosts=_allow([*slow_urls, quick_url]),
-                                  app_webhook_retry_s="0.2,0.2", app_webhook_timeout_s=30)
+                                  app_webhook_retry_s="0.2,0.2", app_webhook_timeout_s=600,
+                                  webhook_deliveries_in_flight=IN_FLIGHT)
         async with running_stack(settings) as stack:
             other = stack.as_key(await demo_key(stack.settings.database_url))
+            limits = (await _get(stack, "/v1/account"))["limits"]
             for url in slow_urls:  # twenty endpoints on twenty hosts, every event, none ever answering
                 await _endpoint(stack, f"{url}/hooks/hang")
             await _endpoint(other, f"{quick_url}/hooks/quick", ["job.completed"])
             jobs = await asyncio.gather(*(stack.create_job(params={"render_s": 0.1}) for _ in range(4)))
             await asyncio.gather(*(stack.wait_terminal(j["id"]) for j in jobs))
-            await wait_until(lambda: _received(slow, "hang", 16), within=30, what="the slow tenant's attempts")
-            started = time.monotonic()
+            await wait_until(lambda: _open(slow, IN_FLIGHT), within=30, what="the slow tenant's attempts")
+            waiting = await _waiting(stack)
             mine = await other.create_job(params={"render_s": 0.1})
             await other.wait_terminal(mine["id"])
             await wait_until(lambda: _received(quick, "quick", 1), within=60, what="the quick tenant's delivery")
-            waited = time.monotonic() - started
-            held = slow.open
+            held, most_held, sent = slow.open, slow.most_open, slow.received["hang"]
             slow.let_go.set()
 
-    # The slow tenant's attempts were all still hanging (30 s each), yet the other's was sent at once.
-    assert held >= 16, held
-    assert waited < 20, f"the quick tenant waited {waited:.1f} s behind the slow one"
+    assert limits["webhook_deliveries_in_flight"] == IN_FLIGHT
+    # Exactly its cap under way and never more, although far more of its deliveries were due all along and
+    # the gateway claimed again meanwhile (for the other tenant's job and its delivery).
+    assert waiting > IN_FLIGHT, waiting
+    assert held == most_held == sent == IN_FLIGHT, (held, most_held, sent)
+    # The other tenant's delivery arrived while every one of the slow tenant's attempts still hung: it took
+    # a place of its own rather than waiting for one of theirs to end.
+    assert quick.beside_open == [IN_FLIGHT], quick.beside_open
+
+
+async def _open(app: Listener, count: int) -> bool:
+    await asyncio.sleep(0)
+    return app.open >= count
+
+
+async def _waiting(stack: Stack) -> int:
+    """Pending deliveries not under way: those waiting for a place."""
+    conn = await asyncpg.connect(stack.settings.database_url)
+    try:
+        return int(await conn.fetchval(
+            "SELECT count(*) FROM webhook_deliveries WHERE status = 'pending' AND claimed_until IS NULL"))
+    finally:
+        await conn.close()
 
 
 async def test_caps_on_endpoints_hosts_rates_and_manual_retries(tmp_path, database_url, nats_url):
