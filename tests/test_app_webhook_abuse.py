@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -17,29 +16,36 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import psutil
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.stack import Stack, demo_key, running_stack, stack_settings
 from tests.standins.server import serving
 from tests.support import wait_until
+from vidjobs.gateway.appwebhooks.deliveries import READ_LIMIT
 
 HUGE_MB = 300
 
 
 class Listener:
     """An app's endpoints, each misbehaving as its name says; it counts what it sent and how many requests
-    it held at once."""
+    it held at once, and, given another app's Listener as `beside`, how many that one held as each request
+    arrived here."""
 
-    def __init__(self) -> None:
+    def __init__(self, beside: Listener | None = None) -> None:
         self.received: dict[str, int] = defaultdict(int)
         self.huge_bytes_sent = 0
         self.let_go = asyncio.Event()
         self.open = 0
         self.most_open = 0
+        self.beside = beside
+        self.beside_open: list[int] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()
         name = request.match_info["name"]
         self.received[name] += 1
+        if self.beside is not None:
+            self.beside_open.append(self.beside.open)
         self.open += 1
         self.most_open = max(self.most_open, self.open)
         try:
@@ -71,9 +77,9 @@ class Listener:
 
 
 @contextlib.asynccontextmanager
-async def listeners(*hosts: str) -> AsyncIterator[tuple[Listener, list[str]]]:
+async def listeners(*hosts: str, beside: Listener | None = None) -> AsyncIterator[tuple[Listener, list[str]]]:
     """One Listener served on a free port of each host (127.0.0.x: each a host of its own to the gateway)."""
-    state = Listener()
+    state = Listener(beside)
     async with contextlib.AsyncExitStack() as stack:
         urls = []
         for host in hosts:
@@ -137,12 +143,17 @@ async def test_a_huge_answer_an_endless_retry_after_and_a_deleted_endpoint(tmp_p
             await wait_until(lambda: _settled(stack, forever["id"]), within=30, what="the first Retry-After")
             await asyncio.sleep(2.0)  # several retry intervals: a wrongly pending delivery would go again
             rss_grew = gateway.memory_info().rss - rss_before
+            answers_read = _counter(await stack.metrics("gateway"), "vidjobs_app_webhook_answer_bytes_read")
             forever_rows = await _rows(stack, forever["id"])
             hang_rows = await _rows(stack, hang["id"])
             listed = (await _get(stack, f"/v1/webhook-endpoints/{forever['id']}/deliveries"))["data"]
 
-    # 1. A prefix read, the connection dropped: the endpoint could not push its 300 MB into the gateway.
+    # 1. A prefix read, the connection dropped: the endpoint could not push its 300 MB into the gateway. The
+    # gateway's own count of what it read is the bound (the other answers here are empty, so every byte it
+    # counted is the huge one's): exactly READ_LIMIT, 64 KiB. What the endpoint managed to write says the
+    # connection was cut rather than drained: only what the sockets' buffers took before the close.
     assert huge_rows[0]["status"] == "delivered" and huge_rows[0]["last_status"] == 200
+    assert answers_read == READ_LIMIT == 64 * 1024, answers_read
     assert app.huge_bytes_sent < 64 * 2**20, app.huge_bytes_sent
     assert rss_grew < 100 * 2**20, f"the gateway grew by {rss_grew / 2**20:.0f} MiB"
     # 3. Retry-After: 1e300 is counted as an attempt and waits at most a day; it is not sent again meanwhile.
@@ -156,6 +167,13 @@ async def test_a_huge_answer_an_endless_retry_after_and_a_deleted_endpoint(tmp_p
     assert [(r["status"], r["attempts"]) for r in hang_rows] == [("disabled", 1)]
 
 
+def _counter(metrics: str, name: str) -> float:
+    """An unlabelled counter's value in Prometheus' text format (`name` without its `_total`)."""
+    [family] = [f for f in text_string_to_metric_families(metrics) if f.name == name]
+    [total] = [s.value for s in family.samples if s.name == f"{name}_total"]
+    return total
+
+
 async def _received(app: Listener, name: str, count: int) -> bool:
     await asyncio.sleep(0)
     return app.received[name] >= count
@@ -167,31 +185,56 @@ async def _settled(stack: Stack, endpoint_id: str) -> list[asyncpg.Record] | Non
 
 
 SLOW_HOSTS = [f"127.0.0.{n}" for n in range(2, 22)]
+IN_FLIGHT = 6  # the slow tenant's cap: not the default (16), so the cap held is the one set
 
 
 async def test_a_tenant_whose_endpoints_never_answer_holds_only_its_own_share(tmp_path, database_url, nats_url):
-    async with listeners(*SLOW_HOSTS) as (slow, slow_urls), listeners("127.0.0.1") as (quick, [quick_url]):
+    async with listeners(*SLOW_HOSTS) as (slow, slow_urls), \
+            listeners("127.0.0.1", beside=slow) as (quick, [quick_url]):
+        # The slow tenant's attempts hang until the test lets them go (the timeout is far beyond the test's
+        # length), so none ends and frees its place however slowly the machine runs.
         settings = stack_settings(tmp_path, database_url, nats_url, webhook_allow_hosts=_allow([*slow_urls, quick_url]),
-                                  app_webhook_retry_s="0.2,0.2", app_webhook_timeout_s=30)
+                                  app_webhook_retry_s="0.2,0.2", app_webhook_timeout_s=600,
+                                  webhook_deliveries_in_flight=IN_FLIGHT)
         async with running_stack(settings) as stack:
             other = stack.as_key(await demo_key(stack.settings.database_url))
+            limits = (await _get(stack, "/v1/account"))["limits"]
             for url in slow_urls:  # twenty endpoints on twenty hosts, every event, none ever answering
                 await _endpoint(stack, f"{url}/hooks/hang")
             await _endpoint(other, f"{quick_url}/hooks/quick", ["job.completed"])
             jobs = await asyncio.gather(*(stack.create_job(params={"render_s": 0.1}) for _ in range(4)))
             await asyncio.gather(*(stack.wait_terminal(j["id"]) for j in jobs))
-            await wait_until(lambda: _received(slow, "hang", 16), within=30, what="the slow tenant's attempts")
-            started = time.monotonic()
+            await wait_until(lambda: _open(slow, IN_FLIGHT), within=30, what="the slow tenant's attempts")
+            waiting = await _waiting(stack)
             mine = await other.create_job(params={"render_s": 0.1})
             await other.wait_terminal(mine["id"])
             await wait_until(lambda: _received(quick, "quick", 1), within=60, what="the quick tenant's delivery")
-            waited = time.monotonic() - started
-            held = slow.open
+            held, most_held, sent = slow.open, slow.most_open, slow.received["hang"]
             slow.let_go.set()
 
-    # The slow tenant's attempts were all still hanging (30 s each), yet the other's was sent at once.
-    assert held >= 16, held
-    assert waited < 20, f"the quick tenant waited {waited:.1f} s behind the slow one"
+    assert limits["webhook_deliveries_in_flight"] == IN_FLIGHT
+    # Exactly its cap under way and never more, although far more of its deliveries were due all along and
+    # the gateway claimed again meanwhile (for the other tenant's job and its delivery).
+    assert waiting > IN_FLIGHT, waiting
+    assert held == most_held == sent == IN_FLIGHT, (held, most_held, sent)
+    # The other tenant's delivery arrived while every one of the slow tenant's attempts still hung: it took
+    # a place of its own rather than waiting for one of theirs to end.
+    assert quick.beside_open == [IN_FLIGHT], quick.beside_open
+
+
+async def _open(app: Listener, count: int) -> bool:
+    await asyncio.sleep(0)
+    return app.open >= count
+
+
+async def _waiting(stack: Stack) -> int:
+    """Pending deliveries not under way: those waiting for a place."""
+    conn = await asyncpg.connect(stack.settings.database_url)
+    try:
+        return int(await conn.fetchval(
+            "SELECT count(*) FROM webhook_deliveries WHERE status = 'pending' AND claimed_until IS NULL"))
+    finally:
+        await conn.close()
 
 
 async def test_caps_on_endpoints_hosts_rates_and_manual_retries(tmp_path, database_url, nats_url):

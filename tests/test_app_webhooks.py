@@ -208,6 +208,9 @@ def _at(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+OVERLAP_S = 3600  # far beyond the test: the overlap is ended below by its expiry, not by waiting it out
+
+
 async def test_after_a_rotation_deliveries_verify_with_both_secrets_until_the_overlap_ends(tmp_path, database_url,
                                                                                             nats_url):
     async with client_app() as (app, port):
@@ -216,14 +219,13 @@ async def test_after_a_rotation_deliveries_verify_with_both_secrets_until_the_ov
         async with running_stack(settings) as stack:
             endpoint = await _post(stack, "/v1/webhook-endpoints", {"url": f"{base}/app", "events": ["job.completed"]})
             account = await _post(stack, "/v1/account/webhook-secret", {})
-            rotated = await _post(stack, f"/v1/webhook-endpoints/{endpoint['id']}/rotate-secret", {"overlap_s": 10})
-            account_rotated = await _post(stack, "/v1/account/webhook-secret", {"overlap_s": 10})
+            rotated = await _post(stack, f"/v1/webhook-endpoints/{endpoint['id']}/rotate-secret",
+                                  {"overlap_s": OVERLAP_S})
+            account_rotated = await _post(stack, "/v1/account/webhook-secret", {"overlap_s": OVERLAP_S})
             during = await stack.create_job(params={"render_s": 0.1}, webhook_url=f"{base}/own")
             await stack.wait_terminal(during["id"])
             await wait_until(lambda: _both_delivered(app, 1), within=30, what="the deliveries during the overlap")
-            overlap_ends = max(_at(rotated["previous_secret_expires_at"]),
-                               _at(account_rotated["previous_secret_expires_at"]))
-            await asyncio.sleep(max(0.0, overlap_ends - datetime.now().timestamp()) + 1.0)
+            ended_at = await _end_overlaps(database_url, endpoint["id"])
             after = await stack.create_job(params={"render_s": 0.1}, webhook_url=f"{base}/own")
             await stack.wait_terminal(after["id"])
             await wait_until(lambda: _both_delivered(app, 2), within=30, what="the deliveries after the overlap")
@@ -231,16 +233,39 @@ async def test_after_a_rotation_deliveries_verify_with_both_secrets_until_the_ov
     old, new = endpoint["secret"], rotated["secret"]
     account_old, account_new = account["secret"], account_rotated["secret"]
     assert len({old, new, account_old, account_new}) == 4
+    # Each rotation asked for its overlap, and each was still running when its delivery was signed.
+    for issued in (rotated, account_rotated):
+        overlap = _at(issued["previous_secret_expires_at"]) - _at(issued["created_at"])
+        assert abs(overlap - OVERLAP_S) < 1, issued
     [(headers, body), (later_headers, later_body)] = app.received["app"]
     [(own_headers, own_body), (own_later_headers, own_later_body)] = app.received["own"]
-    assert int(headers["webhook-timestamp"]) < overlap_ends and int(own_headers["webhook-timestamp"]) < overlap_ends
+    assert int(headers["webhook-timestamp"]) < ended_at and int(own_headers["webhook-timestamp"]) < ended_at
     assert len(headers["webhook-signature"].split()) == 2
     assert reference_verify(new, headers, body) and reference_verify(old, headers, body)
     assert reference_verify(account_new, own_headers, own_body) and reference_verify(account_old, own_headers, own_body)
+    # Once the overlaps ended, the new secrets alone sign.
     assert len(later_headers["webhook-signature"].split()) == 1
     assert reference_verify(new, later_headers, later_body) and not reference_verify(old, later_headers, later_body)
     assert reference_verify(account_new, own_later_headers, own_later_body)
     assert not reference_verify(account_old, own_later_headers, own_later_body)
+
+
+async def _end_overlaps(database_url: str, endpoint_id: str) -> float:
+    """End both rotations' overlaps now, as the clock reaching their expiry would (the gateway reads the expiry
+    at each delivery); when they ended, in epoch seconds."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            ended = await conn.fetchval(
+                "UPDATE webhook_endpoints SET previous_secret_expires_at = clock_timestamp() WHERE id = $1 "
+                "RETURNING previous_secret_expires_at", endpoint_id)
+            changed = await conn.execute(
+                "UPDATE accounts SET webhook_previous_secret_expires_at = $1 "
+                "WHERE webhook_previous_secret_expires_at IS NOT NULL", ended)
+        assert changed == "UPDATE 1", changed
+        return float(ended.timestamp())
+    finally:
+        await conn.close()
 
 
 async def _both_delivered(app: ClientApp, count: int) -> bool:

@@ -27,6 +27,7 @@ import aiohttp
 import asyncpg
 import msgspec
 from asyncpg.pool import PoolConnectionProxy
+from prometheus_client import Counter
 
 from vidjobs.common import requestids, signatures
 from vidjobs.common.events import AppEventDue
@@ -42,6 +43,11 @@ MAX_IN_FLIGHT = 64  # attempts under way in one replica
 BATCH = 64
 CLAIM_SLACK_S = 30.0  # a claimed delivery comes due again this long after its attempt should have ended
 READ_LIMIT = 64 * 1024  # of an endpoint's answer; a longer one is cut off with its connection
+
+# What the bound above lets in, as the gateway itself read it: an endpoint's count of what it sent says
+# nothing of what we took, so this is where the bound is seen (and an endpoint flooding answers shows).
+ANSWER_BYTES_READ = Counter("vidjobs_app_webhook_answer_bytes_read_total",
+                            "Bytes of webhook endpoints' answers the gateway read; at most 64 KiB of each answer")
 
 
 # --- fan-out --------------------------------------------------------------------------------------------
@@ -217,6 +223,7 @@ async def _read_prefix(resp: aiohttp.ClientResponse) -> None:
         chunk = await resp.content.read(left)
         if not chunk:
             return
+        ANSWER_BYTES_READ.inc(len(chunk))
         left -= len(chunk)
     if not resp.content.at_eof():
         resp.close()
