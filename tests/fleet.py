@@ -2,8 +2,9 @@
 and one NATS, as during a rolling upgrade (tests/test_mixed_fleet.py).
 
 The previous release is built from its commit into a virtualenv of its own (`git archive` into a folder,
-`uv venv`, `uv pip install -e`), from uv's cache when it holds every package, else from the package index.
-Each process runs with its own interpreter under one Supervisor, its output in a file of its own."""
+`uv sync --frozen` from that release's own uv.lock: its members editable, its pinned dependencies), from uv's
+cache when it holds every package, else from the package index. Each process runs with its own interpreter
+under one Supervisor, its output in a file of its own."""
 
 from __future__ import annotations
 
@@ -33,9 +34,9 @@ _OFFLINE = re.compile(r"(?i)(failed to fetch|error sending request|dns error|con
                       r"network|offline)")
 
 
-class ReleaseUnavailable(Exception):
-    """The previous release cannot be built here: its commit is not in this clone, or the index is out of
-    reach. The test is skipped, saying which."""
+class IndexOutOfReach(Exception):
+    """The previous release's packages are neither in uv's cache nor reachable on the package index: the one
+    reason, outside the repository's control, for the mixed-fleet test to skip (saying so)."""
 
 
 @dataclass(frozen=True)
@@ -47,27 +48,31 @@ class Release:
 
 
 def build_release(commit: str, home: Path) -> Release:
-    """Install `commit` of this repository into `home` (a folder of its own)."""
+    """Install `commit` of this repository into `home` (a folder of its own). A commit this clone lacks, or a
+    release that does not install, is an error: only an unreachable package index is IndexOutOfReach."""
     if shutil.which("git") is None:
-        raise ReleaseUnavailable("git is not installed: the release is read from this repository's history")
+        raise RuntimeError("git is not installed: the release is read from this repository's history")
     if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        raise ReleaseUnavailable(f"commit {commit} is not in this clone (a shallow clone?): fetch it to run this test")
+        raise RuntimeError(f"commit {commit} is not in this clone: fetch the full history (CI clones must not be "
+                           "shallow) to run this test")
     source, venv = home / "src", home / "venv"
     source.mkdir(parents=True)
     archive = _git("archive", "--format=tar", commit)
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(source, filter="data")
+    if not (source / "uv.lock").exists():
+        raise RuntimeError(f"{commit} has no uv.lock: releases from 0.1.0 on are uv workspaces, installed from it")
     uv = shutil.which("uv", path=str(Path(sys.executable).parent)) or shutil.which("uv")
     if uv is None:
-        raise ReleaseUnavailable("uv is not installed beside this interpreter nor on PATH")
-    subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)], check=True, capture_output=True)
-    env = {**os.environ, "VIRTUAL_ENV": str(venv)}
-    install = [uv, "pip", "install", "-q", "-e", str(source)]
+        raise RuntimeError("uv is not installed beside this interpreter nor on PATH")
+    # The release's own lock, not this checkout's: its processes run with the dependencies it was released with.
+    env = {**os.environ, "UV_PROJECT_ENVIRONMENT": str(venv)}
+    install = [uv, "sync", "-q", "--frozen", "--no-default-groups", "-p", sys.executable, "--project", str(source)]
     if subprocess.run([*install, "--offline"], env=env, capture_output=True).returncode != 0:
         online = subprocess.run(install, env=env, capture_output=True, text=True)
         if online.returncode != 0:
             if _OFFLINE.search(online.stderr):
-                raise ReleaseUnavailable(f"the package index is out of reach: {online.stderr.strip()[-300:]}")
+                raise IndexOutOfReach(f"the package index is out of reach: {online.stderr.strip()[-300:]}")
             raise RuntimeError(f"installing {commit} failed:\n{online.stderr}")
     python = venv / "bin" / "python"
     return Release(commit, python, source, _settings_of(python, source))

@@ -1,5 +1,11 @@
-"""A rolling upgrade from the previous release (PREVIOUS) to this checkout, with both versions' services at
-once over one PostgreSQL database (migrated by this checkout) and one NATS, and one fake provider.
+"""A rolling upgrade from the previous release to this checkout, with both versions' services at once over one
+PostgreSQL database (migrated by this checkout) and one NATS, and one fake provider.
+
+The previous release is the newest one CHANGELOG.md records that is not this checkout (tests/releases.py),
+installed from its commit. A commit missing from the clone, or a tag that disagrees with the changelog, fails
+the test; only a package index out of reach (with uv's cache lacking a package) skips it, saying so. Before
+anything runs, the migrations this checkout adds are held to the rollout rule (tests/migrationkinds.py): a
+contract migration the previous release still needs fails the test, since that release cannot run beside it.
 
 The rollout goes in three steps, so that each kind of hand-over happens for certain rather than by chance:
 1. the previous release's workers only, beside both gateways: jobs created on each are submitted by the old
@@ -27,26 +33,47 @@ import aiohttp
 import pytest
 from nats.js.errors import NotFoundError
 
-from tests.fleet import Fleet, Process, Release, ReleaseUnavailable, build_release, counter_total, for_release
+from tests import contractdiff, releases, workspace
+from tests.fleet import Fleet, IndexOutOfReach, Process, Release, build_release, counter_total, for_release
+from tests.migrationkinds import contracts_the_previous_release_needs, numbers_in, read
 from tests.stack import assert_every_trail_legal, demo_key, stack_settings
 from vidjobs.cli.embedded import free_port
 from vidjobs.common import bus
 
-PREVIOUS = "110046d"  # the release before this one; its services install with `pip install -e .`
 WORKERS = ("submitter", "poller", "media", "reaper")
 LEFT_THE_QUEUE = {"submitted", "processing", "downloading", "completed"}
 SETTINGS: dict[str, Any] = {"recovery_delay_s": 5, "recovery_interval_s": 5, "ack_wait_s": 10, "log_format": "text"}
 
 
 @pytest.fixture(scope="module")
-def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Release:
+def previous_version() -> tuple[str, str]:
+    """The previous release's version and full commit, from CHANGELOG.md (checked against its tag, if fetched)."""
+    release, commit = releases.previous_release()
+    return release.version, commit
+
+
+@pytest.fixture(scope="module")
+def previous_release(tmp_path_factory: pytest.TempPathFactory, previous_version: tuple[str, str]) -> Release:
+    version, commit = previous_version
     started = time.monotonic()
     try:
-        release = build_release(PREVIOUS, tmp_path_factory.mktemp("previous-release"))
-    except ReleaseUnavailable as exc:
-        pytest.skip(f"the previous release cannot be installed: {exc}")
-    print(f"previous release {PREVIOUS} installed in {time.monotonic() - started:.1f}s")
+        release = build_release(commit, tmp_path_factory.mktemp("previous-release"))
+    except IndexOutOfReach as exc:
+        pytest.skip(f"the previous release {version} cannot be installed: {exc}")
+    print(f"previous release {version} ({commit[:9]}) installed in {time.monotonic() - started:.1f}s")
+    refused = contracts_the_previous_release_needs(numbers_in(release.source), read(workspace.migrations_folder()))
+    if refused:
+        pytest.fail(f"this checkout cannot roll out beside {version}: " + "; ".join(refused))
     return release
+
+
+def test_the_recorded_contract_of_the_previous_release_is_what_it_publishes(previous_release, previous_version):
+    """docs/contracts/<version>.json, which tests/test_contract.py holds this checkout to, is what that
+    release's own code publishes, not a hand-edited copy."""
+    version, commit = previous_version
+    recorded = contractdiff.recorded(version)
+    assert (recorded.pop("release"), recorded.pop("commit")) == (version, commit)
+    assert recorded == contractdiff.published_by(previous_release.python, previous_release.source)
 
 
 class Client:

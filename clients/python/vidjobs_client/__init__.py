@@ -33,7 +33,7 @@ from .errors import (
 from .models import TERMINAL, Account, Estimate, Export, Job, JobPage, Model, QueueEstimate, Transition, Upload
 from .retrying import RetryPolicy
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = [
     "TERMINAL", "APIError", "Account", "AsyncClient", "AuthenticationError", "ChecksumMismatch", "Client",
     "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "Export", "InsufficientCredits",

@@ -12,7 +12,7 @@ from .errors import ConfigurationError
 DEFAULT_URL = "http://127.0.0.1:8080"
 URL_VARIABLE = "VIDJOBS_URL"
 KEY_VARIABLE = "VIDJOBS_API_KEY"
-USER_AGENT = "vidjobs-client/0.1.0"
+USER_AGENT = "vidjobs-client/0.2.0"
 
 
 def resolve(base_url: str | None, api_key: str | None) -> tuple[str, str]:

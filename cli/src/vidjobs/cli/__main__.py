@@ -483,7 +483,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("vidjobs")
+        return version("vidjobs-cli")
     except PackageNotFoundError:
         return "unknown (not installed)"
 
