@@ -8,7 +8,6 @@ import hashlib
 import inspect
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,7 +25,6 @@ from tests.support import wait_until
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import Settings
-from vidjobs.gateway.bodies import Model as GatewayModel
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState, SubmitRequest
 from vidjobs.providers.fal import APPS, FalAdapter
 from vidjobs.providers.fal_signature import Jwks, UnknownKey
@@ -604,16 +602,6 @@ async def _got(received: list) -> bool:
 # --- end to end through the real stack ----------------------------------------------------------------------
 
 
-def _gateway_takes_fal_models() -> bool:
-    """fal's model ids hold slashes of their own: the gateway's `model` field must allow them after `fal/`."""
-    return re.match(GatewayModel.__metadata__[0].pattern, f"fal/{KLING}") is not None
-
-
-needs_fal_models = pytest.mark.skipif(
-    not _gateway_takes_fal_models(),
-    reason="the gateway's `model` pattern refuses `fal/<owner>/<app>/...` (vidjobs.gateway.bodies)")
-
-
 def fal_settings(tmp_path, database_url, nats_url, standin: FalStandIn, **more: Any) -> Settings:
     """A stack that renders fal jobs at the stand-in, with its key and key set, fetching renders from it."""
     return stack_settings(tmp_path, database_url, nats_url, fal_url=standin.url, fal_api_key=KEY,
@@ -626,7 +614,6 @@ async def fal_stack(tmp_path, database_url, nats_url, standin):
         yield stack
 
 
-@needs_fal_models
 async def test_a_fal_job_completes_through_a_verified_webhook(fal_stack, standin):
     prompt = "a heron lifting off a misty lake"
     created = await fal_stack.create_job(model=f"fal/{KLING}", prompt=prompt, duration_s=5, aspect_ratio="9:16")
@@ -683,7 +670,6 @@ async def _inbox(database_url: str) -> list[str]:
         await conn.close()
 
 
-@needs_fal_models
 async def test_a_fal_render_refused_for_content_fails_the_job_with_that_code(fal_stack, standin):
     prompt = standin.plan("a prompt fal's checker flags", Scenario.CONTENT_REJECTED)
     created = await fal_stack.create_job(model=f"fal/{KLING}", prompt=prompt, duration_s=5)
@@ -696,7 +682,6 @@ async def test_a_fal_render_refused_for_content_fails_the_job_with_that_code(fal
     assert standin.renders[prompt] == 1  # never retried
 
 
-@needs_fal_models
 async def test_a_fal_job_without_a_webhook_is_found_by_polling(tmp_path, database_url, nats_url, standin):
     settings = fal_settings(tmp_path, database_url, nats_url, standin, recovery_delay_s=2, recovery_interval_s=2)
     prompt = standin.plan("a render whose webhook never comes", Scenario.NO_WEBHOOK)
@@ -709,7 +694,6 @@ async def test_a_fal_job_without_a_webhook_is_found_by_polling(tmp_path, databas
     assert any("recovery" in r for r in reasons), reasons
 
 
-@needs_fal_models
 async def test_the_pollers_status_polls_and_cancel_ask_only_the_jobs_own_app(tmp_path, database_url, nats_url,
                                                                                standin):
     """A veo3 job through the real stack: its recovery polls and its cancel carry its model, so fal-ai/veo3 alone
@@ -741,7 +725,6 @@ def test_recorded_payloads_are_json():
         json.loads(payload(name, request_id=RID, base_url="http://x", app="fal-ai/veo3", video_url=VIDEO))
 
 
-@needs_fal_models
 async def test_a_queued_fal_job_shows_its_place_in_fals_queue(fal_stack, standin):
     standin.queue_step_s = 1.0  # long enough to be seen waiting on a busy machine
     prompt = standin.plan("a lighthouse in a storm", Scenario.LONG_QUEUE)

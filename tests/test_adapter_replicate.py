@@ -4,7 +4,6 @@ that replays them, and end to end through the whole stack with signed webhooks t
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import msgspec
@@ -17,7 +16,6 @@ from tests.standins.replicate import ReplicateStandin, payload, running_replicat
 from tests.support import wait_until
 from vidjobs.common.errors import ErrorCode, ProviderError, WebhookRejected
 from vidjobs.common.signatures import new_secret, signed_headers
-from vidjobs.gateway.bodies import Model as GatewayModelName
 from vidjobs.providers import replicate
 from vidjobs.providers.base import ProviderState
 from vidjobs.providers.replicate import ReplicateAdapter
@@ -256,13 +254,6 @@ async def test_without_a_signing_secret_no_webhook_is_asked_for_or_trusted(http,
 # --- end to end through the stack ----------------------------------------------------------------------
 
 
-def _gateway_takes_owner_and_name() -> bool:
-    """Replicate's models are `replicate/<owner>/<name>`: the gateway's model field must allow a second `/`."""
-    return re.match(GatewayModelName.__metadata__[0].pattern, "replicate/minimax/video-01") is not None
-
-
-@pytest.mark.skipif(not _gateway_takes_owner_and_name(),
-                    reason="the gateway's `model` pattern refuses `replicate/<owner>/<name>` (gateway/bodies.py)")
 async def test_replicate_jobs_run_end_to_end_by_verified_webhooks(tmp_path, database_url, nats_url, secret):
     async with running_replicate_standin(api_token=TOKEN, webhook_secret=secret, step_s=0.2) as standin:
         settings = stack_settings(tmp_path, database_url, nats_url, replicate_url=standin.url,

@@ -46,6 +46,7 @@ SMALL_RUNS = {
         r"^  derive\s+cpu\s+[\d.]+ \([\d.]+-[\d.]+\)\s+wall\s+[\d.]+$", r"^  whole copy\s+cpu\s+[\d.]+",
     ]),
     "media_isolation": (["--mb", "4", "--burst", "1"], [r"^download alone\s+[\d.]+ s\s+x 1\.00"]),
+    "fake_clips": (["--rounds", "2", "--durations", "5"], [r"^\s+5 s\s+[\d.]+\s+[\d.]+-[\d.]+\s+[\d.]+\s+[\d.]+$"]),
 }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import aiohttp
+import msgspec
 import pytest
 
 from tests.gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
@@ -14,8 +15,9 @@ from vidjobs.common import ratecard
 from vidjobs.common.errors import ProviderError
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.settings import RouteShare, Settings
+from vidjobs.gateway.bodies import AccountPatch, CreateJob, ListQuery
 from vidjobs.providers.base import ModelInfo, ProviderAdapter
-from vidjobs.providers.registry import build_adapters
+from vidjobs.providers.registry import build_adapters, every_model
 
 EVERY_PROVIDER = Settings(
     fake_provider="on", replicate_api_token="r8_test", replicate_webhook_secret="whsec_dGVzdHNlY3JldHRlc3RzZWNyZXQ=",
@@ -75,6 +77,33 @@ async def test_every_listed_model_accepts_what_it_lists(adapters):
             if model.input_image == "required":
                 assert _refused(adapter, _request(model, *at_first, image=False)) is not None, model.id
     assert checked > 100
+
+
+def _refused_by_gateway(kind: type, fields: dict[str, object]) -> str | None:
+    """Why the gateway's decoder (vidjobs.gateway.decoding: msgspec over these bodies) refuses `fields`."""
+    try:
+        msgspec.json.decode(msgspec.json.encode(fields), type=kind)
+    except msgspec.ValidationError as err:
+        return str(err)
+    return None
+
+
+async def test_the_gateway_takes_every_model_name_an_adapter_lists():
+    """Model ids hold slashes of their own (`fal/fal-ai/kling-video/...`, `replicate/<owner>/<name>`): a model
+    the catalogue lists must be one a create, a fallback list and a list filter may name, or its jobs could
+    never be made."""
+    names = await every_model()
+    assert {name.split("/", 1)[0] for name in names} >= {"fake", "replicate", "fal", "runway", "luma", "veo"}
+
+    refused = {name: why for name in sorted(names) for why in [
+        _refused_by_gateway(CreateJob, {"model": name, "prompt": "a fox", "fallback_models": [name]}),
+        _refused_by_gateway(AccountPatch, {"fallback_models": [name]}),
+        _refused_by_gateway(ListQuery, {"model": name}),
+    ] if why is not None}
+
+    assert refused == {}
+    # The check can tell: a name the pattern does not allow is refused here, as it is at the door.
+    assert _refused_by_gateway(CreateJob, {"model": "fal/kling video", "prompt": "a fox"}) is not None
 
 
 async def test_the_catalogue_lists_each_model_with_its_price_and_aliases(tmp_path, database_url, nats_url):

@@ -90,12 +90,7 @@ class FaultRun:
             self.row.notes.append(f"services the supervisor restarted (times): {restarted}")
 
     def expect_healthy_outcome(self) -> None:
-        """What every scenario promises: nothing stuck, failed or rendered twice, no move made twice."""
-        row = self.row
-        row.expect(row.stuck == 0, f"{row.stuck} jobs not terminal after the settle wait")
-        row.expect(row.failed == 0, f"{row.failed} jobs failed (an infrastructure fault is not the job's)")
-        row.expect(row.over_rendered == 0, f"{row.over_rendered} jobs rendered more than once per attempt")
-        row.expect(row.repeated_moves == 0, f"{row.repeated_moves} moves repeated within one attempt")
+        expect_healthy_outcome(self.row)
 
     def expect_answers_within(self, limit_s: float) -> None:
         """What a probed fault promises a client: an answer (any answer) within `limit_s`, and no 500."""
@@ -115,6 +110,21 @@ class FaultRun:
     def expect_no_service_restarts(self) -> None:
         restarted = {n: k - 1 for n, k in self.supervisor.starts.items() if k > 1}
         self.row.expect(not restarted, f"services restarted (times): {restarted}")
+
+
+def expect_healthy_outcome(row: Row) -> None:
+    """What every scenario promises: its workload ran and every job of it completed; nothing stuck, failed or
+    rendered twice, no move made twice. No scenario's workload cancels a job, so a job that ended any other
+    way (canceled, expired: neither completed, failed nor stuck) is as broken as a failed one."""
+    row.expect(row.created > 0, "the workload created no jobs: nothing was tried under the fault")
+    row.expect(row.completed > 0, "no job completed")
+    row.expect(row.stuck == 0, f"{row.stuck} jobs not terminal after the settle wait")
+    row.expect(row.failed == 0, f"{row.failed} jobs failed (an infrastructure fault is not the job's)")
+    ended_otherwise = row.created - row.completed - row.failed - row.stuck
+    row.expect(ended_otherwise == 0, f"{ended_otherwise} jobs ended neither completed nor failed (canceled or "
+                                     f"expired), though nothing canceled them")
+    row.expect(row.over_rendered == 0, f"{row.over_rendered} jobs rendered more than once per attempt")
+    row.expect(row.repeated_moves == 0, f"{row.repeated_moves} moves repeated within one attempt")
 
 
 def blocking(call: Callable[[], object]) -> Callable[[], Awaitable[None]]:

@@ -130,16 +130,14 @@ async def provider_stall(long: bool = False) -> Row:
         assert pid is not None
         calls = {"GET /v1/jobs/{id}": api_probe.get_job(run.stack, job_id)}
         probes = await under_stall(run, plan, pid, calls)
-        row = run.row
-        row.expect(row.stuck == 0, f"{row.stuck} jobs not terminal after the settle wait")
-        row.expect(row.failed == 0, f"{row.failed} jobs failed (a provider that stalls is waited out)")
-        row.expect(row.repeated_moves == 0, f"{row.repeated_moves} moves repeated within one attempt")
+        # A provider that stalls is waited out: every job completes.
+        run.expect_healthy_outcome()
         # Submits sent into the stopped provider wait in its socket and are rendered once it runs again: the
         # attempt they were for is kept meanwhile (asked again under the same key), never given up for a new
         # one, so each attempt is rendered once.
-        row.expect(row.over_rendered == 0 and row.max_renders_per_attempt <= 1,
-                   f"{row.over_rendered} jobs rendered more than once per attempt (at most "
-                   f"{row.max_renders_per_attempt:.2f} renders an attempt)")
+        row = run.row
+        row.expect(row.max_renders_per_attempt <= 1,
+                   f"at most {row.max_renders_per_attempt:.2f} renders an attempt (more than one)")
         run.expect_no_service_restarts()
         probes.report(run.row, within_s=ANSWER_WITHIN_S)
     return run.row
