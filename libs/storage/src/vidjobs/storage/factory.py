@@ -6,13 +6,10 @@ import re
 from pathlib import Path
 from urllib.parse import SplitResult, urlsplit
 
-from botocore.exceptions import BotoCoreError
-
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings
 from vidjobs.storage.base import Storage
 from vidjobs.storage.filesystem import FileStorage
-from vidjobs.storage.s3 import MIN_PART_BYTES, S3Storage, TimeLimits
 
 # S3's rules for bucket names: 3-63 lowercase letters, digits, dots and hyphens, a letter or digit at each end.
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -28,18 +25,28 @@ def open_storage(settings: Settings) -> Storage:
             raise ConfigError("VIDJOBS_SIGNING_SECRET must be set for the file:// storage backend")
         return FileStorage(Path(url.path), base_url=settings.gateway_url, secret=settings.signing_secret)
     if url.scheme == "s3":
-        bucket, prefix = parse_s3_url(url, location)
-        if settings.storage_timeout_s <= 0 or settings.storage_attempts < 1:
-            raise ConfigError("VIDJOBS_STORAGE_TIMEOUT_S must be above 0 and VIDJOBS_STORAGE_ATTEMPTS at least 1")
-        if settings.s3_part_bytes < MIN_PART_BYTES:
-            raise ConfigError(f"VIDJOBS_S3_PART_BYTES must be at least {MIN_PART_BYTES} (S3's smallest part)")
-        try:
-            limits = TimeLimits(timeout_s=settings.storage_timeout_s, attempts=settings.storage_attempts)
-            return S3Storage(bucket, prefix, part_bytes=settings.s3_part_bytes, limits=limits)
-        except BotoCoreError as exc:  # an unknown AWS_PROFILE, an unreadable config file
-            raise ConfigError(f"the AWS configuration for VIDJOBS_STORAGE_URL {location!r} is unusable: {exc}") from exc
+        return _open_s3(settings, url, location)
     raise ConfigError(f"VIDJOBS_STORAGE_URL scheme {url.scheme!r} is not supported; use file:///path or "
                       "s3://bucket/prefix")
+
+
+def _open_s3(settings: Settings, url: SplitResult, location: str) -> Storage:
+    # Imported here: botocore takes a third of a second to import, which a process on the filesystem backend
+    # (every `vidjobs up` and test stack) would pay at every start for nothing.
+    from botocore.exceptions import BotoCoreError
+
+    from vidjobs.storage.s3 import MIN_PART_BYTES, S3Storage, TimeLimits
+
+    bucket, prefix = parse_s3_url(url, location)
+    if settings.storage_timeout_s <= 0 or settings.storage_attempts < 1:
+        raise ConfigError("VIDJOBS_STORAGE_TIMEOUT_S must be above 0 and VIDJOBS_STORAGE_ATTEMPTS at least 1")
+    if settings.s3_part_bytes < MIN_PART_BYTES:
+        raise ConfigError(f"VIDJOBS_S3_PART_BYTES must be at least {MIN_PART_BYTES} (S3's smallest part)")
+    try:
+        limits = TimeLimits(timeout_s=settings.storage_timeout_s, attempts=settings.storage_attempts)
+        return S3Storage(bucket, prefix, part_bytes=settings.s3_part_bytes, limits=limits)
+    except BotoCoreError as exc:  # an unknown AWS_PROFILE, an unreadable config file
+        raise ConfigError(f"the AWS configuration for VIDJOBS_STORAGE_URL {location!r} is unusable: {exc}") from exc
 
 
 def parse_s3_url(url: SplitResult, location: str) -> tuple[str, str]:
