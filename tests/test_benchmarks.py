@@ -24,6 +24,9 @@ SMALL_RUNS = {
         r"^  job GET \(finished\): .*Index Scan assets_one_per_kind",
         r"^  list page \(newest 20\): .*Index Scan jobs_account_listing.*Index Scan assets_one_per_kind",
     ]),
+    "claims": (["--deliveries", "200", "--accounts", "4", "--hosts", "20", "--runs", "3"], [
+        r"^\s+open(\s+[\d.]+){2}\s+\d+\s+\d+\s+[\d.]+\s+\d+$", r"^\s+full\s", r"^\s+hosts\s",
+    ]),
     "dispatch": (["--depths", "5,10", "--runs", "5", "--accounts", "2"], [
         r"^\s+10\s+2\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\w+$",
     ]),
