@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 from botocore.config import Config
 
 from tests.s3server import TEST_BUCKET, MotoS3, aws_environment, moto_s3
-from tests.support import with_database
+from tests.support import processes_running, with_database
 from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres
 from vidjobs.common import db
 
@@ -107,6 +108,12 @@ def nats_server(tmp_path: Path) -> Iterator[EmbeddedNats]:
     server = EmbeddedNats(tmp_path / "nats").start()
     yield server
     server.stop()
+    # A test that stops the server and starts it again does it through this object, which stops it here; one
+    # started beside it on the same directory would run on after the test. Ended, and the test fails.
+    left = processes_running(f"-c {server.store_dir / 'nats.conf'}")
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"nats-server processes of this test still running after it: {left}"
 
 
 @pytest.fixture

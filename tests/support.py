@@ -12,6 +12,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
+from vidjobs.cli.processes import command_line
+
 
 def with_database(url: str, name: str) -> str:
     """The same server URL pointing at another database (keeps host, socket query and credentials)."""
@@ -69,3 +71,12 @@ async def wait_process_ready(url: str, proc: asyncio.subprocess.Process) -> None
                 return False
 
         await wait_until(ready, within=60, what="the process to be ready")
+
+
+def processes_running(marker: str) -> list[int]:
+    """The processes running now (zombies aside) whose command line holds `marker`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and marker in (command_line(int(entry.name)) or ""):
+            found.append(int(entry.name))
+    return found

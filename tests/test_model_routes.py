@@ -24,6 +24,7 @@ from vidjobs.cli.routing import parse_since
 from vidjobs.common import modelroutes
 from vidjobs.common.settings import RouteShare
 from vidjobs.common.states import JobStatus
+from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.providers import rollout
 
 ALIAS = "house/default"
@@ -312,3 +313,37 @@ def test_since_reads_a_span_or_a_moment():
     assert parse_since("2025-06-01T12:00:00") == datetime(2025, 6, 1, 12, tzinfo=UTC)
     with pytest.raises(Exception, match="ISO 8601"):
         parse_since("yesterday")
+
+
+@pytest.mark.parametrize("turns", range(6))
+async def test_the_reread_loop_ends_when_cancelled_as_a_change_is_announced(pool, database_url, turns):
+    """A gateway stops its tasks by cancelling them (on a start refused part-way, before anything sets its stop
+    event): a cancel that lands as an announcement wakes the loop must end it, not be lost to the wake-up with
+    the loop rereading on. `turns` moves the cancel across the loop's steps between the announcement and the
+    reread."""
+    routes = LiveRoutes(pool, database_url, frozenset({"fake/default"}), refresh_s=3600)
+    read, reread_after_cancel = asyncio.Event(), asyncio.Event()
+    cancelled = False
+    load = routes.load
+
+    async def counted_load() -> None:
+        await load()
+        (reread_after_cancel if cancelled else read).set()
+
+    routes.load = counted_load  # type: ignore[method-assign]
+    loop = asyncio.create_task(routes.run(asyncio.Event()))
+    await read.wait()  # listening, table read once: now waiting for an announcement (the refresh is an hour)
+    assert routes._listener is not None
+
+    routes._announced()  # what its LISTEN connection calls on a NOTIFY, called here at a known step
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    loop.cancel()
+    cancelled = True
+    went_on = asyncio.create_task(reread_after_cancel.wait())
+    await asyncio.wait({loop, went_on}, return_when=asyncio.FIRST_COMPLETED)
+    went_on.cancel()
+
+    assert loop.cancelled(), "the loop swallowed its cancel and kept running"
+    assert not reread_after_cancel.is_set()
+    assert routes._listener is None  # its own LISTEN connection closed on the way out

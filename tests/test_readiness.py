@@ -57,7 +57,7 @@ async def test_worker_is_unready_while_nats_is_down_and_live_throughout(
         # Liveness never depends on NATS: restarting the pod would not bring NATS back.
         assert (await probe(session, f"{base}/healthz"))[0] == 200
 
-        EmbeddedNats(nats_server.store_dir, port=nats_server.port).start()
+        nats_server.start()  # the same directory and port, and still the fixture's to stop
         await wait_until(lambda: readiness(200), within=60, what="the reaper ready again")
         assert proc.returncode is None
 

@@ -6,6 +6,7 @@ refused at start when it was sealed under a key the gateway lacks."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from vidjobs.gateway import sealing
 from vidjobs.gateway.app import create_app
 from vidjobs.gateway.appwebhooks import secrets
 from vidjobs.gateway.sealing import Keyring
+from vidjobs.gateway.state import GATEWAY
 
 # A public address written out, so no name needs resolving; nothing there need answer.
 HOOK = "https://93.184.215.14/hooks"
@@ -201,13 +203,23 @@ async def test_a_gateway_reseals_under_its_first_key_and_refuses_secrets_sealed_
         under_b = await _key_ids_stored(second)
         signing = (await secrets.signing_secrets(second.gw.rt, account_id, endpoint["id"]),
                    await secrets.signing_secrets(second.gw.rt, account_id, None))
-    runner = web.AppRunner(create_app(gateway_settings(tmp_path, database_url, nats_url, secrets_key=key_c)))
+    before = asyncio.all_tasks()
+    app = create_app(gateway_settings(tmp_path, database_url, nats_url, secrets_key=key_c))
+    runner = web.AppRunner(app)
     try:
         with pytest.raises(ConfigError) as refused:
             await runner.setup()  # where the gateway opens what it holds, before it listens
     finally:
         await runner.cleanup()
+    left = asyncio.all_tasks() - before
+    rt = app[GATEWAY].rt  # made before the check that refused the start
 
     assert under_a == {id_a} and under_b == {id_b}
     assert signing == ([rotated["secret"], endpoint["secret"]], [made["secret"]])
     assert id_b in str(refused.value) and "VIDJOBS_SECRETS_KEY" in str(refused.value)
+    # A refused start releases everything it opened, and stopping what it had started is no failure.
+    assert not left, f"tasks the refused start left running: {left}"
+    assert rt.stop.is_set() and rt.failure is None
+    assert all(task.done() for task in rt.tasks)
+    assert rt.pool.is_closing() and rt.nc.is_closed
+    assert app[GATEWAY].routes._listener is None

@@ -17,6 +17,7 @@ from nats.js import JetStreamContext
 
 from vidjobs.common import events, metrics, requestids
 from vidjobs.common.events import Event
+from vidjobs.common.waits import set_within
 
 log = logging.getLogger("vidjobs.outbox")
 
@@ -74,10 +75,7 @@ class Relay:
             if sent >= self._batch:
                 continue  # more may be waiting
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), self._idle_s)
-            except TimeoutError:
-                pass
+            await set_within(self._wake, self._idle_s)
 
     async def publish_pending(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():

@@ -28,6 +28,7 @@ from vidjobs.common.outbox import Relay
 from vidjobs.common.settings import Settings, load
 from vidjobs.common.states import JobStatus, sources_of
 from vidjobs.common.transitions import JobUpdate, transition
+from vidjobs.common.waits import set_within
 
 log = logging.getLogger("vidjobs.runtime")
 
@@ -258,8 +259,7 @@ async def fail_internal(rt: Runtime, event: Event) -> None:
 
 async def pause(rt: Runtime, seconds: float) -> None:
     """Sleep `seconds`, waking at once when the runtime is asked to stop."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(rt.stop.wait(), seconds)
+    await set_within(rt.stop, seconds)
 
 
 async def every(rt: Runtime, seconds: float, one_pass: Callable[[], Awaitable[None]], what: str) -> None:

@@ -53,6 +53,7 @@ from vidjobs.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
 from vidjobs.gateway.tenant import Tenant
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import build_adapters
+from vidjobs.storage.base import Storage
 from vidjobs.storage.factory import open_storage
 
 PROVIDER_TIMEOUT_S = 30
@@ -119,34 +120,46 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         stack.push_async_callback(storage.close)
         await migrate_database(settings)
         rt = await stack.enter_async_context(open_runtime("gateway", settings))
-        session = await stack.enter_async_context(
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROVIDER_TIMEOUT_S),
-                                  trace_configs=tracing.client_trace_configs()))
-        adapters = build_adapters(settings, session)
-        regenerations.offer(info.id for adapter in adapters.values() for info in adapter.models())
-        for adapter in adapters.values():
-            stack.push_async_callback(adapter.close)
-        if settings.api_metrics == "off":
-            ops = await health_app(rt)  # /metrics, /healthz and /readyz on VIDJOBS_METRICS_PORT only
-            stack.push_async_callback(ops.cleanup)
-        buckets = ratelimit.Buckets(rt.pool, settings)
-        stack.push_async_callback(buckets.sync)  # the last spending, once the sync loop has stopped
-        # Stopped before the pool they use is closed.
-        for work, name in ((_sweep_idempotency_keys(rt), "idempotency-sweep"),
-                           (_prune_webhook_inbox(rt), "webhook-inbox-prune"),
-                           (_prune_webhook_deliveries(rt), "webhook-delivery-prune"),
-                           (every(rt, ratelimit.SYNC_S, buckets.sync, "rate limit sync"), "rate-limit-sync")):
-            stack.push_async_callback(_stop, rt.watch(work, name))
-        streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
-        rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
-        routes = await _live_routes(rt, adapters, stack)
-        gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
-                     buckets=buckets, webhook_rates=rates, estimator=Estimator(settings), routes=routes)
-        app[GATEWAY] = gw
-        await _seal_webhook_secrets(rt, stack)
-        await _deliver_app_webhooks(gw, stack)
-        stack.callback(rt.stop.set)  # runs first at cleanup: the tasks stopped next are not failures
-        yield
+        try:
+            await _start(app, rt, storage, stack)
+            yield
+        finally:
+            # First at cleanup, and as well when the start is refused part-way (a secret sealed under a key we
+            # lack): the tasks stopped next are not failures, and every loop ends on it even if its cancel is
+            # lost, so the stack unwinds and the pool and NATS close.
+            rt.stop.set()
+
+
+async def _start(app: web.Application, rt: Runtime, storage: Storage, stack: contextlib.AsyncExitStack) -> None:
+    """Open what the gateway holds over its runtime, and start its background work; each is closed or stopped
+    by `stack`."""
+    settings = rt.settings
+    session = await stack.enter_async_context(
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROVIDER_TIMEOUT_S),
+                              trace_configs=tracing.client_trace_configs()))
+    adapters = build_adapters(settings, session)
+    regenerations.offer(info.id for adapter in adapters.values() for info in adapter.models())
+    for adapter in adapters.values():
+        stack.push_async_callback(adapter.close)
+    if settings.api_metrics == "off":
+        ops = await health_app(rt)  # /metrics, /healthz and /readyz on VIDJOBS_METRICS_PORT only
+        stack.push_async_callback(ops.cleanup)
+    buckets = ratelimit.Buckets(rt.pool, settings)
+    stack.push_async_callback(buckets.sync)  # the last spending, once the sync loop has stopped
+    # Stopped before the pool they use is closed.
+    for work, name in ((_sweep_idempotency_keys(rt), "idempotency-sweep"),
+                       (_prune_webhook_inbox(rt), "webhook-inbox-prune"),
+                       (_prune_webhook_deliveries(rt), "webhook-delivery-prune"),
+                       (every(rt, ratelimit.SYNC_S, buckets.sync, "rate limit sync"), "rate-limit-sync")):
+        stack.push_async_callback(_stop, rt.watch(work, name))
+    streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
+    rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
+    routes = await _live_routes(rt, adapters, stack)
+    gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
+                 buckets=buckets, webhook_rates=rates, estimator=Estimator(settings), routes=routes)
+    app[GATEWAY] = gw
+    await _seal_webhook_secrets(rt, stack)
+    await _deliver_app_webhooks(gw, stack)
 
 
 async def _live_routes(rt: Runtime, adapters: dict[str, ProviderAdapter],

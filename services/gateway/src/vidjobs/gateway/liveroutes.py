@@ -17,6 +17,7 @@ import asyncpg
 
 from vidjobs.common import modelroutes
 from vidjobs.common.modelroutes import AliasRoutes
+from vidjobs.common.waits import set_within
 from vidjobs.providers import rollout
 
 log = logging.getLogger("vidjobs.gateway.routes")
@@ -58,8 +59,7 @@ class LiveRoutes:
         try:
             while not stop.is_set():
                 await self._listen()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), self._refresh_s)
+                await set_within(self._changed, self._refresh_s)
                 self._changed.clear()
                 try:
                     await self.load()

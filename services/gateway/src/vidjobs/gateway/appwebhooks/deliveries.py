@@ -32,6 +32,7 @@ from prometheus_client import Counter
 from vidjobs.common import requestids, signatures
 from vidjobs.common.events import AppEventDue
 from vidjobs.common.runtime import Runtime
+from vidjobs.common.waits import set_within
 from vidjobs.gateway.appwebhooks import claims, secrets
 from vidjobs.gateway.appwebhooks.claims import HOST_OF_URL, Delivery
 from vidjobs.gateway.appwebhooks.urls import UnsafeEndpoint
@@ -131,10 +132,7 @@ class Deliverer:
                                 extra={"error": repr(exc), "delay_s": delay})
                     await asyncio.sleep(delay)
                     continue
-                try:
-                    await asyncio.wait_for(self._wake.wait(), 1.0)
-                except TimeoutError:
-                    pass
+                await set_within(self._wake, 1.0)
         finally:
             for task in self._tasks:
                 task.cancel()
