@@ -386,8 +386,8 @@ def test_a_secret_fills_the_variable_of_its_own_name(objects: list[dict]) -> Non
 def code_reads() -> dict[str, set[str]]:
     """Per workload, the secret variables its code could read at all: every secret setting whose name appears
     in a module the workload's entry point loads (but settings.py, which declares them all), and the AWS_*
-    keys where the S3 backend is loaded (botocore reads them). An upper bound, found by reading the code
-    rather than by trusting the table above."""
+    keys where the storage factory is loaded (it loads the S3 backend, whose botocore reads them). An upper
+    bound, found by reading the code rather than by trusting the table above."""
     secret_names = {key for keys in NEEDS.values() for _, key in keys} | {DB}
     reads: dict[str, set[str]] = {}
     for name, module in ENTRY_MODULES.items():
@@ -402,7 +402,7 @@ def code_reads() -> dict[str, set[str]]:
         source = "\n".join(Path(path).read_text() for m, path in loaded.items() if m != "vidjobs.common.settings")
         found = {key for key in secret_names
                  if key.startswith(PREFIX) and re.search(rf"\b{key[len(PREFIX):].lower()}\b", source)}
-        if "vidjobs.storage.s3" in loaded:
+        if "vidjobs.storage.factory" in loaded:  # it loads the S3 backend when the storage URL is s3://
             found |= {key for key in secret_names if key.startswith("AWS_")}
         reads[name] = found
     return reads

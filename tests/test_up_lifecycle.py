@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from tests.support import wait_until
-from vidjobs.cli.embedded import free_port
+from vidjobs.cli.embedded import EmbeddedPostgres, free_port
 from vidjobs.common.errors import ConfigError
 
 READY = re.compile(r"vidjobs ready: (\S+) api-key=(\S+)")
@@ -281,3 +281,43 @@ def test_the_next_start_stops_what_a_killed_run_recorded_and_nothing_else(tmp_pa
         for proc in (service, bystander):
             proc.kill()
             proc.wait()
+
+
+# What initdb has made of a data directory when it is cut short (SIGKILLed, as subprocess.run does to it when the
+# process running it is interrupted) before it wrote PG_VERSION: its subdirectories and nothing else.
+INITDB_CUT_SHORT = ["base", "global", "pg_wal", "pg_xact", "pg_commit_ts", "pg_multixact", "pg_tblspc"]
+
+
+def _stop_quietly(server: EmbeddedPostgres) -> None:
+    server.stop()
+
+
+def test_a_first_initialisation_cut_short_is_begun_again(tmp_path: Path) -> None:
+    data = tmp_path / "postgres"
+    for name in INITDB_CUT_SHORT:
+        (data / name).mkdir(parents=True)
+    (data / "base" / "1").mkdir()
+
+    server = EmbeddedPostgres(data).start()
+    try:
+        out = subprocess.run([*_psql(server), "-Atc", "SELECT 1"], capture_output=True, text=True, timeout=60)
+    finally:
+        _stop_quietly(server)
+    assert out.stdout.strip() == "1", out
+
+
+def test_a_data_directory_holding_files_postgres_did_not_make_is_refused_untouched(tmp_path: Path) -> None:
+    data = tmp_path / "postgres"
+    (data / "base").mkdir(parents=True)
+    (data / "notes.txt").write_text("mine")
+
+    with pytest.raises(ConfigError) as refused:
+        EmbeddedPostgres(data).start()
+    assert "notes.txt" in str(refused.value) and str(data) in str(refused.value)
+    assert (data / "notes.txt").read_text() == "mine" and (data / "base").is_dir()
+
+
+def _psql(server: EmbeddedPostgres) -> list[str]:
+    from pgserver._commands import POSTGRES_BIN_PATH
+
+    return [str(POSTGRES_BIN_PATH / "psql"), server.url]

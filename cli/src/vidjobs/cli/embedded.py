@@ -159,6 +159,15 @@ def end_process(proc: subprocess.Popen[bytes] | None, *, kill: bool = False, gra
         proc.wait()
 
 
+# What initdb writes into a data directory (PostgreSQL 13 to 17), and pgserver's own files there.
+_INITDB_MAKES = frozenset({
+    "base", "global", "pg_wal", "pg_xact", "pg_commit_ts", "pg_dynshmem", "pg_logical", "pg_multixact",
+    "pg_notify", "pg_replslot", "pg_serial", "pg_snapshots", "pg_stat", "pg_stat_tmp", "pg_subtrans", "pg_tblspc",
+    "pg_twophase", "postgresql.conf", "postgresql.auto.conf", "pg_hba.conf", "pg_ident.conf", "postmaster.opts",
+    ".handle_pids.json", "log",
+})
+
+
 class EmbeddedPostgres:
     """PostgreSQL from the pgserver wheel, data under `data_dir`, reached by its unix socket. A server already
     running on `data_dir` (one a killed `vidjobs up` left) is used if it answers, stopped if it does not."""
@@ -181,13 +190,36 @@ class EmbeddedPostgres:
                               "VIDJOBS_DATABASE_URL to a PostgreSQL database") from exc
 
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        first = not (self.data_dir / "PG_VERSION").exists()
+        if first:
+            self._clear_cut_short_initialisation()
         self.reused = self._take_over_leftover()
         try:
             self._server = get_server(self.data_dir, cleanup_mode="stop")
         except BaseException:  # a failed or interrupted start may have left a postmaster running: stop it
             self._stop_postmaster()
+            if first:  # and an initialisation cut short is begun again by the next start
+                with contextlib.suppress(ConfigError):
+                    self._clear_cut_short_initialisation()
             raise
         return self
+
+    def _clear_cut_short_initialisation(self) -> None:
+        """Empty a data directory without PG_VERSION that holds only what initdb makes: an initialisation cut
+        short (the process running initdb interrupted, which SIGKILLs it mid-way), which initdb would refuse
+        to begin again in a directory that is not empty. No server has run on it: one cannot without
+        PG_VERSION. Anything else in it is not ours to delete, and the start is refused naming it."""
+        entries = list(self.data_dir.iterdir())
+        strangers = sorted(e.name for e in entries if e.name not in _INITDB_MAKES)
+        if strangers:
+            raise ConfigError(f"the embedded PostgreSQL's data directory {self.data_dir} has no PG_VERSION but holds "
+                              f"files PostgreSQL did not make ({', '.join(strangers[:5])}): move them, or use "
+                              "another data directory")
+        for entry in entries:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
 
     def _take_over_leftover(self) -> bool:
         """Make a server left running on this data directory usable, or get it out of the way.
