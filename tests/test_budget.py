@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -18,19 +19,48 @@ from tests.scheduling import load_record
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _collect(tmp_path: Path, *args: str) -> list[str]:
-    """The test ids pytest selects from the repository root with these arguments, as the default run would."""
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
-         f"--basetemp={tmp_path / 'collect'}", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return [line for line in out.stdout.splitlines() if "::" in line]
+class Collected(NamedTuple):
+    selected: dict[str, float]  # the default run's tests, each with the timeout pytest-timeout will apply
+    deselected: dict[str, float]  # the tests its options leave out (the long ones), likewise
+    long: set[str]  # the tests marked long
+
+
+# One collection from the repository root with the default options, told by a plugin of its own what was
+# selected and what was left out, with each test's timeout and markers.
+_COLLECT = """
+import sys, pytest
+from pytest_timeout import _get_item_settings
+def line(kind, item):
+    long = int(item.get_closest_marker("long") is not None)
+    print(kind, item.nodeid, _get_item_settings(item).timeout, long, sep="\\t")
+class Tell:
+    def pytest_deselected(self, items):
+        for item in items:
+            line("DESELECTED", item)
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            line("SELECTED", item)
+sys.exit(pytest.main(["--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider", *sys.argv[1:]], plugins=[Tell()]))
+"""
 
 
 @pytest.fixture(scope="module")
-def default_selection(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    return _collect(tmp_path_factory.mktemp("default"))
+def collected(tmp_path_factory: pytest.TempPathFactory) -> Collected:
+    out = subprocess.run([sys.executable, "-c", _COLLECT, f"--basetemp={tmp_path_factory.mktemp('collect')}"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    found = Collected({}, {}, set())
+    for kind, test, timeout, long in (line.split("\t") for line in out.stdout.splitlines()
+                                      if line.startswith(("SELECTED\t", "DESELECTED\t"))):
+        (found.selected if kind == "SELECTED" else found.deselected)[test] = float(timeout)
+        if long == "1":
+            found.long.add(test)
+    return found
+
+
+@pytest.fixture(scope="module")
+def default_selection(collected: Collected) -> list[str]:
+    return list(collected.selected)
 
 
 def test_every_test_of_the_default_run_is_recorded(default_selection: list[str]) -> None:
@@ -38,7 +68,7 @@ def test_every_test_of_the_default_run_is_recorded(default_selection: list[str])
     missing = [test for test in default_selection if test not in recorded]
     assert not missing, (
         f"{len(missing)} tests of the default run have no recorded duration, so the budget cannot count them; "
-        f"record them with `pytest --record-durations {' '.join(sorted({t.split('::')[0] for t in missing}))}`: "
+        f"record them with `pytest --record-durations {' '.join(sorted({t.split('::')[0] for t in missing})[:10])}`: "
         f"{missing[:10]}")
 
 
@@ -57,28 +87,9 @@ def test_the_default_run_fits_its_budget(default_selection: list[str]) -> None:
         f"default run: {too_long}")
 
 
-def test_long_scenarios_are_deselected_and_outlast_the_global_timeout(tmp_path: Path,
-                                                                       default_selection: list[str]) -> None:
-    long_runs = _collect(tmp_path, "-m", "long")
-    assert long_runs, "no test is marked long"
-    assert not set(long_runs) & set(default_selection)
-    timeouts = _timeouts(tmp_path, long_runs)
+def test_long_scenarios_are_deselected_and_outlast_the_global_timeout(collected: Collected) -> None:
+    assert collected.long, "no test is marked long"
+    assert collected.long <= set(collected.deselected), sorted(collected.long - set(collected.deselected))
     # The longest long fault run recorded (docs/RELIABILITY.md) took 637 s; the global timeout is 300 s.
+    timeouts = {test: collected.deselected[test] for test in collected.long}
     assert all(t >= 2 * 637 for t in timeouts.values()), timeouts
-
-
-def _timeouts(tmp_path: Path, tests: list[str]) -> dict[str, float]:
-    """Each test's timeout as pytest-timeout will apply it (its marker, else the configured default)."""
-    code = (
-        "import sys, pytest\n"
-        "class Read:\n"
-        "    def pytest_collection_finish(self, session):\n"
-        "        from pytest_timeout import _get_item_settings\n"
-        "        for item in session.items:\n"
-        "            print('TIMEOUT', item.nodeid, _get_item_settings(item).timeout)\n"
-        f"sys.exit(pytest.main(['--collect-only', '-q', '-n', '0', '-p', 'no:cacheprovider', "
-        f"'--basetemp={tmp_path / 'timeouts'}', '-m', 'long'] + sys.argv[1:], plugins=[Read()]))\n")
-    out = subprocess.run([sys.executable, "-c", code, *tests], cwd=ROOT, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    return {parts[1]: float(parts[2]) for parts in (line.split() for line in out.stdout.splitlines())
-            if parts and parts[0] == "TIMEOUT"}
