@@ -197,6 +197,7 @@ def _forged(i: int, secret: str) -> tuple[str, bytes, dict[str, str]]:
     return "fake", body, {**signed_headers(secret, body), "Content-Type": "application/json"}
 
 
+@pytest.mark.quiet  # it times the genuine callback's handling: another test's load would be in the figure
 async def test_a_burst_of_forged_and_unsigned_callbacks_writes_nothing_and_delays_no_genuine_one(
         tmp_path, database_url, nats_url):
     settings = stack_settings(tmp_path, database_url, nats_url, luma_api_key="luma-key-never-used",
