@@ -36,8 +36,10 @@ UNRECORDED_S = 10.0
 
 
 def base_id(nodeid: str) -> str:
-    """A test's id without the `@group` suffix pytest-xdist adds under `--dist loadgroup`."""
-    return nodeid.split("@", 1)[0]
+    """A test's id without the `@group` suffix pytest-xdist adds under `--dist loadgroup` (an `@` inside the
+    test's parameters, as in `[s3://user:pw@bucket]`, is the id's own)."""
+    head, at, group = nodeid.rpartition("@")
+    return head if at and "]" not in group and "::" not in group else nodeid
 
 
 def load_record(path: Path = RECORD) -> dict[str, Any]:
