@@ -108,3 +108,29 @@ async def test_giving_up_on_a_poison_keeps_its_lease_so_no_copy_starts_before_it
 
     with pytest.raises(copies.Busy):  # a duplicate delivery defers until the dead letter has failed the job
         await copies.take(pool, job.id, 30, owner="media-host-2-other")
+
+
+async def test_a_lease_this_process_could_not_give_up_is_taken_back_by_it_at_once(pool):
+    """A copy that ended while the database was away could not delete its lease (held() gives it up in a
+    `finally` that the outage made fail): the lease outlives the copy by a whole TTL, and every redelivery of
+    the job meanwhile is deferred as if another copier were at work. This process knows it is copying nothing
+    of that job, so it takes its own lease back at once; a lease it does hold, or another process's, still
+    defers a duplicate."""
+    async with pool.acquire() as conn:
+        account_id, _ = await create_account(conn, "lease", credits=1000, concurrency=2)
+        async with conn.transaction():
+            job = await creation.create(conn, account_id=account_id,
+                                        request=JobRequest(model="fake/default", prompt="p"),
+                                        estimated_credits=10, recovery_delay_s=3600)
+    job_id = job.id
+    await copies.take(pool, job_id, 60)  # ours, as a failed release leaves it, with a minute to run
+    await pool.execute("UPDATE media_copies SET decoding = true WHERE job_id = $1", job_id)  # ended mid-decode
+
+    crashes = await copies.take(pool, job_id, 60)  # the redelivery: no wait for our own stale lease
+
+    async with copies.held(pool, job_id, 60):
+        with pytest.raises(copies.Busy):  # a duplicate delivery while this process copies it
+            await copies.take(pool, job_id, 60)
+        with pytest.raises(copies.Busy):  # another media process
+            await copies.take(pool, job_id, 60, owner="media-host-2-other")
+    assert crashes == 0  # an error this process lived through is not a copier dying mid-decode

@@ -19,7 +19,9 @@ async def _dead_letters(nats_url: str) -> list[tuple[str, dict]]:
     try:
         js = nc.jetstream()
         info = await js.stream_info(DEAD_STREAM)
-        out = []
+        out: list[tuple[str, dict]] = []
+        if not info.state.messages:  # an empty stream's sequence 0 is no message: asking for it is a bad request
+            return out
         for seq in range(info.state.first_seq, info.state.last_seq + 1):
             msg = await js.get_msg(DEAD_STREAM, seq)
             out.append((msg.subject, dict(msg.headers or {})))
@@ -70,3 +72,16 @@ async def test_poison_messages_are_dead_lettered_and_their_job_fails(tmp_path, d
 async def _two(nats_url: str) -> list | None:
     dead = await _dead_letters(nats_url)
     return dead if len(dead) == 2 else None
+
+
+async def test_no_dead_letters_read_as_none(nats_url):
+    """What the tests above wait on: an empty dead-letter stream is no dead letter yet, not an error that ends
+    the wait (its sequence 0 is no message)."""
+    from vidjobs.common import bus
+
+    nc, js = await bus.connect(nats_url, name="dead-letter-reader")
+    try:
+        await bus.ensure_streams(js, replicas=1)
+    finally:
+        await nc.close()
+    assert await _dead_letters(nats_url) == []

@@ -33,13 +33,17 @@ class Up:
         self.err_path = err_path
 
     @classmethod
-    async def start(cls, data_dir: Path, port: int, err_path: Path) -> Up:
+    async def start(cls, data_dir: Path, port: int, err_path: Path, *, sigint_ignored: bool = False) -> Up:
+        """`sigint_ignored`: started as a script starts a command in the background, with SIGINT ignored, which
+        a process inherits (and keeps across exec)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("VIDJOBS_")}
         env["VIDJOBS_DATA_DIR"] = str(data_dir)
+        disposition = signal.SIG_IGN if sigint_ignored else signal.SIG_DFL
         with err_path.open("ab") as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "vidjobs.cli", "up", "--port", str(port), env=env,
                 stdout=asyncio.subprocess.PIPE, stderr=err, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=lambda: signal.signal(signal.SIGINT, disposition),
             )
         return cls(proc, err_path)
 
@@ -281,6 +285,23 @@ def test_the_next_start_stops_what_a_killed_run_recorded_and_nothing_else(tmp_pa
         for proc in (service, bystander):
             proc.kill()
             proc.wait()
+
+
+async def test_ctrl_c_stops_a_start_even_when_sigint_was_ignored_by_whoever_started_it(tmp_path):
+    data = tmp_path / "state"
+    up = await Up.start(data, free_port(), tmp_path / "up.err", sigint_ignored=True)
+    try:
+        await wait_until(lambda: _says(up, "starting embedded PostgreSQL"), within=60, what="PostgreSQL starting")
+        procs = processes_of(up.proc.pid, data)
+        os.killpg(up.proc.pid, signal.SIGINT)
+        code = await up.ended()
+        procs |= processes_of(up.proc.pid, data)
+        left = await all_gone(procs)
+    finally:
+        up.kill_group()
+    err = up.stderr()
+    assert (code, "Traceback" in err, left) == (0, False, []), err
+    assert "vidjobs stopped" in err
 
 
 # What initdb has made of a data directory when it is cut short (SIGKILLed, as subprocess.run does to it when the

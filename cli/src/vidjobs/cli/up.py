@@ -216,6 +216,9 @@ def signals_held() -> Iterator[None]:
 def up(settings: Settings) -> int:
     require(nats=not settings.nats_url, postgres=not settings.database_url)
     signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C stops a start whoever started it: a script's background job inherits SIGINT ignored, and would
+    # otherwise go on starting while the initdb beside it, which handles SIGINT itself, gives up.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     embedded = Embedded()
     run: RunRecord | None = None
     try:

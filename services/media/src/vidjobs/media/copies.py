@@ -1,6 +1,7 @@
 """Copy leases (`media_copies`): at most one media process copies a job's render at a time, across every
 replica. A lease ends by itself at `expires_at`, so a copier killed mid-copy delays the next one by one TTL,
-never forever; a live copier renews it while it works."""
+never forever; a live copier renews it while it works. A lease of this process's own that it is not copying
+under (one whose release failed, the database away as the copy ended) is taken back at once."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ log = logging.getLogger("vidjobs.media")
 
 LEASE_TTL_S = 60.0
 OWNER = f"media-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"  # unique per process start
+_COPYING: set[str] = set()  # the jobs this process copies now, under held()
 
 
 class Busy(Exception):
@@ -36,11 +38,12 @@ async def take(pool: asyncpg.Pool, job_id: str, ttl_s: float = LEASE_TTL_S, owne
             INSERT INTO media_copies (job_id, owner, expires_at)
             VALUES ($1, $2, clock_timestamp() + make_interval(secs => $3))
             ON CONFLICT (job_id) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at,
-                decoding = false, crashes = media_copies.crashes + media_copies.decoding::int
-                WHERE media_copies.expires_at < clock_timestamp()
+                decoding = false,
+                crashes = media_copies.crashes + (media_copies.decoding AND media_copies.owner <> $2)::int
+                WHERE media_copies.expires_at < clock_timestamp() OR (media_copies.owner = $2 AND $4)
             RETURNING crashes
             """,
-            job_id, owner, ttl_s,
+            job_id, owner, ttl_s, job_id not in _COPYING,
         )
         if crashes is not None:
             return crashes
@@ -77,9 +80,11 @@ async def _renew(pool: asyncpg.Pool, job_id: str, ttl_s: float, owner: str) -> N
 async def held(pool: asyncpg.Pool, job_id: str, ttl_s: float = LEASE_TTL_S, owner: str = OWNER) -> AsyncIterator[None]:
     """Renew the lease while the body runs, and give it up after (also when the body fails)."""
     renewing = asyncio.create_task(_renew(pool, job_id, ttl_s, owner), name=f"copy-lease-{job_id}")
+    _COPYING.add(job_id)
     try:
         yield
     finally:
+        _COPYING.discard(job_id)
         renewing.cancel()
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # if this fails, take() gives our lease back to us at once
             await release(pool, job_id, owner)
