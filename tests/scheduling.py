@@ -74,20 +74,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     recorded: dict[str, float] = load_record()["tests"]
     module_total: dict[str, float] = defaultdict(float)
     for item in items:
-        module_total[item.module.__name__ if item.module else ""] += recorded.get(item.nodeid, UNRECORDED_S)
+        module_total[_module_of(item)] += recorded.get(item.nodeid, UNRECORDED_S)
     order: dict[int, tuple[float, int]] = {}
     for index, item in enumerate(items):
         if _has_module_fixtures(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-            order[id(item)] = (module_total[item.module.__name__], -index)
+            item.add_marker(pytest.mark.xdist_group(_module_of(item)))
+            order[id(item)] = (module_total[_module_of(item)], -index)
         else:
             order[id(item)] = (recorded.get(item.nodeid, UNRECORDED_S), -index)
     items.sort(key=lambda item: order[id(item)], reverse=True)
 
 
+def _module_of(item: pytest.Item) -> str:
+    module = getattr(item, "module", None)
+    return module.__name__ if module is not None else ""
+
+
 def _has_module_fixtures(item: pytest.Item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
-    if info is None or item.module is None:
+    if info is None or not _module_of(item):
         return False
     return any(d.scope in ("module", "package", "class") for defs in info.name2fixturedefs.values() for d in defs)
 
