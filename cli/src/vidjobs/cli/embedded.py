@@ -5,6 +5,7 @@ starter (vidjobs.cli.processes); PostgreSQL detaches, so one a killed run left i
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib.util
 import json
@@ -50,6 +51,9 @@ def _installed(module: str) -> bool:
 
 
 PORT_SLICE_ENV = "VIDJOBS_PORT_SLICE"
+# The ports this process handed out last: a server given one is often started after several more are picked
+# (a cluster's six), and until it binds its port looks free.
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=256)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -60,11 +64,14 @@ def free_port(host: str = "127.0.0.1") -> int:
     first, last = max(1024, low - 12000), low - 1
     for _ in range(200):
         port = random.randint(-(-(first - index) // count), (last - index) // count) * count + index
+        if port in _HANDED_OUT:  # free, but maybe only because whoever it went to has not bound it yet
+            continue
         with socket.socket() as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
+            _HANDED_OUT.append(port)
             return port
     raise ConfigError("no free TCP port found on this machine")
 
