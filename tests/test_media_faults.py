@@ -88,12 +88,8 @@ async def test_giving_up_on_a_poison_keeps_its_lease_so_no_copy_starts_before_it
     """The copy that gives up on a render (its decoder died DECODER_CRASHES times) must not free the render for
     another copy before the job is failed: a duplicate delivery taking it then would see no crashes at all and
     decode it again, killing one more process."""
+    job = await _job(pool, "poison")
     async with pool.acquire() as conn:
-        account_id, _ = await create_account(conn, "poison", credits=1000, concurrency=2)
-        async with conn.transaction():
-            job = await creation.create(conn, account_id=account_id,
-                                        request=JobRequest(model="fake/default", prompt="p"),
-                                        estimated_credits=10, recovery_delay_s=3600)
         for to in (JobStatus.SUBMITTED, JobStatus.DOWNLOADING):
             assert await transition(conn, job.id, to, reason="test") is not None
         # A copier died mid-decode once more than the limit allows, and its lease has run out.
@@ -116,13 +112,7 @@ async def test_a_lease_this_process_could_not_give_up_is_taken_back_by_it_at_onc
     the job meanwhile is deferred as if another copier were at work. This process knows it is copying nothing
     of that job, so it takes its own lease back at once; a lease it does hold, or another process's, still
     defers a duplicate."""
-    async with pool.acquire() as conn:
-        account_id, _ = await create_account(conn, "lease", credits=1000, concurrency=2)
-        async with conn.transaction():
-            job = await creation.create(conn, account_id=account_id,
-                                        request=JobRequest(model="fake/default", prompt="p"),
-                                        estimated_credits=10, recovery_delay_s=3600)
-    job_id = job.id
+    job_id = (await _job(pool, "lease")).id
     await copies.take(pool, job_id, 60)  # ours, as a failed release leaves it, with a minute to run
     await pool.execute("UPDATE media_copies SET decoding = true WHERE job_id = $1", job_id)  # ended mid-decode
 
@@ -134,3 +124,13 @@ async def test_a_lease_this_process_could_not_give_up_is_taken_back_by_it_at_onc
         with pytest.raises(copies.Busy):  # another media process
             await copies.take(pool, job_id, 60, owner="media-host-2-other")
     assert crashes == 0  # an error this process lived through is not a copier dying mid-decode
+
+
+async def _job(pool, account: str):
+    """A pending job of a new account's."""
+    async with pool.acquire() as conn:
+        account_id, _ = await create_account(conn, account, credits=1000, concurrency=2)
+        async with conn.transaction():
+            return await creation.create(conn, account_id=account_id,
+                                         request=JobRequest(model="fake/default", prompt="p"),
+                                         estimated_credits=10, recovery_delay_s=3600)

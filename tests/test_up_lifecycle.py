@@ -153,21 +153,26 @@ async def test_a_stop_ends_every_process_without_a_traceback(tmp_path, stop):
     assert not left, left
 
 
-async def test_ctrl_c_before_ready_stops_cleanly_and_the_next_start_works(tmp_path):
-    data = tmp_path / "state"
-    port = free_port()
-    up = await Up.start(data, port, tmp_path / "up.err")
+async def _ctrl_c_while_postgres_starts(up: Up, data: Path, *, after_s: float) -> tuple[int, list[str]]:
+    """Ctrl-C `after_s` into the embedded PostgreSQL's start: (exit status, its processes still running)."""
     try:
-        # While the embedded PostgreSQL is being initialised: the slowest, most fragile part of a first start.
         await wait_until(lambda: _says(up, "starting embedded PostgreSQL"), within=60, what="PostgreSQL starting")
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(after_s)
         procs = processes_of(up.proc.pid, data)
         os.killpg(up.proc.pid, signal.SIGINT)
         code = await up.ended()
         procs |= processes_of(up.proc.pid, data)
-        left = await all_gone(procs)
+        return code, await all_gone(procs)
     finally:
         up.kill_group()
+
+
+async def test_ctrl_c_before_ready_stops_cleanly_and_the_next_start_works(tmp_path):
+    data = tmp_path / "state"
+    port = free_port()
+    up = await Up.start(data, port, tmp_path / "up.err")
+    # While the embedded PostgreSQL is being initialised: the slowest, most fragile part of a first start.
+    code, left = await _ctrl_c_while_postgres_starts(up, data, after_s=1.0)
     err = up.stderr()
     assert "vidjobs ready" not in err
     assert code == 0, err
@@ -290,15 +295,7 @@ def test_the_next_start_stops_what_a_killed_run_recorded_and_nothing_else(tmp_pa
 async def test_ctrl_c_stops_a_start_even_when_sigint_was_ignored_by_whoever_started_it(tmp_path):
     data = tmp_path / "state"
     up = await Up.start(data, free_port(), tmp_path / "up.err", sigint_ignored=True)
-    try:
-        await wait_until(lambda: _says(up, "starting embedded PostgreSQL"), within=60, what="PostgreSQL starting")
-        procs = processes_of(up.proc.pid, data)
-        os.killpg(up.proc.pid, signal.SIGINT)
-        code = await up.ended()
-        procs |= processes_of(up.proc.pid, data)
-        left = await all_gone(procs)
-    finally:
-        up.kill_group()
+    code, left = await _ctrl_c_while_postgres_starts(up, data, after_s=0.0)
     err = up.stderr()
     assert (code, "Traceback" in err, left) == (0, False, []), err
     assert "vidjobs stopped" in err
