@@ -93,6 +93,7 @@ async def paced(count: int, rate_per_s: float, one: Callable[[int], Awaitable[An
 
 # --- streams -----------------------------------------------------------------------------------------------
 
+@pytest.mark.quiet  # it compares the API's p99 while the streams are held with its p99 before them
 async def test_one_key_opening_thousands_of_streams_is_refused_past_its_cap(tmp_path, database_url, nats_url):
     settings = stack_settings(tmp_path, database_url, nats_url, max_streams_per_key=STREAMS_PER_KEY,
                               max_streams_per_account=STREAMS_PER_ACCOUNT)
