@@ -63,6 +63,10 @@ SEL, INS, UPD, DEL, EXE = (frozenset({p}) for p in Privilege)
 
 SERVICES = ("gateway", "submitter", "poller", "media", "reaper")
 
+# The accounts columns a platform sets when it makes or changes one of its accounts (gateway/platform_accounts.py).
+_PLATFORM_ACCOUNT = ("name", "plan", "concurrent_jobs", "max_queued_jobs", "daily_spend_cap", "max_job_credits",
+                     "requests_per_s", "request_burst", "storage_quota_bytes", "fallback_models")
+
 # The part that owns each table (docs/ARCHITECTURE.md "Shape"): it defines the rows' meaning and is where a change of
 # the table is decided. `common` is libs/common (the job row, its audit, the outbox and the money, which
 # run inside every service); `operator` tables are written only by the operator commands.
@@ -75,6 +79,11 @@ OWNERS: dict[str, str] = {
     "webhook_endpoints": "gateway",
     "webhook_deliveries": "gateway",
     "webhook_attempts": "gateway",
+    "platforms": "operator",
+    "platform_keys": "operator",
+    "plans": "gateway",
+    "browser_tokens": "gateway",
+    "platform_audit": "gateway",
     "provider_submissions": "submitter",
     "provider_rate_buckets": "submitter",
     "provider_breakers": "submitter",
@@ -124,16 +133,33 @@ def _with_common(own: dict[str, frozenset[Grant]]) -> dict[str, frozenset[Grant]
 GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
     "gateway": _with_common({
         "jobs": INS,  # creates jobs; no other service does
-        # Reads every account column; writes only the account's default fallback models and its webhook secret
-        # (sealed, with its rotation and the plaintext the sweep clears), never the credit.
-        "accounts": SEL | columns(Privilege.UPDATE, "fallback_models", "webhook_secret", "webhook_secret_sealed",
+        # Reads every account column; writes the account's default fallback models and its webhook secret
+        # (sealed, with its rotation and the plaintext the sweep clears), and a platform's accounts: made with
+        # their limits (never their credit: that moves only through platform_credit), changed, disabled,
+        # closed.
+        "accounts": SEL | columns(Privilege.INSERT, *_PLATFORM_ACCOUNT, "id", "platform_id", "external_id")
+                        | columns(Privilege.UPDATE, "fallback_models", "webhook_secret", "webhook_secret_sealed",
                                   "webhook_secret_created_at", "webhook_previous_secret_sealed",
-                                  "webhook_previous_secret_expires_at"),
+                                  "webhook_previous_secret_expires_at", *_PLATFORM_ACCOUNT, "disabled_at",
+                                  "closed_at"),
         "reserve_job_credit": EXE,  # holds a new job's estimate
         "credit_ledger": SEL,  # the account's ledger (GET /v1/account/ledger)
         "account_daily_spend": SEL,  # what the account committed today
         "job_transitions": SEL,  # a job's trail (GET /v1/jobs/{id}/events)
-        "api_keys": SEL | UPD,  # authenticates, and writes back what a key spent (ratelimit.py)
+        # Authenticates, and writes back what a key spent (ratelimit.py); issues and revokes a platform's
+        # accounts' keys.
+        "api_keys": SEL | INS | UPD,
+        # A platform key is read to authenticate it and marked used with its audit lines; made, rotated and
+        # revoked only by the operator.
+        "platforms": SEL,
+        "platform_keys": SEL | columns(Privilege.UPDATE, "last_used_at"),
+        "plans": SEL | INS | UPD,
+        "browser_tokens": SEL | INS | UPD,
+        "platform_audit": SEL | INS,
+        # Credit a platform grants or takes back, checked against its key (migration 0028); the purge of an
+        # account a platform closed.
+        "platform_credit": EXE,
+        "purge_closed_account": EXE,
         "idempotency_keys": SEL | INS | UPD | DEL,
         "webhook_inbox": SEL | INS | DEL,  # stores verified provider callbacks, prunes old ones
         "provider_submissions": SEL,  # a callback must name a render of ours
@@ -193,8 +219,6 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
 # accounts and keys, granting credit, publishing a rate card, pausing submissions, recording a migration.
 OPERATOR_ONLY: frozenset[tuple[str, Privilege]] = frozenset({
     ("grant_credit", Privilege.EXECUTE),
-    ("accounts", Privilege.INSERT),
-    ("api_keys", Privilege.INSERT),
     ("rate_cards", Privilege.INSERT),
     ("rate_card_prices", Privilege.INSERT),
     ("platform_controls", Privilege.UPDATE),

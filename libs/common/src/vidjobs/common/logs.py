@@ -22,9 +22,15 @@ def about_job(job_id: str, account_id: str) -> None:
     _subject.set({"job_id": job_id, "account_id": account_id})
 
 
-def about_account(account_id: str) -> None:
-    """The work at hand is this account's (an authenticated request)."""
-    _subject.set({"account_id": account_id})
+def about_account(account_id: str, **who: str) -> None:
+    """The work at hand is this account's (an authenticated request); `who` names the credential when it is
+    not the account's own key (`platform_key_id` acting for it, `browser_token_id`)."""
+    _subject.set({"account_id": account_id, **who})
+
+
+def about_platform(platform_key_id: str) -> None:
+    """The work at hand is a platform's (a request made with a platform key on a platform route)."""
+    _subject.set({"platform_key_id": platform_key_id})
 
 
 def subject() -> dict[str, str]:

@@ -232,6 +232,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # account's own `requests_per_s` / `request_burst` replace these.
     api_rate_per_s: float = 20.0
     api_rate_burst: int = 100
+    # Requests per platform key (a product's backend managing its users' accounts, or acting for them), per
+    # gateway process. A browser token spends at its account's API key rate, per process too.
+    platform_rate_per_s: float = 50.0
+    platform_rate_burst: int = 200
     # `Idempotency-Key`s are remembered this long; the gateway deletes older ones every sweep interval.
     idempotency_ttl_s: float = 86400.0
     idempotency_sweep_interval_s: float = 600.0

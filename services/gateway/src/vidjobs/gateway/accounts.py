@@ -33,6 +33,11 @@ class Account(msgspec.Struct, frozen=True, kw_only=True):
     request_burst: int | None = None
     fallback_models: list[str] = []  # tried in order when a job that names none must move (failover)
     storage_quota_bytes: int | None = None  # what its kept clips may hold; None: the platform default
+    max_queued_jobs: int | None = None  # its jobs waiting for a slot; None: the platform default
+    platform_id: str | None = None  # the platform that made it through the API; None: the operator did
+    external_id: str | None = None  # that platform's own id of its user
+    plan: str | None = None  # the platform's plan its limits are copied from; None: limits of its own
+    disabled_at: datetime | None = None  # disabled by its platform: it may read, not create
 
 
 def columns(alias: str = "") -> str:
@@ -153,7 +158,7 @@ class KeyInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 # Limits an operator may change (`update_limits`), each an `accounts` column.
 LIMITS = frozenset({"concurrent_jobs", "daily_spend_cap", "max_job_credits", "requests_per_s", "request_burst",
-                    "storage_quota_bytes"})
+                    "storage_quota_bytes", "max_queued_jobs"})
 
 
 async def list_accounts(conn: asyncpg.Connection | asyncpg.Pool) -> list[AccountSummary]:

@@ -24,7 +24,7 @@ UNAVAILABLE_RETRY_AFTER_S = 5  # a stall or restart of a dependency: about when 
 
 class GatewayCode(enum.StrEnum):
     UNAUTHORIZED = "unauthorized"  # no API key, or one we do not know
-    FORBIDDEN = "forbidden"  # a signed URL that is tampered with or expired
+    FORBIDDEN = "forbidden"  # a credential that may not do this (a scope it lacks), or a bad signed URL
     NOT_FOUND = "not_found"  # no such resource for this account
     METHOD_NOT_ALLOWED = "method_not_allowed"
     CONFLICT = "conflict"  # an idempotency key reused with a different body
@@ -36,6 +36,7 @@ class GatewayCode(enum.StrEnum):
     STORAGE_QUOTA_EXCEEDED = "storage_quota_exceeded"  # keeping this clip would pass the account's storage quota
     UPLOAD_NOT_READY = "upload_not_ready"  # a job names an upload the media worker has not decoded yet
     UPLOAD_REJECTED = "upload_rejected"  # a job names an upload whose image was rejected
+    ACCOUNT_DISABLED = "account_disabled"  # its platform disabled the account: reads only
 
 
 Code = ErrorCode | GatewayCode

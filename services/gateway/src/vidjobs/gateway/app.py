@@ -33,23 +33,30 @@ from vidjobs.gateway import (
     routes_models,
     routes_ops,
     routes_page,
+    routes_platform,
     routes_reruns,
+    routes_tokens,
     routes_uploads,
     sealing,
     stream,
 )
+from vidjobs.gateway import purges as purges_module
 from vidjobs.gateway.access import request_id_middleware, stamp_request_id
 from vidjobs.gateway.apierrors import ErrorOut, error_middleware
 from vidjobs.gateway.appwebhooks import deliveries, resealing, urls
 from vidjobs.gateway.auth import auth_middleware, stamp_rate_limit
+from vidjobs.gateway.browsertokens import Tokens
 from vidjobs.gateway.deadlines import call_bound_middleware
 from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.gateway.openapi import openapi_route
 from vidjobs.gateway.owned import view as owned_view
+from vidjobs.gateway.platform_accounts import PlatformAccounts
+from vidjobs.gateway.platformkeys import PlatformKeys
 from vidjobs.gateway.processcaps import Bucket, StreamSlots
+from vidjobs.gateway.purges import Purges
 from vidjobs.gateway.requestmetrics import metrics_middleware
 from vidjobs.gateway.routetable import Route, register
-from vidjobs.gateway.state import GATEWAY, PUBLIC_ROUTES, SETTINGS, Gateway
+from vidjobs.gateway.state import GATEWAY, PUBLIC_ROUTES, ROUTE_ACCESS, SETTINGS, Gateway
 from vidjobs.gateway.tenant import Tenant
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import build_adapters
@@ -64,7 +71,7 @@ def route_table(settings: Settings) -> list[Route]:
     routes = [
         *routes_jobs.ROUTES, *routes_reruns.ROUTES, *routes_keep.ROUTES, *routes_exports.ROUTES,
         *routes_models.ROUTES, *routes_app_webhooks.ROUTES, *stream.ROUTES, *routes_uploads.ROUTES,
-        *routes_account.ROUTES,
+        *routes_account.ROUTES, *routes_tokens.ROUTES, *routes_platform.ROUTES,
         *routes_callbacks.ROUTES, *routes_ops.ROUTES, *routes_page.ROUTES,
     ]
     if settings.api_metrics == "off":
@@ -72,8 +79,10 @@ def route_table(settings: Settings) -> list[Route]:
     # Objects are served here only when they live on our own disk; S3 hands out its own signed URLs.
     if settings.storage_location().startswith("file:"):
         routes += routes_files.ROUTES
-    # Every request made with an API key spends from that key's rate (auth), so any of them may hear 429.
-    routes = [dataclasses.replace(r, responses={**r.responses, 429: ErrorOut}) if r.auth else r for r in routes]
+    # Every request made with a credential spends from its rate (credentials.py), so any of them may hear 429;
+    # and a credential that may not call the route (a scope it lacks) hears 403.
+    routes = [dataclasses.replace(r, responses={**r.responses, 403: ErrorOut, 429: ErrorOut}) if r.auth else r
+              for r in routes]
     # Any route that reads or writes the database may meet a dependency that is not answering (apierrors).
     routes = [r if r.name in _NO_DEPENDENCY else dataclasses.replace(r, responses={503: ErrorOut, **r.responses})
               for r in routes]
@@ -156,8 +165,11 @@ async def _start(app: web.Application, rt: Runtime, storage: Storage, stack: con
     rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
     routes = await _live_routes(rt, adapters, stack)
     gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
-                 buckets=buckets, webhook_rates=rates, estimator=Estimator(settings), routes=routes)
+                 buckets=buckets, platform_keys=PlatformKeys(rt.pool), tokens=Tokens(rt.pool), credential_rates={},
+                 webhook_rates=rates, estimator=Estimator(settings), routes=routes,
+                 platform_accounts=PlatformAccounts(rt))
     app[GATEWAY] = gw
+    _purge_closed_accounts(gw, stack)
     await _seal_webhook_secrets(rt, stack)
     await _deliver_app_webhooks(gw, stack)
 
@@ -209,6 +221,13 @@ async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -
     stack.push_async_callback(_stop, rt.watch(deliverer.run(), "app-webhook-deliveries"))
 
 
+def _purge_closed_accounts(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
+    """Purge the accounts platforms deleted, once their jobs have ended (purges.py)."""
+    purges = Purges(gw.rt, gw.storage, gw.platform_accounts)
+    sweeping = every(gw.rt, purges_module.EVERY_S, _uncounted(purges.sweep), "account purge")
+    stack.push_async_callback(_stop, gw.rt.watch(sweeping, "account-purges"))
+
+
 async def _closing(app: web.Application) -> None:
     # Shutdown waits for running handlers; open event streams would otherwise hold it for their full life.
     if (gw := app.get(GATEWAY)) is not None:
@@ -225,6 +244,7 @@ def create_app(settings: Settings) -> web.Application:
     )
     app[SETTINGS] = settings
     app[PUBLIC_ROUTES] = frozenset(r.name for r in routes if not r.auth)
+    app[ROUTE_ACCESS] = {r.name: r.access for r in routes}
     register(app, routes)
     app.cleanup_ctx.append(_resources)
     app.on_shutdown.append(_closing)

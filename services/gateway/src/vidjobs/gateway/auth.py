@@ -1,5 +1,6 @@
-"""`Authorization: Bearer <key>` on every /v1 route except the ones the route table marks public, and the
-key's request rate: a request over it is answered 429 with `Retry-After` (see `ratelimit`)."""
+"""A credential on every /v1 route except the ones the route table marks public (credentials.py says which
+credential may call what), the RateLimit headers of an API key's answers, and the audit line of every
+change a platform key makes."""
 
 from __future__ import annotations
 
@@ -8,53 +9,10 @@ import math
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from vidjobs.common import logs
-from vidjobs.common.errors import ErrorCode
-from vidjobs.gateway import ratelimit
-from vidjobs.gateway.apierrors import ApiError, GatewayCode
-from vidjobs.gateway.state import ACCOUNT, API_KEY_ID, PUBLIC_ROUTES, gateway
+from vidjobs.gateway import audit, credentials
+from vidjobs.gateway.apierrors import ApiError
+from vidjobs.gateway.state import PLATFORM_KEY, PUBLIC_ROUTES
 
-_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="vidjobs"'}
-
-
-def bearer_token(request: web.Request) -> str | None:
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
-
-
-def could_be_a_key(token: str) -> bool:
-    # Keys are ASCII. Other header bytes arrive as text that cannot be encoded again to be hashed.
-    return token.isascii()
-
-
-def rate_limited(rate_per_s: float, burst: int, wait: int) -> ApiError:
-    return ApiError(
-        429, ErrorCode.RATE_LIMITED,
-        f"too many requests: this API key may make {rate_per_s:g} requests per second "
-        f"(bursts of {burst}); retry in {wait} s",
-        retryable=True, headers={"Retry-After": str(wait)},
-    )
-
-
-async def authenticate(request: web.Request) -> ratelimit.Admission:
-    """The key and its account, once one of the key's request tokens is spent (from memory, see
-    `ratelimit`)."""
-    token = bearer_token(request)
-    if token is None:
-        raise ApiError(401, GatewayCode.UNAUTHORIZED, "send your API key as `Authorization: Bearer <key>`",
-                       headers=_CHALLENGE)
-    admission = await gateway(request).buckets.admit(token) if could_be_a_key(token) else None
-    if admission is None:
-        raise ApiError(401, GatewayCode.UNAUTHORIZED, "unknown or revoked API key", headers=_CHALLENGE)
-    request[RATE] = admission
-    if not admission.admitted:
-        raise rate_limited(admission.rate_per_s, admission.burst, admission.retry_after_s)
-    return admission
-
-
-# The key's bucket as this request left it, for the RateLimit headers of its answer.
-RATE = web.RequestKey("rate", ratelimit.Admission)
 _POLICY = '"per-key"'
 
 
@@ -62,7 +20,7 @@ async def stamp_rate_limit(request: web.Request, response: web.StreamResponse) -
     """on_response_prepare: the IETF RateLimit headers on every answer to a request made with a key. The
     policy is the key's bucket: `q` requests at once, refilled in full over `w` seconds; `r` are left now,
     and all `q` again after `t` seconds."""
-    admission = request.get(RATE)
+    admission = request.get(credentials.RATE)
     if admission is None:
         return
     window = max(1, math.ceil(admission.burst / admission.rate_per_s))
@@ -77,9 +35,24 @@ def needs_key(request: web.Request) -> bool:
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if needs_key(request):
-        admission = await authenticate(request)
-        request[ACCOUNT] = admission.account
-        logs.about_account(admission.account.id)
-        request[API_KEY_ID] = admission.key_id
-    return await handler(request)
+    """Who is asking (an account's API key, a platform key, a browser token), and whether the route lets that
+    credential in (credentials.py). A platform key's changes are written to its audit trail as answered."""
+    if not needs_key(request):
+        return await handler(request)
+    request = await credentials.admit(request)
+    caller = request.get(PLATFORM_KEY)
+    if caller is None or request.method in ("GET", "HEAD"):
+        return await handler(request)
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except ApiError as err:
+        status = err.status
+        raise
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        await audit.record(request, caller, status)

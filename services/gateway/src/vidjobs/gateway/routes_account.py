@@ -30,7 +30,7 @@ from vidjobs.gateway.bodies import (
 from vidjobs.gateway.decoding import read_json, read_query
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
-from vidjobs.gateway.tenant import tenant
+from vidjobs.gateway.tenant import Tenant, tenant
 
 
 async def get_account(request: web.Request) -> web.Response:
@@ -78,7 +78,7 @@ async def patch_account(request: web.Request) -> web.Response:
     return await get_account(request)
 
 
-def _entry_out(entry: Entry) -> LedgerEntryOut:
+def entry_out(entry: Entry) -> LedgerEntryOut:
     return LedgerEntryOut(id=entry.id, kind=entry.kind, job_id=entry.job_id, balance_change=entry.balance_change,
                           reserved_change=entry.reserved_change, balance_after=entry.balance_after,
                           reserved_after=entry.reserved_after, note=entry.note, at=entry.at,
@@ -91,7 +91,7 @@ async def get_ledger(request: web.Request) -> web.Response:
     entries = await tenant(request).ledger(before_id=before_id, limit=query.limit + 1)
     page = entries[: query.limit]
     next_cursor = cursor.encode(cursor.LedgerPosition(page[-1].id)) if len(entries) > query.limit else None
-    return json_response(LedgerPage(data=[_entry_out(e) for e in page], next_cursor=next_cursor))
+    return json_response(LedgerPage(data=[entry_out(e) for e in page], next_cursor=next_cursor))
 
 
 DEFAULT_USAGE_DAYS = 30
@@ -113,12 +113,17 @@ _ISO_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
 
 
 async def get_usage(request: web.Request) -> web.Response:
+    return await usage_report(request, tenant(request))
+
+
+async def usage_report(request: web.Request, owner: Tenant) -> web.Response:
+    """The usage report of `owner` as the request's query asks (its account's own, or one its platform reads)."""
     for name in ("from", "to"):
         if name in request.query and not _ISO_TIME.match(request.query[name]):
             raise invalid(f"{name}: must be an ISO-8601 time with its offset, such as 2026-01-31T00:00:00Z")
     query = read_query(request.query, UsageQuery)
     start, end = usage_range(query)
-    groups, truncated = await tenant(request).usage(Grouping.parse(query.group_by), start, end)
+    groups, truncated = await owner.usage(Grouping.parse(query.group_by), start, end)
     return json_response(UsageReport(
         group_by=query.group_by, from_=start, to=end, truncated=truncated,
         data=[UsageGroup(key=g.key, jobs=g.jobs, by_status=g.by_status, credits_charged=g.credits_charged,

@@ -36,11 +36,13 @@ from vidjobs.gateway.owned import found, job_id_of, owned_or_404, view
 from vidjobs.gateway.routetable import Route, json_response
 from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import (
+    AccountDisabled,
     CreateRefused,
     JobFilter,
     JobOrder,
     KeyedJobDeleted,
     NoWebhookSecret,
+    OverTokenCeiling,
     Tenant,
     tenant,
 )
@@ -133,6 +135,11 @@ def refused(err: Exception) -> ApiError:
             return invalid(f"model: {err}; choose another model or resolution")
         case NoWebhookSecret():
             return invalid(NO_WEBHOOK_SECRET)
+        case AccountDisabled():
+            return ApiError(403, GatewayCode.ACCOUNT_DISABLED, "this account is disabled by its platform: its jobs "
+                            "may be read, and no new job made, until it is enabled again")
+        case OverTokenCeiling():
+            return ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err))
         case KeyedJobDeleted():
             return ApiError(409, GatewayCode.CONFLICT,
                             f"the job made with this {idempotency.HEADER} has been deleted; use a new key")
@@ -242,23 +249,24 @@ _ERRORS: dict[int, type] = {401: ErrorOut, 404: ErrorOut}
 ROUTES = [
     Route("POST", "/v1/estimates", estimate_job, "estimate_job",
           "What creating this job would reserve, checked as a create is, without creating anything",
-          body=CreateJob, responses={200: EstimateOut, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut,
-                                     422: ErrorOut}),
+          body=CreateJob, token_scope="any",
+          responses={200: EstimateOut, 400: ErrorOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut}),
     Route("POST", "/v1/jobs", create_job, "create_job", "Create a render job", body=CreateJob,
           headers={idempotency.HEADER: "repeat a request safely: same key and body answer the same job"},
           response_headers={
               200: {"Idempotent-Replayed": {"description": "`true`: the answer of the earlier request with this "
                                                            f"{idempotency.HEADER}", "schema": {"type": "string"}}},
               201: {"Location": {"description": "the new job", "schema": {"type": "string"}}}},
+          token_scope="create",
           responses={201: JobOut, 200: JobOut, 400: ErrorOut, 401: ErrorOut, 402: ErrorOut, 409: ErrorOut,
                      413: ErrorOut, 415: ErrorOut, 422: ErrorOut, 429: ErrorOut}),
     Route("GET", "/v1/jobs", list_jobs, "list_jobs", "The account's jobs, newest first", query=ListQuery,
-          responses={200: JobList, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
-    Route("GET", _JOB, get_job, "get_job", "One job", responses={200: JobOut, **_ERRORS}),
+          token_scope="read", responses={200: JobList, 400: ErrorOut, 401: ErrorOut, 422: ErrorOut}),
+    Route("GET", _JOB, get_job, "get_job", "One job", token_scope="read", responses={200: JobOut, **_ERRORS}),
     Route("POST", f"{_JOB}/cancel", cancel_job, "cancel_job", "Cancel a job (unchanged if already finished)",
           responses={200: JobOut, **_ERRORS}),
     Route("DELETE", _JOB, delete_job, "delete_job", "Delete a job; its assets are removed in the background",
           responses={204: None, **_ERRORS}),
     Route("GET", f"{_JOB}/events", job_events, "job_events", "The job's audit trail",
-          responses={200: Trail, **_ERRORS}),
+          token_scope="read", responses={200: Trail, **_ERRORS}),
 ]

@@ -43,5 +43,5 @@ async def list_models(request: web.Request) -> web.Response:
 ROUTES = [
     Route("GET", "/v1/models", list_models, "list_models",
           "The models this deployment renders with, what each takes and its price per second",
-          responses={200: ModelList, 401: ErrorOut}),
+          token_scope="any", responses={200: ModelList, 401: ErrorOut}),
 ]

@@ -122,8 +122,10 @@ ROUTES = [
           body="image/*",
           response_headers={201: {"Location": {"description": "the upload, to read its status",
                                                "schema": {"type": "string"}}}},
+          token_scope="upload",
           responses={201: UploadOut, 401: ErrorOut, 413: ErrorOut, 415: ErrorOut, 422: ErrorOut, 429: ErrorOut}),
     Route("GET", "/v1/uploads/{upload_id}", get_upload, "get_upload",
           "One upload: whether it is processing, ready or rejected (and why)",
+          token_scope="upload",
           responses={200: UploadOut, 401: ErrorOut, 404: ErrorOut}),
 ]

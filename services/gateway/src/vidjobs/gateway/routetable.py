@@ -17,6 +17,14 @@ ResponseSpec = type[msgspec.Struct] | str | None
 
 
 @dataclass(frozen=True)
+class Access:
+    """Who besides the account's own API key may call a route (see Route)."""
+
+    platform_scope: str | None
+    token_scope: str | None
+
+
+@dataclass(frozen=True)
 class Route:
     method: str
     path: str
@@ -32,6 +40,15 @@ class Route:
     # status -> response header -> its OpenAPI header object, beside the ones every answer carries
     response_headers: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     documented: bool = True
+    # Who may call it besides the account's own API key (and a platform key acting for the account): a route
+    # with `platform_scope` is a platform route, for a platform key with that scope only ("" : any platform
+    # key); `token_scope` lets a browser token with that scope call an account route ("any": every token).
+    platform_scope: str | None = None
+    token_scope: str | None = None
+
+    @property
+    def access(self) -> Access:
+        return Access(self.platform_scope, self.token_scope)
 
 
 def json_response(body: msgspec.Struct, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

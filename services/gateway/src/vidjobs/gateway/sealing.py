@@ -17,6 +17,7 @@ import base64
 import binascii
 import functools
 import hashlib
+import hmac
 import secrets
 from dataclasses import dataclass
 
@@ -139,3 +140,17 @@ def _ring(setting: str) -> Keyring:
 def keyring(settings: Settings) -> Keyring:
     """The ring of these settings, made once per process (every delivery signs with what it opens)."""
     return _ring(settings.secrets_key)
+
+
+@functools.lru_cache(maxsize=8)
+def _subkeys(setting: str, purpose: bytes) -> tuple[tuple[str, bytes], ...]:
+    keys = [_parse_key(part.strip(), n) for n, part in enumerate(setting.split(","), 1)]
+    return tuple((key_id(key), hmac.new(key, b"vidjobs subkey\x00" + purpose, hashlib.sha256).digest())
+                 for key in keys)
+
+
+def subkeys(settings: Settings, purpose: bytes) -> tuple[tuple[str, bytes], ...]:
+    """Keys for another use than sealing (signing browser tokens), each derived from one key of the ring and
+    named by that key's id, the first for signing: replacing VIDJOBS_SECRETS_KEY replaces them too."""
+    keyring(settings)  # refuses a bad setting with the message that says how to make one
+    return _subkeys(settings.secrets_key, purpose)

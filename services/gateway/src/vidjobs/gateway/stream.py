@@ -191,5 +191,5 @@ async def _stream(request: web.Request) -> web.StreamResponse:
 ROUTES = [
     Route("GET", "/v1/jobs/{job_id}/stream", stream_job, "stream_job",
           "Server-Sent Events: `event: job` with the job on connect and on every change; closes when terminal",
-          responses={200: "text/event-stream", 401: ErrorOut, 404: ErrorOut, 429: ErrorOut}),
+          token_scope="read", responses={200: "text/event-stream", 401: ErrorOut, 404: ErrorOut, 429: ErrorOut}),
 ]

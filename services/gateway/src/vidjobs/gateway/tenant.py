@@ -35,12 +35,12 @@ from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.uploads import UploadRow
-from vidjobs.gateway import account_usage, accounts, exports, fallbacks, idempotency, keeping, sealing
+from vidjobs.gateway import account_usage, accounts, browsertokens, exports, fallbacks, idempotency, keeping, sealing
 from vidjobs.gateway.accounts import Account
 from vidjobs.gateway.appwebhooks import endpoints, history, secrets
 from vidjobs.gateway.appwebhooks.endpoints import Endpoint
 from vidjobs.gateway.liveroutes import LiveRoutes
-from vidjobs.gateway.state import ACCOUNT, gateway
+from vidjobs.gateway.state import ACCOUNT, BROWSER_TOKEN, gateway
 from vidjobs.providers.base import ProviderAdapter
 
 Conn = asyncpg.Connection | asyncpg.Pool
@@ -91,6 +91,14 @@ class NoWebhookSecret(CreateRefused):
 
 class KeyedJobDeleted(CreateRefused):
     """The idempotency key names a job made earlier that has been deleted since."""
+
+
+class AccountDisabled(CreateRefused):
+    """The account's platform has disabled it: it may read its jobs, not create any."""
+
+
+class OverTokenCeiling(CreateRefused):
+    """The browser token the job is created through has reserved its credit ceiling."""
 
 
 class AccountState(msgspec.Struct, frozen=True, kw_only=True):
@@ -202,12 +210,14 @@ def _owned(row: asyncpg.Record) -> OwnedJob:
 class Tenant:
     """Reads and changes of one account's jobs, uploads, credit and ledger."""
 
-    __slots__ = ("_adapters", "_estimator", "_routes", "_rt", "account_id")
+    __slots__ = ("_adapters", "_estimator", "_routes", "_rt", "account_id", "token_id")
 
     def __init__(self, rt: Runtime, account_id: str, estimator: Estimator, adapters: dict[str, ProviderAdapter],
-                 routes: LiveRoutes):
+                 routes: LiveRoutes, token_id: str | None = None):
         self._rt = rt
         self.account_id = account_id
+        # The browser token the request came with: its creates count against its credit ceiling.
+        self.token_id = token_id
         self._estimator = estimator  # the process's, whose reads every request and stream share
         self._adapters = adapters  # the process's: which of the account's default fallbacks can take a job
         self._routes = routes  # the process's model routes, read from memory
@@ -244,6 +254,10 @@ class Tenant:
             # Made on purpose by its owner, never here: a secret made silently would be one they never saw.
             if order.webhook_url is not None and not await secrets.has_account_secret(conn, self.account_id):
                 raise NoWebhookSecret(self.account_id)
+            standing = await conn.fetchrow("SELECT disabled_at, max_queued_jobs FROM accounts WHERE id = $1",
+                                           self.account_id)
+            if standing is not None and standing["disabled_at"] is not None:
+                raise AccountDisabled(self.account_id)
             card = await ratecard.current(conn)
             estimate = ratecard.estimate(card, order.request)
             movable = fallbacks.within_quote(card, order.request, await self._fallbacks(conn, order), estimate,
@@ -251,10 +265,16 @@ class Tenant:
             created = await creation.enqueue(conn, account_id=self.account_id, request=order.request,
                                          estimated_credits=estimate, recovery_delay_s=settings.recovery_delay_s,
                                          route=order.route, rate_card_version=card.version,
-                                         max_waiting=settings.max_queued_jobs, metadata=order.metadata,
+                                         max_waiting=_queue_cap(standing, settings.max_queued_jobs),
+                                         metadata=order.metadata,
                                          webhook_url=order.webhook_url, webhook_events=order.webhook_events,
                                          fallback_models=movable, max_wait_s=order.max_wait_s, lane=order.lane,
                                          rerun_of=order.rerun_of)
+            if self.token_id is not None:
+                try:
+                    await browsertokens.spend(conn, self.token_id, estimate, created.job.id)
+                except browsertokens.OverCeiling as over:
+                    raise OverTokenCeiling(str(over)) from over
             if key is not None:
                 await idempotency.remember(conn, self.account_id, key, order.body_hash, created.job.id,
                                            settings.idempotency_ttl_s)
@@ -435,9 +455,16 @@ class Tenant:
         return await credits.entries(self._rt.pool, self.account_id, before_id=before_id, limit=limit)
 
 
+def _queue_cap(standing: asyncpg.Record | None, default: int) -> int:
+    own = None if standing is None else standing["max_queued_jobs"]
+    return default if own is None else own
+
+
 def tenant(request: web.Request) -> Tenant:
     """The caller's tenant. Only routes behind an API key have one: asking on any other is a bug."""
     if ACCOUNT not in request:
         raise RuntimeError(f"route {request.match_info.route.name!r} has no authenticated account")
     gw = gateway(request)
-    return Tenant(gw.rt, request[ACCOUNT].id, gw.estimator, gw.adapters, gw.routes)
+    token = request.get(BROWSER_TOKEN)
+    return Tenant(gw.rt, request[ACCOUNT].id, gw.estimator, gw.adapters, gw.routes,
+                  token_id=None if token is None else token.id)
