@@ -32,11 +32,12 @@ async def platform_key(h: Any, scopes: list[str] | None = None, platform: str | 
 
 async def call(h: Any, key: str, method: str, path: str, body: Any = None,
                headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    """One request, sent again after Retry-After when it is 429, as a product's backend would."""
+    """One request, sent again after Retry-After when its key's rate refused it, as a product's backend would."""
     while True:
         resp = await h.client.request(method, path, json=body, headers={**auth(key), **(headers or {})})
-        if resp.status != 429:
-            return resp.status, (await resp.json() if resp.content_type == "application/json" else None)
+        answer = await resp.json() if resp.content_type == "application/json" else None
+        if resp.status != 429 or answer["error"]["code"] != "rate_limited":
+            return resp.status, answer
         await asyncio.sleep(int(resp.headers["Retry-After"]))
 
 
