@@ -9,6 +9,7 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
+import asyncpg
 import pytest
 
 from tests.gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
@@ -75,7 +76,8 @@ async def test_the_listing_pages_through_every_account_once(h):
         await signup(h, key, f"u{n}")
     seen, cursor = [], None
     while True:
-        status, page = await call(h, key, "GET", "/v1/platform/accounts?limit=3" + (f"&cursor={cursor}" if cursor else ""))
+        query = "?limit=3" + (f"&cursor={cursor}" if cursor else "")
+        status, page = await call(h, key, "GET", f"/v1/platform/accounts{query}")
         assert status == 200, page
         seen += [a["external_id"] for a in page["data"]]
         if (cursor := page["next_cursor"]) is None:
@@ -290,3 +292,18 @@ async def test_a_rotated_key_works_through_its_overlap_and_a_revoked_one_stops(h
 
 async def _platform_refused(h: Any, key: str) -> bool:
     return (await call(h, key, "GET", "/v1/platform"))[0] == 401
+
+
+async def test_credit_moves_only_with_a_live_platform_key_that_holds_the_credits_scope(h):
+    """What keeps a misbehaving service from adding credit: platform_credit hashes the key it is given and
+    checks it, so knowing an account id (or holding EXECUTE) is not enough."""
+    key = await platform_key(h)
+    without = await platform_key(h, ["accounts"])
+    account = await signup(h, key, "guarded")
+    refusals = []
+    for given in ("vjp_forged", without, "", key + "x"):
+        with pytest.raises(asyncpg.InsufficientPrivilegeError) as refused:
+            await h.pool.fetchrow("SELECT * FROM platform_credit($1, $2, 1000, 'k', 'n', 'r')", given, account["id"])
+        refusals.append(refused.value.message)
+    assert all("not a live platform key" in message for message in refusals)
+    assert await h.count("SELECT credits_balance FROM accounts WHERE id = $1", account["id"]) == 0

@@ -272,7 +272,8 @@ async def test_the_credit_functions_run_as_their_owner_on_a_pinned_search_path(p
                 if grants.Privilege.EXECUTE in privileges}
     schema = await pool.fetchval("SELECT current_schema()")
 
-    assert {r["proname"] for r in rows} == declared == {"reserve_job_credit", "settle_job_credit", "reprice_job_credit"}
+    assert {r["proname"] for r in rows} == declared == {"reserve_job_credit", "settle_job_credit", "reprice_job_credit",
+                                                        "platform_credit", "purge_closed_account"}
     for row in rows:
         assert row["schema_owners"] and not row["public_executes"], dict(row)
         assert row["proconfig"] == [f"search_path={schema}, pg_temp"], dict(row)

@@ -19,7 +19,7 @@ import pytest
 import vidjobs.gateway
 from tests.gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
 from tests.imagefiles import png_with_text
-from vidjobs.gateway.state import PUBLIC_ROUTES
+from vidjobs.gateway.state import PUBLIC_ROUTES, ROUTE_ACCESS
 
 GATEWAY_DIR = Path(vidjobs.gateway.__file__).parent
 
@@ -164,10 +164,12 @@ async def h(tmp_path, database_url, nats_url):
 
 
 def tenant_routes(h) -> list[tuple[str, str]]:
-    """(method, path template) of every route the app serves behind an API key."""
-    public = h.app[PUBLIC_ROUTES]
+    """(method, path template) of every route the app serves behind an API key (the platform's routes are
+    tests/test_platform.py's and tests/test_authorization.py's)."""
+    public, access = h.app[PUBLIC_ROUTES], h.app[ROUTE_ACCESS]
     return [(r.method, r.resource.canonical) for r in h.app.router.routes()
-            if r.resource is not None and r.name not in public and r.method != "HEAD"]
+            if r.resource is not None and r.name not in public and r.method != "HEAD"
+            and access[r.name].platform_scope is None]
 
 
 async def call(h, key: str, method: str, path: str) -> tuple[int, str]:

@@ -20,7 +20,7 @@ from vidjobs.common import cancels, credits, ids
 from vidjobs.common.credits import Entry
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL
-from vidjobs.gateway import accounts
+from vidjobs.gateway import accounts, audit, browsertokens
 from vidjobs.gateway.accounts import Account
 
 # Limits an account may hold of its own (each an `accounts` column), and those a plan carries.
@@ -257,3 +257,13 @@ class PlatformAccounts:
             "SELECT id FROM jobs WHERE account_id = $1 AND id = ANY($2::text[]) AND deleted_at IS NULL",
             account_id, job_ids)
         return {r["id"] for r in rows}
+
+    async def audit_trail(self, platform_id: str, *, account_id: str | None, before_id: int | None,
+                          limit: int) -> list[audit.Line]:
+        return await audit.trail(self._rt.pool, platform_id, account_id=account_id, before_id=before_id, limit=limit)
+
+    async def mint_token(self, account_id: str, grant: browsertokens.Grant, *, issuer_kind: str,
+                         issuer_key_id: str) -> tuple[str, str, datetime]:
+        """A browser token for the account (browsertokens.mint): (token id, token, expires at)."""
+        return await browsertokens.mint(self._rt.pool, self._rt.settings, account_id, grant,
+                                        issuer_kind=issuer_kind, issuer_key_id=issuer_key_id)

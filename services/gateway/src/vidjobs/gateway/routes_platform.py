@@ -13,7 +13,7 @@ from aiohttp import web
 
 from vidjobs.common import requestids
 from vidjobs.common.credits import Entry
-from vidjobs.gateway import audit, cursor, fallbacks
+from vidjobs.gateway import cursor, fallbacks
 from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from vidjobs.gateway.bodies import Credits, LedgerPage, LedgerQuery, UsageQuery, UsageReport
 from vidjobs.gateway.decoding import read_json, read_optional_json, read_query
@@ -281,8 +281,8 @@ async def list_plans(request: web.Request) -> web.Response:
 async def get_audit(request: web.Request) -> web.Response:
     query = read_query(request.query, AuditQuery)
     before_id = cursor.decode(query.cursor, cursor.LedgerPosition).id if query.cursor else None
-    lines = await audit.trail(gateway(request).rt.pool, caller(request).platform_id, account_id=query.account_id,
-                              before_id=before_id, limit=query.limit + 1)
+    lines = await gateway(request).platform_accounts.audit_trail(
+        caller(request).platform_id, account_id=query.account_id, before_id=before_id, limit=query.limit + 1)
     page = lines[: query.limit]
     next_cursor = cursor.encode(cursor.LedgerPosition(page[-1].id)) if len(lines) > query.limit else None
     return json_response(AuditPage(data=[AuditEntryOut(**msgspec.structs.asdict(line)) for line in page],

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from vidjobs.gateway import browsertokens
 from vidjobs.gateway.apierrors import ErrorOut, invalid
 from vidjobs.gateway.browsertokens import Grant, TokenScope
 from vidjobs.gateway.decoding import read_optional_json
@@ -29,8 +28,8 @@ async def minted(request: web.Request, account_id: str, body: NewToken, *, issue
             raise invalid(f"jobs: {', '.join(missing[:5])} {'is' if len(missing) == 1 else 'are'} not a job of "
                           "this account")
     grant = Grant(scopes=scopes, job_ids=jobs, credit_ceiling=body.credit_ceiling, ttl_s=body.ttl_s)
-    token_id, token, expires_at = await browsertokens.mint(gw.rt.pool, gw.settings, account_id, grant,
-                                                           issuer_kind=issuer_kind, issuer_key_id=issuer_key_id)
+    token_id, token, expires_at = await gw.platform_accounts.mint_token(account_id, grant, issuer_kind=issuer_kind,
+                                                                        issuer_key_id=issuer_key_id)
     return json_response(TokenOut(id=token_id, token=token, account_id=account_id, scopes=[s.value for s in scopes],
                                   jobs=jobs, credit_ceiling=body.credit_ceiling, expires_at=expires_at),
                          status=201, headers={"Cache-Control": "no-store"})
