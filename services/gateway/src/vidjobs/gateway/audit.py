@@ -13,11 +13,9 @@ from datetime import datetime
 
 import asyncpg
 import msgspec
-from aiohttp import web
 
 from vidjobs.common import requestids
 from vidjobs.gateway.platformkeys import PlatformKey
-from vidjobs.gateway.state import ACCOUNT, gateway
 
 log = logging.getLogger("vidjobs.gateway.audit")
 
@@ -40,15 +38,12 @@ class Line(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str
 
 
-async def record(request: web.Request, caller: PlatformKey, status: int) -> None:
-    account = request.get(ACCOUNT)
-    account_id = account.id if account is not None else request.match_info.get("account_id")
-    action = request.match_info.route.name or "unmatched"
+async def record(pool: asyncpg.Pool, caller: PlatformKey, *, action: str, account_id: str | None, target: str,
+                 status: int) -> None:
     request_id = requestids.current() or ""
     try:
-        await gateway(request).rt.pool.execute(
-            _RECORD, caller.platform_id, caller.id, action, account_id, f"{request.method} {request.path}"[:500],
-            status, request_id)
+        await pool.execute(_RECORD, caller.platform_id, caller.id, action, account_id, target[:500], status,
+                           request_id)
     except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
         log.error("platform action not written to the audit trail", extra={
             "platform_key_id": caller.id, "action": action, "status": status, "error": repr(exc)})

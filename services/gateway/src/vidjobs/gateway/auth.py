@@ -11,7 +11,7 @@ from aiohttp.typedefs import Handler
 
 from vidjobs.gateway import audit, credentials
 from vidjobs.gateway.apierrors import ApiError
-from vidjobs.gateway.state import PLATFORM_KEY, PUBLIC_ROUTES
+from vidjobs.gateway.state import ACCOUNT, PLATFORM_KEY, PUBLIC_ROUTES, gateway
 
 _POLICY = '"per-key"'
 
@@ -55,4 +55,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         status = exc.status
         raise
     finally:
-        await audit.record(request, caller, status)
+        account = request.get(ACCOUNT)
+        await audit.record(gateway(request).rt.pool, caller, action=request.match_info.route.name or "unmatched",
+                           account_id=account.id if account is not None else request.match_info.get("account_id"),
+                           target=f"{request.method} {request.path}", status=status)
