@@ -18,7 +18,8 @@ _INTRO = """# API reference
 
 Generated from the OpenAPI document the gateway serves at `GET /openapi.json` (`python -m
 vidjobs.gateway.apidoc > docs/API.md`); the document is the authority. Every `/v1` route but the provider
-callback route takes `Authorization: Bearer <api key>`. Every answer carries `X-Request-Id`; every answer
+callback route takes a credential as `Authorization: Bearer <credential>` (see Credentials; a product wiring
+vidjobs behind its own users starts at docs/INTEGRATING.md). Every answer carries `X-Request-Id`; every answer
 to a request made with a key carries `RateLimit` and `RateLimit-Policy`. Errors are
 `{"error": {"code", "message", "retryable", "request_id"}}` (the `ErrorBody` schema lists every code). A
 request that meets a part of the service not answering (its database stalled or restarting) is answered
@@ -136,6 +137,28 @@ card (null while no attempt's bill is known); `cost.absorbed_credits`, once the 
 is the part the platform paid and did not charge: the bills of the attempts before the one charged, and what
 that one's bill exceeds the estimate by. The ledger says the same: a job whose settlement absorbed anything
 has an `absorb` entry with that amount in `absorbed`, which changes neither the balance nor the reservation.
+
+## Credentials
+
+Three kinds, told apart by their prefix; each route's `x-vidjobs-access` in the OpenAPI document says which
+may call it, and tests/test_authorization.py checks every route against every kind.
+
+- **An account's API key** (`vj_…`): every account route (`/v1/jobs`, `/v1/uploads`, `/v1/account`, ...),
+  never a platform route (403).
+- **A platform key** (`vjp_…`), made by the operator (`vidjobs platform-keys create --platform NAME --scopes
+  ...`): the `/v1/platform/...` routes its scopes allow (`accounts`, `credits`, `keys`, `tokens`, `usage`;
+  `GET /v1/platform` and `/v1/platform/audit` need none), for the accounts its platform made only (another
+  platform's answers 404). With the `act` scope and `Vidjobs-Account: <account id>` it calls that account's
+  routes as the account would. Every request it makes that may change something is written to the platform's
+  audit trail (`GET /v1/platform/audit`). Rotated with an overlap (`vidjobs platform-keys rotate`), revoked at
+  once (`vidjobs platform-keys revoke`); a revoked or expired key is refused within 5 s on every gateway.
+- **A browser token** (`vjt_…`), minted by the account (`POST /v1/account/tokens`) or its platform (`POST
+  /v1/platform/accounts/{account_id}/tokens`) for 60 s to an hour: what a person's browser holds. Its scopes
+  are `read` (list, read, stream and trail its jobs), `create` (create jobs, within its `credit_ceiling` if
+  it has one) and `upload` (upload input images); any token may list models and ask for estimates. It may be
+  limited to named jobs (and the jobs it creates). On a GET it may come as the `access_token` query parameter,
+  for EventSource, which cannot send a header; nothing else may, and the parameter is never logged. It dies at
+  its expiry, and within 5 s once its issuer's key is revoked or its account deleted.
 
 ## Usage
 

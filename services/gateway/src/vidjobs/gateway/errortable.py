@@ -22,19 +22,27 @@ ANSWERS: dict[Code, Answer] = {
         "field breaks the schema or a rule (an unknown model, a duration it does not render, a missing upload), "
         "and the message names it")),
     GatewayCode.UNAUTHORIZED: Answer((401,), (
-        "no API key, or one that is unknown or revoked; on the provider callback route, a signature that does "
-        "not verify or a timestamp outside the tolerance")),
+        "no credential, or one that is unknown, revoked or expired (an API key, a platform key, a browser "
+        "token whose signature fails, whose time is up, or whose issuer's key was revoked); on the provider "
+        "callback route, a signature that does not verify or a timestamp outside the tolerance")),
     ErrorCode.QUOTA_EXHAUSTED: Answer((402,), (
-        "the account's free credit does not cover the job's estimate, or the job would pass its daily cap or "
-        "its per-job maximum")),
-    GatewayCode.FORBIDDEN: Answer((403,), "a signed file URL that was tampered with or has expired"),
+        "the account's free credit does not cover the job's estimate, or the job would pass its daily cap, its "
+        "per-job maximum or the credit ceiling of the browser token it is created with")),
+    GatewayCode.FORBIDDEN: Answer((403,), (
+        "a live credential that may not call this route: a platform key without the scope the route needs (or "
+        "acting for an account without `act`, or without naming it in `Vidjobs-Account`), an API key on a "
+        "platform route, a browser token without the scope; or a signed file URL that was tampered with or has "
+        "expired")),
+    GatewayCode.ACCOUNT_DISABLED: Answer((403,), (
+        "the account's platform disabled it: its jobs may be read, no job may be made until it is enabled")),
     GatewayCode.NOT_FOUND: Answer((404,), (
         "no such resource for this account; another account's answers exactly the same")),
     GatewayCode.METHOD_NOT_ALLOWED: Answer((405,), "the route does not take this method; `Allow` lists those it does"),
     GatewayCode.CONFLICT: Answer((409,), (
         "an `Idempotency-Key` used before with a different body, or for a job since deleted; a retry of a "
         "webhook delivery while one is under way; a rerun of a deleted job; keeping a job that is not "
-        "completed")),
+        "completed; a credit change whose `idempotency_key` was used for another amount, or a take-back that "
+        "would leave less than the account has reserved")),
     GatewayCode.UPLOAD_NOT_READY: Answer((409,), (
         "a job names an upload the media worker has not decoded yet (`retryable`, with `Retry-After`); "
         "`GET /v1/uploads/{id}` says when it is `ready`")),

@@ -88,7 +88,18 @@ def _operation(route: Route, schema_of: dict[type, Any], components: dict[str, A
     }
     if route.body is not None:
         op["requestBody"] = {"required": route.body_required, "content": _content(route.body, schema_of)}
+    if route.auth:
+        op["x-vidjobs-access"] = _access(route)
     return op
+
+
+def _access(route: Route) -> dict[str, Any]:
+    """Which credentials may call the route (gateway/credentials.py): a platform key with `platform_scope`
+    (a platform route), or the account's key, a platform acting for the account, and a browser token with
+    `token_scope` (an account route)."""
+    if route.platform_scope is not None:
+        return {"platform_scope": route.platform_scope or None}
+    return {"account": True, "token_scope": route.token_scope}
 
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:([^#]*)(?:#\s*(.+))?$")
@@ -172,7 +183,9 @@ def document(routes: list[Route]) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer", "description": "API key"}},
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "an API key (vj_), a platform key (vjp_) or a browser "
+                                                          "token (vjt_); see x-vidjobs-access"}},
         },
     }
 

@@ -43,7 +43,7 @@ class AccountLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, om
     daily_spend_cap: SpendCap | None | UnsetType = UNSET  # credits committed per UTC day; null: no cap
     max_job_credits: JobMax | None | UnsetType = UNSET  # the most one job may be estimated at; null: no maximum
     requests_per_s: Rate | None | UnsetType = UNSET  # API requests per second per key; null: the platform default
-    request_burst: Burst | None | UnsetType = UNSET
+    request_burst: Burst | None | UnsetType = UNSET  # requests at once after a quiet spell; null: the platform default
     storage_quota_bytes: QuotaBytes | None | UnsetType = UNSET  # what kept clips may hold; null: the default
     fallback_models: Fallbacks | UnsetType = UNSET  # default fallbacks of its jobs that name none
 
@@ -53,7 +53,7 @@ class CreatePlatformAccount(AccountLimits, kw_only=True, forbid_unknown_fields=T
     answered (200) and nothing changes."""
 
     external_id: ExternalId
-    name: AccountName = ""
+    name: AccountName = ""  # a name to show; the external_id when left out
     plan: PlanName | None = None  # a plan's limits; limits given beside it override them
 
 
@@ -61,110 +61,110 @@ class PatchPlatformAccount(AccountLimits, kw_only=True, forbid_unknown_fields=Tr
     """Body of `PATCH /v1/platform/accounts/{account_id}`. A plan sets every limit it carries; a limit given
     here (with or without a plan) is the account's own and takes it off its plan."""
 
-    name: AccountName | UnsetType = UNSET
+    name: AccountName | UnsetType = UNSET  # a new name to show
     plan: PlanName | UnsetType = UNSET
 
 
 class PlatformLimitsOut(msgspec.Struct, kw_only=True):
-    concurrent_jobs: int
+    concurrent_jobs: int  # renders in flight at once
     max_queued_jobs: int | None  # null: the platform default
-    daily_spend_cap: int | None
-    max_job_credits: int | None
+    daily_spend_cap: int | None  # credits committed per UTC day; null: no cap
+    max_job_credits: int | None  # the most one job may be estimated at; null: no maximum
     requests_per_s: float | None  # null: the platform default
-    request_burst: int | None
-    storage_quota_bytes: int | None
+    request_burst: int | None  # null: the platform default
+    storage_quota_bytes: int | None  # what kept clips may hold; null: the platform default
 
 
 class PlatformAccountOut(msgspec.Struct, kw_only=True):
-    id: str
+    id: str  # the account's id: name it in paths and in Vidjobs-Account
     external_id: str | None  # null for an account the operator made
-    name: str
+    name: str  # its name
     plan: str | None  # null: limits of its own
-    status: Literal["active", "disabled"]
-    disabled_at: datetime | None
-    created_at: datetime
-    credits: Credits
-    limits: PlatformLimitsOut
-    fallback_models: list[str]
+    status: Literal["active", "disabled"]  # active, or disabled (it may read, not create)
+    disabled_at: datetime | None  # when it was disabled; null while active
+    created_at: datetime  # when it was made
+    credits: Credits  # its credit now
+    limits: PlatformLimitsOut  # its own limits (null: the platform default)
+    fallback_models: list[str]  # default fallbacks of its jobs that name none
 
 
 class PlatformAccountPage(msgspec.Struct, kw_only=True):
     data: list[PlatformAccountOut]  # oldest first
-    next_cursor: str | None
+    next_cursor: str | None  # pass as `cursor` for the next page; null on the last
 
 
 class PlatformAccountsQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     external_id: ExternalId | None = None  # only the account of this user
-    limit: Annotated[int, Meta(ge=1, le=100)] = 20
-    cursor: str | None = None
+    limit: Annotated[int, Meta(ge=1, le=100)] = 20  # accounts per page, 1-100
+    cursor: str | None = None  # next_cursor of the previous page
 
 
 class DisableAccount(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/platform/accounts/{account_id}/disable`. Waiting jobs are canceled and their credit
     released either way; running ones finish (`finish`) or are stopped (`stop`)."""
 
-    running: Literal["finish", "stop"] = "finish"
-    reason: Reason = ""
+    running: Literal["finish", "stop"] = "finish"  # its running jobs: finish them, or stop them
+    reason: Reason = ""  # why, for the canceled jobs' trail
 
 
 class DisabledOut(msgspec.Struct, kw_only=True):
-    account: PlatformAccountOut
+    account: PlatformAccountOut  # the account as it is now
     jobs_canceled: list[str]  # jobs this call canceled
 
 
 class DeletedAccountOut(msgspec.Struct, kw_only=True):
-    id: str
+    id: str  # the account
     status: Literal["deleting", "deleted"]  # deleting: its jobs are ending and its data being removed
-    jobs_canceled: list[str]
-    keys_revoked: int
+    jobs_canceled: list[str]  # live jobs this call canceled
+    keys_revoked: int  # API keys this call revoked
 
 
 class CreditChange(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/platform/accounts/{account_id}/credits`."""
 
-    action: Literal["grant", "take_back"]
+    action: Literal["grant", "take_back"]  # grant adds credit; take_back removes unreserved credit
     amount: CreditAmount
     idempotency_key: IdempotencyKey
-    reason: Reason = ""
+    reason: Reason = ""  # kept in the ledger entry's note
 
 
 class CreditChangeOut(msgspec.Struct, kw_only=True):
-    entry: LedgerEntryOut
+    entry: LedgerEntryOut  # the ledger entry of the change
     replayed: bool  # true: an earlier call with this idempotency key made it; nothing changed now
-    credits: Credits
+    credits: Credits  # the account's credit now
 
 
 class Plan(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `PUT /v1/platform/plans/{plan}`: every account on the plan takes these limits at once."""
 
-    concurrent_jobs: Concurrency = 2
-    max_queued_jobs: QueuedJobs | None = None
-    daily_spend_cap: SpendCap | None = None
-    max_job_credits: JobMax | None = None
+    concurrent_jobs: Concurrency = 2  # renders in flight at once
+    max_queued_jobs: QueuedJobs | None = None  # jobs waiting for a slot; null: the platform default
+    daily_spend_cap: SpendCap | None = None  # credits committed per UTC day; null: no cap
+    max_job_credits: JobMax | None = None  # the most one job may be estimated at; null: no maximum
     fallback_models: Fallbacks = []
 
 
 class PlanOut(Plan, kw_only=True):
-    name: str
+    name: str  # the plan's name
     accounts: int  # accounts on it
-    updated_at: datetime
+    updated_at: datetime  # when its limits last changed
 
 
 class PlanList(msgspec.Struct, kw_only=True):
-    data: list[PlanOut]
+    data: list[PlanOut]  # the platform's plans, by name
 
 
 class NewKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    name: Annotated[str, Meta(max_length=100)] = ""
+    name: Annotated[str, Meta(max_length=100)] = ""  # a name to recognise the key by
 
 
 class KeyOut(msgspec.Struct, kw_only=True):
-    id: str
-    name: str
-    prefix: str
-    created_at: datetime
-    last_used_at: datetime | None
-    revoked_at: datetime | None
+    id: str  # the key's id, to revoke it
+    name: str  # its name
+    prefix: str  # the key's first characters, enough to recognise it
+    created_at: datetime  # when it was made
+    last_used_at: datetime | None  # when it was last used; null: never
+    revoked_at: datetime | None  # when it was revoked; null: live
 
 
 class NewKeyOut(KeyOut, kw_only=True):
@@ -172,12 +172,13 @@ class NewKeyOut(KeyOut, kw_only=True):
 
 
 class KeyList(msgspec.Struct, kw_only=True):
-    data: list[KeyOut]
+    data: list[KeyOut]  # the account's keys, oldest first
 
 
 class NewToken(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/account/tokens` and `POST /v1/platform/accounts/{account_id}/tokens`."""
 
+    # what the token may do: read, create, upload (at least one)
     scopes: Annotated[list[TokenScope], Meta(min_length=1, max_length=3)] = msgspec.field(
         default_factory=lambda: [TokenScope.READ])
     # only these jobs (and those it creates); left out: every job of the account
@@ -188,41 +189,41 @@ class NewToken(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class TokenOut(msgspec.Struct, kw_only=True):
-    id: str
+    id: str  # the token's grant, as the audit and logs name it
     token: str  # send as `Authorization: Bearer <token>`, or as `?access_token=` on a GET (EventSource)
-    account_id: str
-    scopes: list[str]
-    jobs: list[str] | None
-    credit_ceiling: int | None
-    expires_at: datetime
+    account_id: str  # the account whose jobs it reaches
+    scopes: list[str]  # what it may do
+    jobs: list[str] | None  # the jobs it is limited to (and those it creates); null: every job of the account
+    credit_ceiling: int | None  # what its creates may reserve together; null: no ceiling of its own
+    expires_at: datetime  # when it stops working
 
 
 class AuditEntryOut(msgspec.Struct, kw_only=True):
-    id: int
-    at: datetime
+    id: int  # its place in the trail
+    at: datetime  # when it was answered
     platform_key_id: str  # who
     action: str  # what: the route's name (e.g. `create_platform_account`, or an account route acted for)
-    account_id: str | None
+    account_id: str | None  # the account it concerned, if any
     target: str  # the path it was asked on
     status: int  # how it was answered
-    request_id: str
+    request_id: str  # the request's X-Request-Id
 
 
 class AuditPage(msgspec.Struct, kw_only=True):
     data: list[AuditEntryOut]  # newest first
-    next_cursor: str | None
+    next_cursor: str | None  # pass as `cursor` for the next page; null on the last
 
 
 class AuditQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    account_id: AccountId | None = None
-    limit: Annotated[int, Meta(ge=1, le=100)] = 50
-    cursor: str | None = None
+    account_id: AccountId | None = None  # only the lines about this account
+    limit: Annotated[int, Meta(ge=1, le=100)] = 50  # lines per page, 1-100
+    cursor: str | None = None  # next_cursor of the previous page
 
 
 class PlatformOut(msgspec.Struct, kw_only=True):
     """`GET /v1/platform`: who the key is."""
 
-    platform_id: str
-    platform: str
-    key_id: str
-    scopes: list[str]
+    platform_id: str  # the platform's id
+    platform: str  # the platform's name, as the operator made it
+    key_id: str  # this key's id, as the audit trail names it
+    scopes: list[str]  # what this key may do
