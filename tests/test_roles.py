@@ -303,3 +303,46 @@ async def test_a_migrator_older_than_the_schema_leaves_the_grants_alone(database
 
     assert Privilege.DELETE in kept["media"].get("accounts", frozenset()), "an older migrator took a newer grant back"
     assert restored == GRANTS
+
+
+async def test_a_platforms_whole_flow_runs_on_the_gateways_own_role(tmp_path, database_url, nats_url, logins, caplog):
+    """Every statement a platform's calls make (accounts made with their limits, plans, credit through
+    platform_credit, keys, tokens, acting for an account, disabling, closing and the purge) is within the
+    gateway role's grants: each answer is the expected one, and PostgreSQL refused nothing."""
+    from tests.gateway_harness import JOB_BODY, gateway_settings, running_gateway
+    from tests.test_platform import ALL_SCOPES, call, grant, signup
+    from vidjobs.cli import platforms
+
+    admin = await asyncpg.connect(database_url)
+    try:
+        key = (await platforms.create(admin, f"roles-{secrets.token_hex(3)}", ALL_SCOPES))[1]
+    finally:
+        await admin.close()
+    settings = gateway_settings(tmp_path, logins["gateway"], nats_url)
+    async with running_gateway(settings) as h:
+        put = await call(h, key, "PUT", "/v1/platform/plans/pro", {"concurrent_jobs": 3, "fallback_models": []})
+        account = await signup(h, key, "role-user", plan="pro", max_queued_jobs=10)
+        acting = {"Vidjobs-Account": account["id"]}
+        answers = {
+            "plan": put[0],
+            "grant": (await grant(h, key, account["id"], 1000, "g1"))[0],
+            "take back": (await grant(h, key, account["id"], 100, "g2", action="take_back"))[0],
+            "patch": (await call(h, key, "PATCH", f"/v1/platform/accounts/{account['id']}",
+                                 {"concurrent_jobs": 2, "name": "Ada"}))[0],
+            "key": (await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/keys", {}))[0],
+            "token": (await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/tokens",
+                                 {"scopes": ["read", "create"], "credit_ceiling": 500}))[0],
+            "job": (await call(h, key, "POST", "/v1/jobs", JOB_BODY, acting))[0],
+            "disable": (await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/disable", {}))[0],
+            "enable": (await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/enable"))[0],
+            "audit": (await call(h, key, "GET", "/v1/platform/audit"))[0],
+            "delete": (await call(h, key, "DELETE", f"/v1/platform/accounts/{account['id']}"))[0],
+        }
+
+        async def purged() -> bool:
+            return await h.count("SELECT count(*) FROM accounts WHERE id = $1", account["id"]) == 0
+        await wait_until(purged, within=30, what="the account purged on the gateway's role")
+
+    assert answers == {"plan": 200, "grant": 201, "take back": 201, "patch": 200, "key": 201, "token": 201,
+                       "job": 201, "disable": 200, "enable": 200, "audit": 200, "delete": 202}
+    assert "permission denied" not in caplog.text
