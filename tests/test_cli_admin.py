@@ -36,6 +36,10 @@ async def _add_jobs(pool, account_id: str) -> None:
     )
 
 
+# An account the operator made: no platform, no plan, its own limits, never disabled by a platform.
+OPERATORS = {"platform_id": None, "external_id": None, "plan": None, "max_queued_jobs": None, "disabled_at": None}
+
+
 async def test_accounts_create_list_and_set(vidjobs, pool):
     made, plain = await asyncio.gather(
         vidjobs("accounts", "create", "acme", "--credits", "500", "--concurrency", "3", "--daily-cap", "2000",
@@ -56,12 +60,12 @@ async def test_accounts_create_list_and_set(vidjobs, pool):
     assert rows["acme"] == {
         "id": acme.id, "name": "acme", "concurrent_jobs": 3, "credits_balance": 500, "credits_reserved": 0,
         "daily_spend_cap": 2000, "max_job_credits": 300, "requests_per_s": 2.5, "request_burst": 5,
-        "fallback_models": [], "storage_quota_bytes": None, "live_keys": 1, "active_jobs": 1,
+        "fallback_models": [], "storage_quota_bytes": None, "live_keys": 1, "active_jobs": 1, **OPERATORS,
     }
     assert rows["plain"] | {"id": None} == {
         "id": None, "name": "plain", "concurrent_jobs": 2, "credits_balance": 10_000, "credits_reserved": 0,
         "daily_spend_cap": None, "max_job_credits": None, "requests_per_s": None, "request_burst": None,
-        "fallback_models": [], "storage_quota_bytes": None, "live_keys": 1, "active_jobs": 0,
+        "fallback_models": [], "storage_quota_bytes": None, "live_keys": 1, "active_jobs": 0, **OPERATORS,
     }
     header, *lines = table.out.splitlines()
     assert header.split()[:4] == ["id", "name", "balance", "reserved"] and "active jobs" in header

@@ -168,6 +168,8 @@ async def test_a_per_account_queue_cap_refuses_the_next_waiting_job(h):
     first = await call(h, key, "POST", "/v1/jobs", JOB_BODY, acting)
     second = await call(h, key, "POST", "/v1/jobs", JOB_BODY, acting)
     assert first[0] == 201 and second[0] == 429, second
+    _, own = await call(h, key, "GET", "/v1/account", headers=acting)
+    assert own["limits"]["max_queued_jobs"] == 1
 
 
 async def test_a_disabled_account_reads_but_cannot_create_and_its_waiting_jobs_are_canceled(h):
@@ -184,6 +186,9 @@ async def test_a_disabled_account_reads_but_cannot_create_and_its_waiting_jobs_a
     assert (await call(h, key, "GET", f"/v1/jobs/{job['id']}", headers=acting))[1]["status"] == "canceled"
     status, refused = await call(h, key, "POST", "/v1/jobs", JOB_BODY, acting)
     assert status == 403 and refused["error"]["code"] == "account_disabled"
+    upload = await h.client.post("/v1/uploads", data=b"\x89PNG", headers={**auth(key), **acting,
+                                                                           "Content-Type": "image/png"})
+    assert upload.status == 403 and (await upload.json())["error"]["code"] == "account_disabled"
     await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/enable")
     assert (await call(h, key, "POST", "/v1/jobs", JOB_BODY, acting))[0] == 201
 

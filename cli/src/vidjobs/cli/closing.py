@@ -9,8 +9,9 @@ has removed objects and no rows, or everything: run again, it finishes.
 The rows are found by the schema, not by a list kept here: every table with an `account_id` column, every
 table with a `job_id` column (rows about the account's jobs), deleted children before parents. A table
 added later is purged without a change here. Left alone: the outbox (ids only, gone once published; a
-provider stop request for a just-canceled job must still go out) and the provider callback inbox (raw
-callbacks keyed by the provider's ids, removed by its own retention).
+provider stop request for a just-canceled job must still go out), the provider callback inbox (raw
+callbacks keyed by the provider's ids, removed by its own retention), and a platform's audit trail (its
+record of what it did about the account, which holds only the account's id).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import msgspec
 
 from vidjobs.common import cancels
 from vidjobs.common.states import SQL_TERMINAL
+from vidjobs.gateway.purges import KEPT
 from vidjobs.storage.base import Storage, account_prefix
 
 SETTLE_POLL_S = 0.5
@@ -133,6 +135,7 @@ async def purge_order(conn: asyncpg.Connection) -> list[str]:
         WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'
           AND c.column_name IN ('account_id', 'job_id')
         """)} | {"jobs", "accounts"}
+    tables -= KEPT  # a platform's own record of what it did about the account
     references = await conn.fetch(
         """
         SELECT child.relname AS child, parent.relname AS parent FROM pg_constraint f

@@ -78,6 +78,11 @@ def invalid(message: str, *, status: int = 422) -> ApiError:
     return ApiError(status, ErrorCode.INVALID_INPUT, message)
 
 
+def account_disabled() -> ApiError:
+    return ApiError(403, GatewayCode.ACCOUNT_DISABLED, "this account is disabled by its platform: its jobs may be "
+                    "read, and nothing new made, until it is enabled again")
+
+
 def not_found(what: str = "job") -> ApiError:
     return ApiError(404, GatewayCode.NOT_FOUND, f"no such {what}")
 

@@ -50,7 +50,8 @@ async def get_account(request: web.Request) -> web.Response:
                         available=found.credits_balance - found.credits_reserved),
         limits=Limits(concurrent_jobs=found.concurrent_jobs, daily_spend_cap=found.daily_spend_cap,
                       max_job_credits=found.max_job_credits, requests_per_s=rate, request_burst=burst,
-                      max_queued_jobs=settings.max_queued_jobs, max_open_streams=settings.max_streams_per_account,
+                      max_queued_jobs=_own(found.max_queued_jobs, settings.max_queued_jobs),
+                      max_open_streams=settings.max_streams_per_account,
                       max_open_streams_per_key=settings.max_streams_per_key,
                       max_uploads_per_day=settings.max_uploads_per_day, max_body_bytes=settings.max_body_bytes,
                       max_upload_bytes=settings.upload_max_bytes,
@@ -76,6 +77,10 @@ async def patch_account(request: web.Request) -> web.Response:
         owner = tenant(request)
         await owner.set_fallback_models(fallbacks.account_default(gw.adapters, owner.resolve, patch.fallback_models))
     return await get_account(request)
+
+
+def _own(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def entry_out(entry: Entry) -> LedgerEntryOut:

@@ -17,7 +17,7 @@ from vidjobs.common.jobs import JobRequest, Lane
 from vidjobs.common.states import JobStatus
 from vidjobs.common.uploads import UploadStatus
 from vidjobs.gateway import cursor, fallbacks, idempotency
-from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, invalid, not_found
+from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, account_disabled, invalid, not_found
 from vidjobs.gateway.appwebhooks import urls
 from vidjobs.gateway.bodies import (
     DEFAULT_JOB_EVENTS,
@@ -136,8 +136,7 @@ def refused(err: Exception) -> ApiError:
         case NoWebhookSecret():
             return invalid(NO_WEBHOOK_SECRET)
         case AccountDisabled():
-            return ApiError(403, GatewayCode.ACCOUNT_DISABLED, "this account is disabled by its platform: its jobs "
-                            "may be read, and no new job made, until it is enabled again")
+            return account_disabled()
         case OverTokenCeiling():
             return ApiError(402, ErrorCode.QUOTA_EXHAUSTED, str(err))
         case KeyedJobDeleted():
