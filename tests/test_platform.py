@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.gateway_harness import JOB_BODY, assert_error, auth, gateway_settings, running_gateway
+from tests.gateway_harness import JOB_BODY, assert_error, auth, completed_job, gateway_settings, running_gateway
 from tests.support import wait_until
 from vidjobs.cli import platforms
 from vidjobs.gateway.platformkeys import Scope
@@ -130,6 +130,8 @@ async def test_a_bad_credit_change_is_a_4xx_naming_its_field(h, body, field):
     status, answer = await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/credits", body)
     assert status == 422 and field in answer["error"]["message"], answer
     assert await h.count("SELECT count(*) FROM credit_ledger WHERE account_id = $1", account["id"]) == 0
+    assert await h.count("SELECT count(*) FROM jobs WHERE account_id = $1", account["id"]) == 0
+    assert [o async for o in h.gw.storage.list_prefix(f"accounts/{account['id']}/")] == []
 
 
 async def test_a_bad_external_id_is_a_422_naming_it(h):
@@ -260,14 +262,20 @@ async def test_a_deleted_account_is_closed_then_purged(h):
     account = await signup(h, key, "leaving")
     await grant(h, key, account["id"], 1000, "g")
     _, issued = await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/keys")
+    done = await completed_job(h, account["id"])
+    _, waiting = await call(h, key, "POST", "/v1/jobs", JOB_BODY, {"Vidjobs-Account": account["id"]})
+    stored = [o async for o in h.gw.storage.list_prefix(f"accounts/{account['id']}/")]
 
     status, deleted = await call(h, key, "DELETE", f"/v1/platform/accounts/{account['id']}")
 
-    assert status == 202 and deleted["keys_revoked"] == 1
+    assert status == 202 and deleted["keys_revoked"] == 1 and deleted["jobs_canceled"] == [waiting["id"]]
+    assert len(stored) == 2 and done.status == "completed"
     assert (await call(h, key, "GET", f"/v1/platform/accounts/{account['id']}"))[0] == 404
     assert (await call(h, key, "POST", "/v1/platform/accounts/" + account["id"] + "/tokens"))[0] == 404
     await wait_until(lambda: _gone(h, account["id"]), within=30, what="the account purged")
     assert await h.count("SELECT count(*) FROM credit_ledger WHERE account_id = $1", account["id"]) == 0
+    assert await h.count("SELECT count(*) FROM jobs WHERE account_id = $1", account["id"]) == 0
+    assert [o async for o in h.gw.storage.list_prefix(f"accounts/{account['id']}/")] == []
     # The platform's record of what it did stays.
     _, trail = await call(h, key, "GET", f"/v1/platform/audit?account_id={account['id']}")
     assert ("delete_platform_account", 202) in [(line["action"], line["status"]) for line in trail["data"]]

@@ -40,7 +40,6 @@ from vidjobs.gateway import (
     sealing,
     stream,
 )
-from vidjobs.gateway import purges as purges_module
 from vidjobs.gateway.access import request_id_middleware, stamp_request_id
 from vidjobs.gateway.apierrors import ErrorOut, error_middleware
 from vidjobs.gateway.appwebhooks import deliveries, resealing, urls
@@ -224,8 +223,8 @@ async def _deliver_app_webhooks(gw: Gateway, stack: contextlib.AsyncExitStack) -
 def _purge_closed_accounts(gw: Gateway, stack: contextlib.AsyncExitStack) -> None:
     """Purge the accounts platforms deleted, once their jobs have ended (purges.py)."""
     purges = Purges(gw.rt, gw.storage, gw.platform_accounts)
-    sweeping = every(gw.rt, purges_module.EVERY_S, _uncounted(purges.sweep), "account purge")
-    stack.push_async_callback(_stop, gw.rt.watch(sweeping, "account-purges"))
+    gw.poke_purges = purges.poke
+    stack.push_async_callback(_stop, gw.rt.watch(purges.run(), "account-purges"))
 
 
 async def _closing(app: web.Application) -> None:

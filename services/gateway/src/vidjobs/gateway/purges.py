@@ -10,13 +10,16 @@ nothing of its user.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from graphlib import TopologicalSorter
 
 import asyncpg
 
+from vidjobs.common import faults
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_TERMINAL
+from vidjobs.common.waits import set_within
 from vidjobs.gateway.platform_accounts import PlatformAccounts
 from vidjobs.storage.base import Storage, account_prefix
 
@@ -55,6 +58,25 @@ class Purges:
         self._rt = rt
         self._storage = storage
         self._accounts = accounts
+        self._wake = asyncio.Event()
+
+    def poke(self) -> None:
+        """Look now: an account was just closed (its jobs may all have ended already)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Sweep every EVERY_S, and at once when poked, until the runtime stops; a failed pass is logged and
+        the next one tries again."""
+        while not self._rt.stop.is_set():
+            self._wake.clear()
+            try:
+                await self.sweep()
+            except Exception as exc:
+                if faults.is_infrastructure(exc):
+                    log.warning("account purge could not run; trying again next pass", extra={"error": repr(exc)})
+                else:
+                    log.exception("account purge failed; trying again next pass")
+            await set_within(self._wake, EVERY_S)
 
     async def sweep(self) -> int:
         """Purge every closed account that is ready; returns how many were purged."""

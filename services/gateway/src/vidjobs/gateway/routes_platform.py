@@ -181,6 +181,7 @@ async def delete_account(request: web.Request) -> web.Response:
     closed = await gw.platform_accounts.close(caller(request).platform_id, account_id)
     if closed is None:
         raise not_found("account")
+    gw.poke_purges()
     return json_response(DeletedAccountOut(id=account_id, status="deleting", keys_revoked=closed[0],
                                            jobs_canceled=closed[1]), status=202)
 

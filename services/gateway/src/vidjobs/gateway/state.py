@@ -48,6 +48,7 @@ class Gateway:
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     # Wakes the delivery of webhooks to apps now rather than at its next look (appwebhooks.deliveries.Deliverer).
     poke_deliveries: Callable[[], None] = lambda: None
+    poke_purges: Callable[[], None] = lambda: None  # the purge of deleted accounts looks now (purges.py)
 
 
 SETTINGS = web.AppKey("settings", Settings)
