@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 import msgspec
 
-from vidjobs.common import cancels, credits, ids
+from vidjobs.common import cancels, credits, db, ids
 from vidjobs.common.credits import Entry
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL
@@ -94,7 +94,7 @@ class PlatformAccounts:
             found = await conn.fetchrow(_ACCOUNT + " AND external_id = $2", platform_id, external_id)
             if found is not None:
                 return _platform_account(found), False
-            values = await self._plan_limits(conn, platform_id, plan) if plan is not None else {}
+            values = await self._plan_limits(db.lent(conn), platform_id, plan) if plan is not None else {}
             values.update(limits)
             values.update(name=name or external_id, plan=plan)
             names = sorted(values)
@@ -107,6 +107,7 @@ class PlatformAccounts:
                 account_id, platform_id, external_id, *(values[n] for n in names))
             if row is None:  # a racing call with the same external_id made it first
                 row = await conn.fetchrow(_ACCOUNT + " AND external_id = $2", platform_id, external_id)
+                assert row is not None, "the conflicting row is there once the insert has waited for it"
                 return _platform_account(row), False
             return _platform_account(row), True
 
@@ -132,7 +133,7 @@ class PlatformAccounts:
         async with self._rt.pool.acquire() as conn, conn.transaction():
             values: dict[str, Any] = {}
             if plan is not None:
-                values.update(await self._plan_limits(conn, platform_id, plan), plan=plan)
+                values.update(await self._plan_limits(db.lent(conn), platform_id, plan), plan=plan)
             elif set(changes) & set(ACCOUNT_LIMITS):
                 values["plan"] = None
             values.update(changes)
@@ -203,6 +204,7 @@ class PlatformAccounts:
         if row is None or row["entry_id"] is None:
             return None
         entry = await self._rt.pool.fetchrow("SELECT * FROM credit_ledger WHERE id = $1", row["entry_id"])
+        assert entry is not None, "a ledger entry is never removed but with its account"
         return msgspec.convert(dict(entry), Entry), row["replayed"]
 
     async def ledger(self, account_id: str, *, before_id: int | None, limit: int) -> list[Entry]:
