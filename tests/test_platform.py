@@ -12,9 +12,10 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.gateway_harness import JOB_BODY, assert_error, auth, completed_job, gateway_settings, running_gateway
+from tests.gateway_harness import JOB_BODY, assert_error, auth, completed_job, drive, gateway_settings, running_gateway
 from tests.support import wait_until
 from vidjobs.cli import platforms
+from vidjobs.common.states import JobStatus
 from vidjobs.gateway.platformkeys import Scope
 
 ALL_SCOPES = [s.value for s in Scope]
@@ -263,13 +264,14 @@ async def test_a_deleted_account_is_closed_then_purged(h):
     await grant(h, key, account["id"], 1000, "g")
     _, issued = await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/keys")
     done = await completed_job(h, account["id"])
+    expired = await drive(h.pool, (await completed_job(h, account["id"])).id, JobStatus.EXPIRED)
     _, waiting = await call(h, key, "POST", "/v1/jobs", JOB_BODY, {"Vidjobs-Account": account["id"]})
     stored = [o async for o in h.gw.storage.list_prefix(f"accounts/{account['id']}/")]
 
     status, deleted = await call(h, key, "DELETE", f"/v1/platform/accounts/{account['id']}")
 
     assert status == 202 and deleted["keys_revoked"] == 1 and deleted["jobs_canceled"] == [waiting["id"]]
-    assert len(stored) == 2 and done.status == "completed"
+    assert len(stored) == 4 and done.status == "completed" and expired.status == "expired"
     assert (await call(h, key, "GET", f"/v1/platform/accounts/{account['id']}"))[0] == 404
     assert (await call(h, key, "POST", "/v1/platform/accounts/" + account["id"] + "/tokens"))[0] == 404
     await wait_until(lambda: _gone(h, account["id"]), within=30, what="the account purged")

@@ -165,7 +165,7 @@ BEGIN
         RETURN NULL;
     END IF;
     IF EXISTS (SELECT 1 FROM jobs WHERE account_id = p_account_id AND deleted_at IS NULL
-               AND status NOT IN ('completed', 'failed', 'canceled'))
+               AND status NOT IN ('completed', 'failed', 'canceled', 'expired'))
        OR EXISTS (SELECT 1 FROM media_copies c JOIN jobs j ON j.id = c.job_id
                   WHERE j.account_id = p_account_id AND c.expires_at > clock_timestamp()) THEN
         RAISE EXCEPTION 'purge_closed_account refuses: % still has live jobs or renders being copied', p_account_id
