@@ -81,7 +81,7 @@ def _credential(request: web.Request) -> tuple[str, web.Request]:
     if request.method not in ("GET", "HEAD") or not browsertokens.is_token(query[0]):
         raise unauthorized(f"{QUERY_TOKEN} carries a browser token on a GET only; send API and platform keys "
                            "as `Authorization: Bearer <key>`")
-    return query[0], request.clone(rel_url=request.rel_url.without_query(QUERY_TOKEN))
+    return query[0], request.clone(rel_url=request.rel_url.without_query_params(QUERY_TOKEN))
 
 
 async def admit(request: web.Request) -> web.Request:
