@@ -1,6 +1,7 @@
 """The web page in a real browser (headless Chromium, driven over the DevTools protocol): a person saves a key,
 renders, watches honest stages arrive live over the stream, plays the result, and finds it again after
-closing the tab. Skipped where no Chromium is installed."""
+closing the tab; or, sent by a product with a browser token in the link, watches (and perhaps starts) their
+own jobs and is asked for a new link once the token dies. Skipped where no Chromium is installed."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,12 +22,21 @@ import msgspec
 import pytest
 from PIL import Image
 
-from tests.gateway_harness import Harness, decode_upload, drive, gateway_settings, running_gateway, store_outputs
+from tests.gateway_harness import (
+    Harness,
+    auth,
+    decode_upload,
+    drive,
+    gateway_settings,
+    running_gateway,
+    store_outputs,
+)
 from tests.support import wait_until
 from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate
 from vidjobs.fakeprovider.clips import ClipSpec, encode
+from vidjobs.gateway import accounts, browsertokens
 
 CHROMIUM = next(filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None)
 if CHROMIUM is None and os.environ.get("CI"):
@@ -192,6 +203,12 @@ async def test_a_person_renders_and_watches_the_stages_live(h, browser):
     await browser.until("document.getElementById('thumbnail').naturalWidth === 64", "the thumbnail to load")
     assert await browser.js("document.getElementById('result').hidden") is False
     assert await browser.js(f"!!document.querySelector('#jobs li[data-id=\"{job_id}\"]')")
+    # The stream was opened with a token minted for this job, read-only; the key itself was in no URL.
+    minted = await h.pool.fetch("SELECT scopes, job_ids, issuer_kind FROM browser_tokens WHERE account_id = $1",
+                                account_id)
+    assert [tuple(r) for r in minted] == [(["read"], [job_id], "api_key")]
+    urls = await browser.js("[location.href, ...performance.getEntriesByType('resource').map(e => e.name)]")
+    assert not [url for url in urls if key in url]
 
     # Closing the tab loses nothing: a fresh visit shows the job where it stands.
     await browser.open("about:blank")
@@ -461,3 +478,123 @@ async def test_render_again_reruns_the_job_shown_and_follows_the_new_one(h, brow
         == [True, False]  # a live job is canceled, not rendered again
     await browser.until(f"!!{_item(again)}", "the new job in the list")
     assert await browser.js("localStorage.getItem('vidjobs.job')") == again
+
+
+# ---- a link with a browser token (/#token=vjt_…&job=job_…) -------------------------------------------------
+
+# Every use the page's scripts make of localStorage, recorded from before they run.
+_LOCAL_STORAGE_SPY = """
+window.localStorageUse = [];
+for (const name of ["getItem", "setItem", "removeItem", "clear", "key"]) {
+  const real = Storage.prototype[name];
+  Storage.prototype[name] = function (...args) {
+    if (this === window.localStorage) window.localStorageUse.push([name, ...args]);
+    return real.apply(this, args);
+  };
+}
+"""
+REFUSED = "document.getElementById('link-refused')"
+SHOWN = "['key-section', 'create-section', 'job', 'list-section'].filter(id => !document.getElementById(id).hidden)"
+
+
+async def _token(h: Harness, key: str, scopes: list[str], jobs: list[str] | None = None) -> dict:
+    """A browser token, as a product's backend mints one for a person (POST /v1/account/tokens)."""
+    resp = await h.client.post("/v1/account/tokens", json={"scopes": scopes, "jobs": jobs, "ttl_s": 600},
+                               headers=auth(key))
+    assert resp.status == 201, await resp.text()
+    return await resp.json()
+
+
+async def test_a_link_follows_its_job_live_and_keeps_no_key(h, browser):
+    account_id, key = await h.account()
+    _, job = await h.post_job(key, prompt="a fox, sent by the app")
+    job_id = job["id"]
+    token = (await _token(h, key, ["read"], jobs=[job_id]))["token"]
+    await browser.send("Page.enable")
+    await browser.send("Page.addScriptToEvaluateOnNewDocument", source=_LOCAL_STORAGE_SPY)
+
+    await browser.open(f"{h.settings.gateway_url}/#token={token}&job={job_id}")
+    await browser.until(f"document.getElementById('job-title').textContent === '{job_id}'", "the linked job")
+    assert await browser.until(CURRENT_STAGE, "a stage") == "queued"
+    # The token left the address bar at once (no history entry holds it), and nothing asks for a key.
+    assert await browser.js("[location.href, location.hash, history.length]") == [
+        h.settings.gateway_url + "/", "", 2]
+    assert await browser.js(SHOWN) == ["job", "list-section"]
+    assert await browser.js("document.getElementById('credits').textContent") == ""
+    # The workers' moves reach the page over the stream the token opened.
+    for status, stage in [(JobStatus.SUBMITTED, "submitted"), (JobStatus.PROCESSING, "rendering"),
+                          (JobStatus.DOWNLOADING, "downloading")]:
+        await drive(h.pool, job_id, status)
+        await browser.until(f"{CURRENT_STAGE} === '{stage}'", f"the page to show {stage}")
+    outputs = await store_outputs(h, account_id, job_id, video=encode(ClipSpec(320, 180, 1.0, 7)),
+                                  thumbnail=_jpeg())
+    await drive(h.pool, job_id, JobStatus.COMPLETED, update=JobUpdate(actual_credits=30), outputs=outputs)
+    await browser.until(f"{CURRENT_STAGE} === 'ready'", "the page to show ready")
+    await browser.until("document.getElementById('thumbnail').naturalWidth === 64", "the thumbnail to load")
+    # What a token may not do is not offered: the token may not cancel, render again or delete.
+    assert await browser.js("[document.getElementById('cancel').hidden, document.getElementById('rerun').hidden, "
+                            "document.querySelectorAll('#jobs .delete').length]") == [True, True, 0]
+    # Limited to its job, it may not list the account's: the list is the link's job.
+    await browser.until(f"{LISTED} === 1 && !!{_item(job_id)}", "the linked job in the list")
+
+    assert await browser.js("window.localStorageUse") == []
+
+    # A reload keeps the link for this tab; the page still holds no key, and never touched localStorage.
+    await browser.open(h.settings.gateway_url + "/")
+    await browser.until(f"{CURRENT_STAGE} === 'ready'", "the job again after a reload")
+    assert await browser.js("[window.localStorageUse, localStorage.length]") == [[], 0]
+    assert json.loads(await browser.js("sessionStorage.getItem('vidjobs.link')"))["token"] == token
+
+
+async def _asks_for_a_new_link(browser: Browser) -> None:
+    shown = await browser.until(f"!{REFUSED}.hidden && {REFUSED}.innerText", "the page to ask for a new link")
+    assert "no longer valid" in shown and "Ask the app for a new link." in shown
+    assert await browser.js(SHOWN) == []  # nothing else: no key form, no form, no job, no list
+
+
+async def test_an_expired_or_revoked_link_asks_for_a_new_one(h, browser):
+    account_id, key = await h.account()
+    _, job = await h.post_job(key)
+    minted = await _token(h, key, ["read"], jobs=[job["id"]])
+    # The same grant, as its link reads once its signed expiry has passed.
+    expired = browsertokens.sign(h.settings, browsertokens.Claims(minted["id"], account_id, int(time.time()) - 1))
+    await browser.open(f"{h.settings.gateway_url}/#token={expired}&job={job['id']}")
+    await _asks_for_a_new_link(browser)
+
+    # Alive, but the key that minted it was revoked since.
+    revoked = await _token(h, key, ["read"], jobs=[job["id"]])
+    await accounts.revoke_key(h.pool, (await accounts.list_keys(h.pool, account_id))[0].id)
+    await browser.open("about:blank")
+    await browser.open(f"{h.settings.gateway_url}/#token={revoked['token']}&job={job['id']}")
+    await _asks_for_a_new_link(browser)
+
+
+async def test_a_read_only_link_cannot_create_and_a_creating_one_can(h, browser):
+    account_id, key = await h.account()
+    read_only = await _token(h, key, ["read"])
+    await browser.open(f"{h.settings.gateway_url}/#token={read_only['token']}")
+    note = "document.getElementById('link-no-create')"
+    assert "cannot start new ones" in await browser.until(f"!{note}.hidden && {note}.textContent", "why not")
+    assert await browser.js("[document.getElementById('create-section').hidden, "
+                            "document.getElementById('render').disabled]") == [True, True]
+    # Even submitted by a script, the form sends nothing.
+    await browser.js("document.getElementById('prompt').value = 'x';"
+                     "document.getElementById('job-form').requestSubmit()")
+    assert await h.count("SELECT count(*) FROM jobs WHERE account_id = $1", account_id) == 0
+
+    # The app links the same tab to a token that may create (only the fragment changes): the form is offered,
+    # and the job it makes is followed and listed, though the token names no job of its own.
+    creating = await _token(h, key, ["read", "create"], jobs=[])
+    await browser.send("Page.navigate", url=f"{h.settings.gateway_url}/#token={creating['token']}")
+    # (The link's section is shown as the script starts, the form once the token is known to create.)
+    await browser.until("!document.getElementById('link-section').hidden && "
+                        "!document.getElementById('create-section').hidden", "the form")
+    assert await browser.js(f"{note}.hidden") is True
+    # Without `upload`, it takes no image.
+    assert await browser.js("[document.getElementById('image').disabled, "
+                            "document.getElementById('image-need').textContent]") == [
+        True, "(this link cannot upload images)"]
+    job_id = await _render(browser, "made through a link")
+    assert (await h.get(key, f"/v1/jobs/{job_id}"))[1]["prompt"] == "made through a link"
+    assert await browser.until(CURRENT_STAGE, "the new job followed") == "queued"
+    await browser.until(f"!!{_item(job_id)}", "the new job in the list")

@@ -114,3 +114,24 @@ async def test_an_id_that_is_not_a_job_id_never_becomes_a_subject(h):
         resp = await h.client.get(f"/v1/jobs/{job_id}/stream", headers=auth(key))
         assert resp.status == 404, job_id
     assert change_subscriptions(h) == []
+
+
+async def test_a_browser_token_in_access_token_opens_its_jobs_stream_and_nothing_more(h):
+    """EventSource cannot send a header: a browser token may come as `access_token` on a GET, and the route
+    then reads its query without it. An API key may not, nor may a token on any other method."""
+    key = await h.key()
+    _, job = await h.post_job(key)
+    resp = await h.client.post("/v1/account/tokens", json={"scopes": ["read"], "ttl_s": 60}, headers=auth(key))
+    token = (await resp.json())["token"]
+
+    resp = await h.client.get(f"/v1/jobs/{job['id']}/stream", params={"access_token": token})
+    assert resp.status == 200 and await read_event(resp) == ("job", job)
+    resp.close()
+    resp = await h.client.get("/v1/jobs", params={"limit": "1", "access_token": token})
+    assert resp.status == 200 and [j["id"] for j in (await resp.json())["data"]] == [job["id"]]
+
+    resp = await h.client.get(f"/v1/jobs/{job['id']}", params={"access_token": key})
+    assert resp.status == 401
+    assert_error(await resp.json(), "unauthorized", "access_token")
+    resp = await h.client.post(f"/v1/jobs/{job['id']}/cancel", params={"access_token": token})
+    assert resp.status == 401

@@ -1,9 +1,12 @@
 // The vidjobs page: submit a render and follow it live. The server owns the job; this page only shows it,
 // so closing the tab loses nothing: on return it reads the job's current state and follows it again.
 //
-// Progress comes over GET /v1/jobs/{id}/stream (Server-Sent Events). EventSource cannot send an
-// Authorization header, and putting the key in the URL would leak it into logs and history, so the stream
-// is read with fetch() and parsed here.
+// It calls the API with one of two credentials:
+// - a link's browser token: a product sends a person to /#token=vjt_…&job=job_… (see takeLink). The page
+//   then never asks for, reads or stores an API key, and offers only what the token may do;
+// - an API key, typed into the page and kept in localStorage, for an operator or a developer.
+// Progress comes over GET /v1/jobs/{id}/stream (Server-Sent Events), opened with a browser token in its URL
+// (see "following a job" below); an API key never goes in a URL.
 "use strict";
 
 const STAGES = ["queued", "submitted", "rendering", "downloading", "ready"];
@@ -11,7 +14,10 @@ const TERMINAL = new Set(["completed", "failed", "canceled", "expired"]);
 const ENDED_BADLY = new Set(["failed", "canceled", "expired"]);
 const KEY_STORE = "vidjobs.key";
 const JOB_STORE = "vidjobs.job";
+const LINK_STORE = "vidjobs.link";
 const PAGE_SIZE = 10;
+const STREAM_TOKEN_TTL_S = 900; // the read-only token minted to stream one job with an API key
+const LINK_REFUSED = "This link has expired or is no longer valid. Ask the app for a new link.";
 
 // What a person can do about each error code (libs/common/errors.py); the message says what happened.
 const ADVICE = {
@@ -29,7 +35,7 @@ const ADVICE = {
 };
 
 const $ = (id) => document.getElementById(id);
-let following = null; // AbortController of the stream being read
+let following = null; // the stream being read: {jobId, source (an EventSource), timer, delay, stopped}
 let pendingCreate = null; // {body, key}: a retried press of Render reuses its Idempotency-Key
 let pendingRerun = null; // {jobId, key}: likewise for a retried press of Render again
 let models = new Map(); // id -> the model as GET /v1/models describes it
@@ -37,6 +43,61 @@ let image = null; // {file, upload: Promise of the upload}: the chosen image, up
 let announced = ""; // the stage last read out, so progress updates do not repeat it
 let listGeneration = 0; // a reload of the list outdates any page still on its way
 let nextCursor = null;
+let listLinked = false; // the list shows the link's jobs one by one: its token may not list the account's
+
+// ---- credentials ------------------------------------------------------------------------------------------
+
+// A link: /#token=vjt_…&job=job_… (`job` may come more than once; the first is opened). A fragment never
+// reaches a server, a log or a Referer, and the page takes it out of the address bar at once, so it is not left
+// in the history, a bookmark, or an address copied from the page. The token is kept in sessionStorage and not
+// in localStorage: it lasts as long as this tab (a reload keeps it, now that the address no longer holds it)
+// and no longer, no other tab reads it, and nothing of it is left for whoever uses this browser next, where
+// localStorage would keep it after the tab is closed, for every later visit. It is a credential as much as a
+// key is, only a short-lived and narrow one.
+function takeLink() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  if (params.has("token")) {
+    history.replaceState(history.state, "", location.pathname + location.search);
+    const token = params.get("token");
+    const jobs = params.getAll("job").flatMap((j) => j.split(",")).filter((j) => /^job_[\w-]+$/.test(j));
+    // Anything but a browser token (an API key pasted into a link, say) is not kept, not even here.
+    sessionStorage.setItem(LINK_STORE, JSON.stringify({ token: token.startsWith("vjt_") ? token : "", jobs }));
+    sessionStorage.removeItem(JOB_STORE); // a new link opens its own job
+  }
+  try {
+    return JSON.parse(sessionStorage.getItem(LINK_STORE));
+  } catch {
+    return null;
+  }
+}
+
+const link = takeLink(); // {token, jobs} in link mode, else null
+// What the link's token may do, as found out at start (checkAbilities); an API key may do everything here.
+const may = { create: !link, upload: !link };
+// In link mode the current job is kept for this tab only, like the token; localStorage is not touched.
+const jobStore = link ? sessionStorage : localStorage;
+
+function apiKey() {
+  return localStorage.getItem(KEY_STORE) || "";
+}
+
+function credential() {
+  return link ? link.token : apiKey();
+}
+
+function rememberLinkedJob(jobId) {
+  if (!link || link.jobs.includes(jobId)) return;
+  link.jobs.push(jobId);
+  sessionStorage.setItem(LINK_STORE, JSON.stringify(link));
+}
+
+// The token was refused (401: expired, or its issuer's key revoked, or the account closed): nothing on the page
+// works any more, and the only remedy is a new link from the app.
+function linkRefused() {
+  stopFollowing();
+  $("link-refused").hidden = false;
+  for (const id of ["link-note", "link-no-create", "create-section", "job", "list-section"]) $(id).hidden = true;
+}
 
 class ApiError extends Error {
   constructor(status, body) {
@@ -46,15 +107,12 @@ class ApiError extends Error {
   }
 }
 
-function apiKey() {
-  return localStorage.getItem(KEY_STORE) || "";
-}
-
 async function api(path, options = {}) {
-  const headers = { Authorization: `Bearer ${apiKey()}`, ...(options.headers || {}) };
+  const headers = { Authorization: `Bearer ${credential()}`, ...(options.headers || {}) };
   const resp = await fetch(path, { ...options, headers });
   if (resp.status === 204) return null;
   const body = await resp.json().catch(() => null);
+  if (resp.status === 401 && link) linkRefused();
   if (!resp.ok) throw new ApiError(resp.status, body);
   return body;
 }
@@ -70,7 +128,9 @@ function randomKey() {
 }
 
 function explain(err) {
-  if (err instanceof ApiError && err.status === 401) return "The API key was not accepted. Check it above.";
+  if (err instanceof ApiError && err.status === 401) {
+    return link ? LINK_REFUSED : "The API key was not accepted. Check it above.";
+  }
   return err.message || String(err);
 }
 
@@ -107,14 +167,18 @@ function offerFormats(model) {
   fillSelect($("duration"), (format?.durations_s || model.durations_s).map(String), "5");
 }
 
+function offerImage(inputImage) {
+  $("image").disabled = inputImage === "none" || !may.upload;
+  $("image").required = inputImage === "required" && !image && may.upload;
+  if ((inputImage === "none" || !may.upload) && image) clearImage();
+  const need = { none: "(not taken by this model)", optional: "(optional)", required: "(required)" };
+  $("image-need").textContent = may.upload ? need[inputImage] || "" : "(this link cannot upload images)";
+}
+
 function offerInputs(model) {
   $("seed").disabled = !model.seed;
   $("negative-prompt").disabled = !model.negative_prompt;
-  $("image").disabled = model.input_image === "none";
-  $("image").required = model.input_image === "required" && !image;
-  if (model.input_image === "none" && image) clearImage();
-  const need = { none: "(not taken by this model)", optional: "(optional)", required: "(required)" };
-  $("image-need").textContent = need[model.input_image] || "";
+  offerImage(model.input_image);
 }
 
 function describeModel(model) {
@@ -338,8 +402,9 @@ function renderJob(job) {
   $("job-status").textContent = statusLine(job);
   $("job-cost").textContent = costLine(job.cost);
   renderFailure(job);
-  $("cancel").hidden = TERMINAL.has(job.status);
-  $("rerun").hidden = !TERMINAL.has(job.status);
+  // A browser token may not cancel or render again (nor delete): those stay with the app.
+  $("cancel").hidden = !!link || TERMINAL.has(job.status);
+  $("rerun").hidden = !!link || !TERMINAL.has(job.status);
   $("job-rerun-of").hidden = !job.rerun_of;
   $("job-rerun-of").textContent = job.rerun_of ? `Renders ${job.rerun_of} again.` : "";
   renderResult(job);
@@ -350,84 +415,117 @@ function showGone(jobId) {
   $("job-title").textContent = jobId;
   $("job-status").textContent = "";
   $("job-cost").textContent = "";
-  showProblem("This job no longer exists (deleted, or it belongs to another key).");
+  showProblem(link ? "This job no longer exists, or this link does not show it."
+    : "This job no longer exists (deleted, or it belongs to another key).");
   $("cancel").hidden = true;
   $("rerun").hidden = true;
   $("result").hidden = true;
-  localStorage.removeItem(JOB_STORE);
+  jobStore.removeItem(JOB_STORE);
 }
 
 function forget(jobId) {
-  if (localStorage.getItem(JOB_STORE) !== jobId) return;
-  if (following) following.abort();
-  following = null;
-  localStorage.removeItem(JOB_STORE);
+  if (jobStore.getItem(JOB_STORE) !== jobId) return;
+  stopFollowing();
+  jobStore.removeItem(JOB_STORE);
   $("job").hidden = true;
 }
 
 // ---- following a job over Server-Sent Events --------------------------------------------------------
+//
+// The stream is read with EventSource, which cannot send an Authorization header: it is opened with a browser
+// token in `access_token`, the one credential the gateway takes in a URL (on a GET, and it logs the path
+// only). In link mode that is the link's token; with an API key, the page mints a token for this one job,
+// read-only, for 15 minutes, so the key itself never goes in a URL (where a proxy's log or the history could
+// keep it), and what could leak is worth one job's progress for minutes.
+// This page used to read the stream with fetch() and the key in a header, parsing the events and reconnecting
+// itself. EventSource is the simpler of the two now that a token is at hand in either mode: the browser parses
+// the events and reconnects by itself after a dropped connection, after the delay the server asks for
+// (`retry:`). What it does not tell is why a connection was refused (it gives up and says nothing more), so
+// then the page asks GET /v1/jobs/{id} with the header: 401, 404 or the job, which says whether to reconnect.
 
-function parseEvents(buffer, onEvent) {
-  // Events end with a blank line; a trailing partial event stays in the buffer for the next chunk.
-  const blocks = buffer.split(/\r?\n\r?\n/);
-  const rest = blocks.pop();
-  for (const block of blocks) {
-    let name = "message";
-    const data = [];
-    for (const line of block.split(/\r?\n/)) {
-      if (line.startsWith(":")) continue; // keepalive comment
-      const [field, ...value] = line.split(":");
-      const text = value.join(":").replace(/^ /, "");
-      if (field === "event") name = text;
-      else if (field === "data") data.push(text);
-    }
-    if (data.length) onEvent(name, data.join("\n"));
-  }
-  return rest;
-}
+const streamTokens = new Map(); // job id -> {token, until}: tokens minted to stream one job with an API key
 
-async function readStream(jobId, signal) {
-  const resp = await fetch(`${jobPath(jobId)}/stream`, {
-    headers: { Authorization: `Bearer ${apiKey()}`, Accept: "text/event-stream" },
-    signal,
+async function streamToken(jobId) {
+  if (link) return link.token;
+  const kept = streamTokens.get(jobId);
+  if (kept && kept.until - Date.now() > 60_000) return kept.token;
+  const minted = await api("/v1/account/tokens", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ scopes: ["read"], jobs: [jobId], ttl_s: STREAM_TOKEN_TTL_S }),
   });
-  if (!resp.ok) throw new ApiError(resp.status, await resp.json().catch(() => null));
-  const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buffer = "";
-  let last = null;
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return last;
-    buffer = parseEvents(buffer + value, (name, data) => {
-      if (name !== "job") return;
-      last = JSON.parse(data);
-      if (!signal.aborted) renderJob(last);
-    });
-  }
+  // Timed by this browser's clock, not the server's expires_at: a clock that is off cannot keep a dead token.
+  streamTokens.set(jobId, { token: minted.token, until: Date.now() + STREAM_TOKEN_TTL_S * 1000 });
+  return minted.token;
 }
 
-async function follow(jobId) {
-  if (following) following.abort();
-  const controller = new AbortController();
-  following = controller;
-  localStorage.setItem(JOB_STORE, jobId);
-  let delay = 1000;
-  while (!controller.signal.aborted) {
-    try {
-      const last = await readStream(jobId, controller.signal);
-      if (last && TERMINAL.has(last.status)) return refreshAccount();
-      // The stream ended early (server restart, or the job was deleted): look before reconnecting.
-      renderJob(await api(jobPath(jobId)));
-      delay = 1000;
-    } catch (err) {
-      if (controller.signal.aborted) return;
-      if (err instanceof ApiError && err.status === 404) return showGone(jobId);
-      if (err instanceof ApiError && err.status === 401) return showProblem(explain(err));
-      $("job-status").textContent = `connection lost; reconnecting in ${delay / 1000} s`;
-      await new Promise((r) => setTimeout(r, delay));
-      delay = Math.min(delay * 2, 15000);
-    }
+function stopFollowing() {
+  if (!following) return;
+  following.stopped = true;
+  following.source?.close();
+  clearTimeout(following.timer);
+  following = null;
+}
+
+function follow(jobId) {
+  stopFollowing();
+  following = { jobId, source: null, timer: null, delay: 1000, stopped: false };
+  jobStore.setItem(JOB_STORE, jobId);
+  openStream(following);
+}
+
+async function openStream(run) {
+  let token;
+  try {
+    token = await streamToken(run.jobId);
+  } catch (err) {
+    if (run.stopped) return;
+    if (err instanceof ApiError) return showProblem(explain(err));
+    return retryLater(run); // the network, not the key
   }
+  if (run.stopped) return;
+  const source = new EventSource(`${jobPath(run.jobId)}/stream?access_token=${encodeURIComponent(token)}`);
+  run.source = source;
+  source.addEventListener("job", (event) => {
+    if (run.stopped) return;
+    const job = JSON.parse(event.data);
+    run.delay = 1000;
+    renderJob(job);
+    if (TERMINAL.has(job.status)) {
+      source.close(); // the server ends the stream now; EventSource would open it again
+      refreshAccount();
+    }
+  });
+  source.addEventListener("error", () => {
+    if (run.stopped) return;
+    if (source.readyState === EventSource.CONNECTING) {
+      $("job-status").textContent = "connection lost; reconnecting…"; // the browser is on it
+      return;
+    }
+    source.close(); // refused, or not a stream: the browser gave up
+    recheck(run);
+  });
+}
+
+async function recheck(run) {
+  try {
+    const job = await api(jobPath(run.jobId));
+    if (run.stopped) return;
+    renderJob(job);
+    if (TERMINAL.has(job.status)) return;
+  } catch (err) {
+    if (run.stopped) return;
+    if (err instanceof ApiError && err.status === 404) return showGone(run.jobId);
+    if (err instanceof ApiError && (err.status === 401 || err.status === 403)) return showProblem(explain(err));
+  }
+  streamTokens.delete(run.jobId); // in case it was the token that died: the next connection mints another
+  retryLater(run);
+}
+
+function retryLater(run) {
+  $("job-status").textContent = `connection lost; reconnecting in ${run.delay / 1000} s`;
+  run.timer = setTimeout(() => openStream(run), run.delay);
+  run.delay = Math.min(run.delay * 2, 15000);
 }
 
 // ---- recent jobs and the account ---------------------------------------------------------------------
@@ -502,11 +600,12 @@ function openButton(job) {
 function actions(job, li) {
   const box = element("span", "actions");
   if (job.outputs?.video_url) {
-    const link = element("a", "download", "Download");
-    link.href = job.outputs.video_url;
-    link.download = `${job.id}.mp4`;
-    box.append(link);
+    const download = element("a", "download", "Download");
+    download.href = job.outputs.video_url;
+    download.download = `${job.id}.mp4`;
+    box.append(download);
   }
+  if (link) return box; // a browser token may not delete
   const remove = element("button", "delete secondary", "Delete");
   remove.type = "button";
   remove.setAttribute("aria-label", `Delete job ${job.id}`);
@@ -533,13 +632,35 @@ function listQuery() {
   return params;
 }
 
+// A token limited to some jobs may not list the account's (403): the list is then those jobs, read one by
+// one, newest first, filtered here.
+async function linkedJobs() {
+  const found = await Promise.all(link.jobs.map((id) => api(jobPath(id)).catch(() => null)));
+  const shown = $("status-filter").value.split(",");
+  const data = found.filter((job) => job && (!shown[0] || shown.includes(job.status)))
+    .sort((a, b) => b.created_at.localeCompare(a.created_at));
+  return { data, next_cursor: null };
+}
+
+async function jobsPage(params) {
+  if (!listLinked) {
+    try {
+      return await api(`/v1/jobs?${params}`);
+    } catch (err) {
+      if (!(link && err instanceof ApiError && err.status === 403)) throw err;
+      listLinked = true;
+    }
+  }
+  return linkedJobs();
+}
+
 async function loadJobs(more) {
-  if (!apiKey()) return [];
+  if (!credential()) return [];
   const generation = more ? listGeneration : ++listGeneration;
   const params = listQuery();
   if (more) params.set("cursor", nextCursor);
   try {
-    const page = await api(`/v1/jobs?${params}`);
+    const page = await jobsPage(params);
     if (generation !== listGeneration) return [];
     // A job created since the first page was read may shift one onto the next page as well.
     const items = page.data.filter((job) => !(more && listedItem(job.id))).map(listItem);
@@ -591,6 +712,7 @@ async function deleteJob(job, li) {
 }
 
 async function refreshAccount() {
+  if (link) return; // a browser token may not read the account
   try {
     const acct = await api("/v1/account");
     const free = acct.credits.balance - acct.credits.reserved;
@@ -644,23 +766,29 @@ async function submit(body) {
 async function createJob(event) {
   event.preventDefault();
   $("form-error").textContent = "";
+  if (!may.create) return showAbilities();
   $("render").disabled = true;
   try {
     const job = await submit(requestBody(await uploadedImageId()));
+    rememberLinkedJob(job.id); // a token limited to some jobs sees the ones it creates too
     renderJob(job);
     refreshList();
     follow(job.id);
   } catch (err) {
     // A network failure keeps the key: pressing Render again cannot make a second job.
     if (err instanceof ApiError) pendingCreate = null;
+    if (link && err instanceof ApiError && err.status === 403) {
+      may.create = false;
+      showAbilities();
+    }
     $("form-error").textContent = explain(err);
   } finally {
-    $("render").disabled = false;
+    $("render").disabled = !may.create;
   }
 }
 
 async function cancelJob() {
-  const jobId = localStorage.getItem(JOB_STORE);
+  const jobId = jobStore.getItem(JOB_STORE);
   if (!jobId) return;
   try {
     renderJob(await api(`${jobPath(jobId)}/cancel`, { method: "POST" }));
@@ -671,7 +799,7 @@ async function cancelJob() {
 
 // The job shown, rendered again as a new job (POST /v1/jobs/{id}/rerun), which the page then follows.
 async function rerunJob() {
-  const jobId = localStorage.getItem(JOB_STORE);
+  const jobId = jobStore.getItem(JOB_STORE);
   if (!jobId) return;
   if (!pendingRerun || pendingRerun.jobId !== jobId) pendingRerun = { jobId, key: randomKey() };
   $("rerun").disabled = true;
@@ -694,16 +822,65 @@ async function rerunJob() {
 
 function saveKey(event) {
   event.preventDefault();
+  if (link) return; // a link's page never takes a key
   localStorage.setItem(KEY_STORE, $("api-key").value.trim());
   start();
 }
 
+// What the link's token may do. No route tells a token its own grant (GET /v1/account is not open to tokens),
+// so the page asks the routes themselves, in ways that change nothing: a token without a route's scope is
+// refused (403) before its request is read, and one with it gets the route's own answer: 404 for an upload
+// that does not exist, 422 for an empty create (checked before anything is written or reserved).
+async function lacksScope(path, options) {
+  try {
+    await api(path, options);
+    return false;
+  } catch (err) {
+    return err instanceof ApiError && (err.status === 401 || err.status === 403);
+  }
+}
+
+async function checkAbilities() {
+  const [noCreate, noUpload] = await Promise.all([
+    lacksScope("/v1/jobs", { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" }),
+    lacksScope("/v1/uploads/upl_none"),
+  ]);
+  may.create = !noCreate;
+  may.upload = !noUpload;
+  applyModel();
+  showAbilities();
+}
+
+function showAbilities() {
+  if (!$("link-refused").hidden) return;
+  $("create-section").hidden = !may.create;
+  $("render").disabled = !may.create;
+  $("link-no-create").hidden = may.create;
+  if (!may.upload) offerImage(models.get($("model").value)?.input_image); // even were the models not read
+}
+
+function startWithLink() {
+  $("key-section").hidden = true;
+  $("link-section").hidden = false;
+  $("create-section").hidden = true; // until the token is known to create
+  if (!link.token) return linkRefused();
+  const jobId = jobStore.getItem(JOB_STORE) || link.jobs[0];
+  if (jobId) {
+    $("job").hidden = false;
+    follow(jobId);
+  }
+  loadModels();
+  refreshList();
+  checkAbilities();
+}
+
 function start() {
+  if (link) return startWithLink();
   $("api-key").value = apiKey();
   if (!apiKey()) return;
   loadModels();
   refreshList();
-  const jobId = localStorage.getItem(JOB_STORE);
+  const jobId = jobStore.getItem(JOB_STORE);
   if (jobId) {
     $("job").hidden = false;
     follow(jobId);
@@ -721,5 +898,9 @@ document.addEventListener("DOMContentLoaded", () => {
   $("refresh").addEventListener("click", refreshList);
   $("status-filter").addEventListener("change", refreshList);
   $("more").addEventListener("click", loadMore);
+  // A new link opened in this tab while the page is showing changes only the fragment: take it and start over.
+  window.addEventListener("hashchange", () => {
+    if (new URLSearchParams(location.hash.slice(1)).has("token") && takeLink()) location.reload();
+  });
   start();
 });
