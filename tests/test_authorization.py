@@ -61,6 +61,7 @@ TABLE: dict[str, Row] = {
     "create_upload": Row(account=True, token="upload"), "get_upload": Row(account=True, token="upload"),
     "get_account": ACCOUNT, "update_account": ACCOUNT, "get_ledger": ACCOUNT, "get_usage": ACCOUNT,
     "create_account_token": ACCOUNT,
+    "get_token": Row(token="any"),  # a token's own grant: for tokens only
     "get_platform": platform(""), "get_platform_audit": platform(""),
     "create_platform_account": platform("accounts"), "list_platform_accounts": platform("accounts"),
     "get_platform_account": platform("accounts"), "update_platform_account": platform("accounts"),
@@ -98,7 +99,7 @@ def _platform(scopes: set[str], acting: bool) -> Callable[[Row, bool], str]:
             if acting:
                 return "400"  # a platform route names its account in its path, never in the header
             return "ok" if row.platform == "" or row.platform in scopes else "403"
-        return "ok" if acting and "act" in scopes else "403"
+        return "ok" if acting and "act" in scopes and row.account else "403"
     return expect
 
 

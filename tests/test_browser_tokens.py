@@ -227,3 +227,16 @@ async def _follow(http: aiohttp.ClientSession, url: str) -> list[str]:
                 seen.append(event[1]["status"])
     return seen
 
+
+
+async def test_a_token_reads_its_own_grant_and_nothing_else_may(h):
+    account_id, key = await h.account()
+    minted = await mint(h, key, scopes=["create", "read"], credit_ceiling=500, ttl_s=120)
+    await call(h, minted["token"], "POST", "/v1/jobs", JOB_BODY)
+
+    status, grant = await call(h, minted["token"], "GET", "/v1/token")
+
+    assert status == 200 and grant["id"] == minted["id"] and grant["account_id"] == account_id
+    assert grant["scopes"] == ["create", "read"] and grant["credit_ceiling"] == 500 and grant["credits_used"] == 50
+    assert grant["expires_at"] == minted["expires_at"] and "token" not in grant
+    assert (await call(h, key, "GET", "/v1/token"))[0] == 403

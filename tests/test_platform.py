@@ -228,6 +228,7 @@ async def test_acting_for_reaches_only_the_named_account_and_is_audited(h):
     _, trail = await call(h, key, "GET", f"/v1/platform/audit?account_id={alice['id']}")
     actions = [(line["action"], line["status"]) for line in trail["data"]]
     assert ("create_job", 201) in actions and ("change_platform_account_credit", 201) in actions
+    assert ("create_platform_account", 201) in actions  # named by the account it made
     assert all(line["request_id"] and line["platform_key_id"].startswith("pk_") for line in trail["data"])
 
 

@@ -11,7 +11,7 @@ from aiohttp.typedefs import Handler
 
 from vidjobs.gateway import audit, credentials
 from vidjobs.gateway.apierrors import ApiError
-from vidjobs.gateway.state import ACCOUNT, PLATFORM_KEY, PUBLIC_ROUTES, gateway
+from vidjobs.gateway.state import ACCOUNT, AUDITED_ACCOUNT, PLATFORM_KEY, PUBLIC_ROUTES, gateway
 
 _POLICY = '"per-key"'
 
@@ -57,5 +57,6 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     finally:
         account = request.get(ACCOUNT)
         await audit.record(gateway(request).rt.pool, caller, action=request.match_info.route.name or "unmatched",
-                           account_id=account.id if account is not None else request.match_info.get("account_id"),
+                           account_id=account.id if account is not None
+                           else request.get(AUDITED_ACCOUNT) or request.match_info.get("account_id"),
                            target=f"{request.method} {request.path}", status=status)

@@ -39,6 +39,7 @@ ACTING_FOR = "Vidjobs-Account"  # the header naming the account a platform key a
 QUERY_TOKEN = "access_token"  # a browser token on a GET, for EventSource (RFC 6750 section 2.3)
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="vidjobs"'}
 _ANY_ROUTE = Access(platform_scope=None, token_scope="any")  # an unmatched path: 404 for any live credential
+_TOKENS_ONLY = "this route shows a browser token its own grant; call it with the token"
 
 # The key's bucket as this request left it, for the RateLimit headers of its answer.
 RATE = web.RequestKey("rate", ratelimit.Admission)
@@ -110,6 +111,8 @@ async def _as_account(request: web.Request, token: str, access: Access) -> None:
         raise rate_limited(admission.rate_per_s, admission.burst, admission.retry_after_s)
     if access.platform_scope is not None:
         raise forbidden("this route is for a platform key (vjp_…); an account's API key may not call it")
+    if not access.account:
+        raise forbidden(_TOKENS_ONLY)
     named = request.headers.get(ACTING_FOR)
     if named is not None and named != admission.account.id:
         raise forbidden(f"{ACTING_FOR} names another account; an API key acts only for its own")
@@ -142,16 +145,18 @@ async def _as_platform(request: web.Request, token: str, access: Access) -> None
             raise forbidden(f"this platform key lacks the `{access.platform_scope}` scope this route needs")
         logs.about_platform(key.id)
         return
-    await _acting_for(request, key)
+    await _acting_for(request, key, access)
 
 
-async def _acting_for(request: web.Request, key: PlatformKey) -> None:
+async def _acting_for(request: web.Request, key: PlatformKey, access: Access) -> None:
     named = request.headers.get(ACTING_FOR)
     if named is None:
         raise forbidden(f"a platform key calls an account's routes only for one of its accounts, named in "
                         f"`{ACTING_FOR}: <account id>`")
     if Scope.ACT not in key.scopes:
         raise forbidden(f"this platform key lacks the `{Scope.ACT}` scope acting for an account needs")
+    if not access.account:
+        raise forbidden(_TOKENS_ONLY)
     if len(named) > 100 or not named.isascii():
         raise not_found("account")
     account = await gateway(request).platform_accounts.account(key.platform_id, named)

@@ -99,7 +99,7 @@ def _access(route: Route) -> dict[str, Any]:
     `token_scope` (an account route)."""
     if route.platform_scope is not None:
         return {"platform_scope": route.platform_scope or None}
-    return {"account": True, "token_scope": route.token_scope}
+    return {"account": route.account, "token_scope": route.token_scope}
 
 
 _FIELD = re.compile(r"^\s+(\w+)\s*:([^#]*)(?:#\s*(.+))?$")

@@ -269,3 +269,8 @@ class PlatformAccounts:
         """A browser token for the account (browsertokens.mint): (token id, token, expires at)."""
         return await browsertokens.mint(self._rt.pool, self._rt.settings, account_id, grant,
                                         issuer_kind=issuer_kind, issuer_key_id=issuer_key_id)
+
+    async def token_credits_used(self, token_id: str) -> int:
+        """What the creates of a browser token have reserved so far."""
+        used = await self._rt.pool.fetchval("SELECT credits_used FROM browser_tokens WHERE id = $1", token_id)
+        return int(used or 0)

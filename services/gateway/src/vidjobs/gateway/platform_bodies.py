@@ -198,6 +198,18 @@ class TokenOut(msgspec.Struct, kw_only=True):
     expires_at: datetime  # when it stops working
 
 
+class TokenGrantOut(msgspec.Struct, kw_only=True):
+    """`GET /v1/token`: what the calling browser token may do (never the token itself)."""
+
+    id: str  # the token's grant
+    account_id: str  # the account whose jobs it reaches
+    scopes: list[str]  # what it may do: read, create, upload
+    jobs: list[str] | None  # the jobs it is limited to (with those it created); null: every job of the account
+    credit_ceiling: int | None  # what its creates may reserve together; null: no ceiling of its own
+    credits_used: int  # what its creates reserved so far
+    expires_at: datetime  # when it stops working
+
+
 class AuditEntryOut(msgspec.Struct, kw_only=True):
     id: int  # its place in the trail
     at: datetime  # when it was answered

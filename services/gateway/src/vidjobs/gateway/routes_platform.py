@@ -48,7 +48,7 @@ from vidjobs.gateway.platformkeys import PlatformKey, Scope
 from vidjobs.gateway.routes_account import entry_out, usage_report
 from vidjobs.gateway.routes_tokens import minted
 from vidjobs.gateway.routetable import Route, json_response
-from vidjobs.gateway.state import PLATFORM_KEY, gateway
+from vidjobs.gateway.state import AUDITED_ACCOUNT, PLATFORM_KEY, gateway
 from vidjobs.gateway.tenant import Tenant
 
 _ACCOUNT_ID = "{account_id}"
@@ -119,6 +119,7 @@ async def create_account(request: web.Request) -> web.Response:
                                                            body.plan, _limits(request, body))
     except NoSuchPlan as err:
         raise _no_plan(err) from err
+    request[AUDITED_ACCOUNT] = found.account.id
     return json_response(account_out(found), status=201 if created else 200,
                          headers={"Location": f"/v1/platform/accounts/{found.account.id}"})
 

@@ -9,9 +9,9 @@ from aiohttp import web
 from vidjobs.gateway.apierrors import ErrorOut, invalid
 from vidjobs.gateway.browsertokens import Grant, TokenScope
 from vidjobs.gateway.decoding import read_optional_json
-from vidjobs.gateway.platform_bodies import NewToken, TokenOut
+from vidjobs.gateway.platform_bodies import NewToken, TokenGrantOut, TokenOut
 from vidjobs.gateway.routetable import Route, json_response
-from vidjobs.gateway.state import API_KEY_ID, PLATFORM_KEY, gateway
+from vidjobs.gateway.state import API_KEY_ID, BROWSER_TOKEN, PLATFORM_KEY, gateway
 from vidjobs.gateway.tenant import tenant
 
 
@@ -46,7 +46,21 @@ async def create_token(request: web.Request) -> web.Response:
                         issuer_key_id=request[API_KEY_ID])
 
 
+async def get_token(request: web.Request) -> web.Response:
+    """The calling token's own grant: what a page may offer (create, upload) and until when."""
+    grant = request[BROWSER_TOKEN]
+    used = await gateway(request).platform_accounts.token_credits_used(grant.id)
+    return json_response(TokenGrantOut(
+        id=grant.id, account_id=grant.account.id, scopes=sorted(s.value for s in grant.scopes),
+        jobs=None if grant.job_ids is None else sorted(grant.job_ids), credit_ceiling=grant.credit_ceiling,
+        credits_used=used, expires_at=grant.expires_at))
+
+
 ROUTES = [
+    Route("GET", "/v1/token", get_token, "get_token",
+          "The calling browser token's own grant: its scopes, jobs, credit ceiling and what its creates used, "
+          "and its expiry", token_scope="any", account=False,
+          responses={200: TokenGrantOut, 401: ErrorOut, 403: ErrorOut}),
     Route("POST", "/v1/account/tokens", create_token, "create_account_token",
           "A short-lived browser token for this account: read and stream its jobs (or some), optionally create "
           "jobs within a credit ceiling and upload images", body=NewToken, body_required=False,

@@ -22,6 +22,7 @@ class Access:
 
     platform_scope: str | None
     token_scope: str | None
+    account: bool = True  # False: not for the account's key (nor a platform acting for it): a token's own route
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,11 @@ class Route:
     # key); `token_scope` lets a browser token with that scope call an account route ("any": every token).
     platform_scope: str | None = None
     token_scope: str | None = None
+    account: bool = True  # False: only a browser token calls it (its own grant)
 
     @property
     def access(self) -> Access:
-        return Access(self.platform_scope, self.token_scope)
+        return Access(self.platform_scope, self.token_scope, self.account)
 
 
 def json_response(body: msgspec.Struct, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

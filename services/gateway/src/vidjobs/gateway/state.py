@@ -61,6 +61,8 @@ ACCOUNT = web.RequestKey("account", Account)
 API_KEY_ID = web.RequestKey("api_key_id", str)
 # Set beside ACCOUNT when a browser token made the request: the jobs it may see, what it may do.
 BROWSER_TOKEN = web.RequestKey("browser_token", BrowserToken)
+# The account a platform's request made, for its audit line (its id is in no path yet).
+AUDITED_ACCOUNT = web.RequestKey("audited_account", str)
 # Set when a platform key made the request: on a platform route, or acting for one of its accounts.
 PLATFORM_KEY = web.RequestKey("platform_key", PlatformKey)
 

@@ -827,26 +827,17 @@ function saveKey(event) {
   start();
 }
 
-// What the link's token may do. No route tells a token its own grant (GET /v1/account is not open to tokens),
-// so the page asks the routes themselves, in ways that change nothing: a token without a route's scope is
-// refused (403) before its request is read, and one with it gets the route's own answer: 404 for an upload
-// that does not exist, 422 for an empty create (checked before anything is written or reserved).
-async function lacksScope(path, options) {
-  try {
-    await api(path, options);
-    return false;
-  } catch (err) {
-    return err instanceof ApiError && (err.status === 401 || err.status === 403);
-  }
-}
-
+// What the link's token may do, from its own grant (GET /v1/token; a 401 there is a dead link).
 async function checkAbilities() {
-  const [noCreate, noUpload] = await Promise.all([
-    lacksScope("/v1/jobs", { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" }),
-    lacksScope("/v1/uploads/upl_none"),
-  ]);
-  may.create = !noCreate;
-  may.upload = !noUpload;
+  let grant;
+  try {
+    grant = await api("/v1/token");
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) return linkRefused();
+    grant = { scopes: [] }; // unknown: offer nothing the token may lack
+  }
+  may.create = grant.scopes.includes("create");
+  may.upload = grant.scopes.includes("upload");
   applyModel();
   showAbilities();
 }
