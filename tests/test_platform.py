@@ -75,7 +75,8 @@ async def test_the_listing_pages_through_every_account_once(h):
         await signup(h, key, f"u{n}")
     seen, cursor = [], None
     while True:
-        status, page = await call(h, key, "GET", "/v1/platform/accounts?limit=3" + (f"&cursor={cursor}" if cursor else ""))
+        after = f"&cursor={cursor}" if cursor else ""
+        status, page = await call(h, key, "GET", "/v1/platform/accounts?limit=3" + after)
         assert status == 200, page
         seen += [a["external_id"] for a in page["data"]]
         if (cursor := page["next_cursor"]) is None:
