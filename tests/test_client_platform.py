@@ -241,7 +241,7 @@ def test_the_platform_models_have_the_fields_the_api_documents():
     assert set(models.PlanLimits.__annotations__) == set(schemas["Plan"]["properties"])
 
 
-def test_the_platform_clients_match_are_documented_and_need_a_key(monkeypatch):
+def test_the_platform_clients_are_alike_documented_and_need_a_key(monkeypatch):
     for client in (Platform, AsyncPlatform):
         public = [name for name in vars(client) if not name.startswith("_")]
         assert not [name for name in public if not getattr(client, name).__doc__], client
