@@ -9,10 +9,23 @@
             vj.download(job, "fox.mp4")  # checked against the job's sha256
 
 `AsyncClient` (from `vidjobs_client.aio`, also exported here) has the same methods, awaitable.
+
+A product's backend manages its users' accounts with a platform key (`vjp_...`):
+
+    from vidjobs_client import Platform
+
+    with Platform("http://127.0.0.1:8080", platform_key="vjp_...") as platform:
+        account = platform.create_account("user_8412", plan="pro")  # the same user again: the same account
+        platform.grant_credits(account.id, 500, idempotency_key="evt_123")  # once, however often it is sent
+        token = platform.create_token(account.id, scopes=["read"], ttl_s=900)  # for the user's browser
+        with platform.acting_for(account.id) as vj:  # a Client calling the account's own routes
+            vj.create_job("fake/default", "a red fox in snow")
+
+`AsyncPlatform` is the same, awaitable.
 """
 
-from .aio import AsyncClient
-from .client import Client
+from .aio import AsyncClient, AsyncPlatform
+from .client import Client, Platform
 from .errors import (
     APIError,
     AuthenticationError,
@@ -30,13 +43,27 @@ from .errors import (
     VidjobsError,
     WaitTimeout,
 )
-from .models import TERMINAL, Account, Estimate, Export, Job, JobPage, Model, QueueEstimate, Transition, Upload
+from .models import (
+    TERMINAL,
+    Account,
+    BrowserToken,
+    Estimate,
+    Export,
+    Job,
+    JobPage,
+    Model,
+    PlatformAccount,
+    QueueEstimate,
+    Transition,
+    Upload,
+)
 from .retrying import RetryPolicy
 
 __version__ = "0.2.0"
 __all__ = [
-    "TERMINAL", "APIError", "Account", "AsyncClient", "AuthenticationError", "ChecksumMismatch", "Client",
-    "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "Export", "InsufficientCredits",
-    "InvalidRequest", "Job", "JobNotReady", "JobPage", "Model", "NotFound", "QueueEstimate", "RateLimited",
-    "RetryPolicy", "Transition", "Unavailable", "Upload", "UploadRejected", "VidjobsError", "WaitTimeout",
+    "TERMINAL", "APIError", "Account", "AsyncClient", "AsyncPlatform", "AuthenticationError", "BrowserToken",
+    "ChecksumMismatch", "Client", "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "Export",
+    "InsufficientCredits", "InvalidRequest", "Job", "JobNotReady", "JobPage", "Model", "NotFound", "Platform",
+    "PlatformAccount", "QueueEstimate", "RateLimited", "RetryPolicy", "Transition", "Unavailable", "Upload",
+    "UploadRejected", "VidjobsError", "WaitTimeout",
 ]

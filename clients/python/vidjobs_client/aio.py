@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, TypeVar, Unpack
+from typing import BinaryIO, Literal, TypeVar, Unpack
 
 import httpx
 
@@ -24,14 +24,18 @@ T = TypeVar("T")
 class AsyncClient:
     """A connection to the vidjobs API.
 
-    `base_url` and `api_key` default to `VIDJOBS_URL` and `VIDJOBS_API_KEY`. Refusals the API marks retryable
-    (429, 503) and connections that fail are retried as `retry` says; anything else raises an `APIError` whose
-    `code` is the API's error code. Use it as an async context manager, or await `close()`.
+    `base_url` and `api_key` default to `VIDJOBS_URL` and `VIDJOBS_API_KEY`. With a platform key (`vjp_...`) and
+    `account_id`, it calls the account's routes for one of the platform's accounts (`Platform.acting_for`).
+    Refusals the API marks retryable (429, 503) and connections that fail are retried as `retry` says; anything
+    else raises an `APIError` whose `code` is the API's error code. Use it as an async context manager, or await
+    `close()`.
     """
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout_s: float = 30.0,
-                 retry: RetryPolicy | None = None, http: httpx.AsyncClient | None = None) -> None:
+                 retry: RetryPolicy | None = None, http: httpx.AsyncClient | None = None,
+                 account_id: str | None = None) -> None:
         self.base_url, self._key = connection.resolve(base_url, api_key)
+        self.account_id = account_id
         self._retry = retry or RetryPolicy()
         self._http = http or httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
                                           headers={"User-Agent": connection.USER_AGENT})
@@ -47,7 +51,7 @@ class AsyncClient:
         await self.close()
 
     async def _send(self, call: Call[T]) -> T:
-        headers = connection.request_headers(call, self._key)
+        headers = connection.request_headers(call, self._key, self.account_id)
         attempt = 0
         while True:
             attempt += 1
@@ -136,7 +140,8 @@ class AsyncClient:
         """Events of one connection; returns when the job finished, raises `StreamEnded` if the stream ended first."""
         read_s = READ_TIMEOUT_S if deadline is None else max(0.01, min(READ_TIMEOUT_S, deadline - time.monotonic()))
         timeout = httpx.Timeout(self._http.timeout.connect, read=read_s)
-        headers = {**connection.request_headers(follower.call, self._key), "Accept": "text/event-stream"}
+        headers = {**connection.request_headers(follower.call, self._key, self.account_id),
+                   "Accept": "text/event-stream"}
         async with self._http.stream("GET", follower.call.path, headers=headers, timeout=timeout) as resp:
             if not resp.is_success:
                 raise StreamRefused(api_error(resp.status_code, resp.headers, await resp.aread()))
@@ -269,6 +274,13 @@ class AsyncClient:
         """The account's default fallback models, for its jobs that name none ([] for none)."""
         return await self._send(calls.set_fallback_models(fallback_models))
 
+    async def create_token(self, *, scopes: list[str] | None = None, jobs: list[str] | None = None,
+                           ttl_s: int | None = None, credit_ceiling: int | None = None) -> models.BrowserToken:
+        """A short-lived browser token for this account, to hand to one of its people's browsers: `scopes` of
+        read (the default), create and upload; only `jobs` (and those it creates), else every job; `ttl_s` of
+        60-3600 (default 900); with create, a `credit_ceiling` on what its jobs reserve together."""
+        return await self._send(calls.create_token(scopes, jobs, ttl_s, credit_ceiling))
+
     async def ledger(self, *, limit: int | None = None, cursor: str | None = None) -> models.LedgerPage:
         """One page of the account's credit ledger, newest first."""
         return await self._send(calls.ledger(limit, cursor))
@@ -330,6 +342,167 @@ class AsyncClient:
     async def retry_delivery(self, endpoint_id: str, delivery_id: str) -> None:
         """Send a delivery again now."""
         await self._send(calls.retry_delivery(endpoint_id, delivery_id))
+
+
+class AsyncPlatform:
+    """A product's backend managing its users' accounts with a platform key (`vjp_...`).
+
+    The same methods as `vidjobs_client.Platform`, awaitable. `base_url` and `platform_key` default to
+    `VIDJOBS_URL` and `VIDJOBS_PLATFORM_KEY`; `acting_for` gives an `AsyncClient` that calls one account's own
+    routes for it. Use it as an async context manager, or await `close()`.
+    """
+
+    def __init__(self, base_url: str | None = None, platform_key: str | None = None, *, timeout_s: float = 30.0,
+                 retry: RetryPolicy | None = None, http: httpx.AsyncClient | None = None) -> None:
+        self.base_url, self._key = connection.resolve(base_url, platform_key, what="platform key",
+                                                      argument="platform_key",
+                                                      variable=connection.PLATFORM_KEY_VARIABLE)
+        self._timeout_s, self._retry = timeout_s, retry
+        self._client = AsyncClient(self.base_url, self._key, timeout_s=timeout_s, retry=retry, http=http)
+
+    async def close(self) -> None:
+        """Close the connections this client opened."""
+        await self._client.close()
+
+    async def __aenter__(self) -> AsyncPlatform:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def _send(self, call: Call[T]) -> T:
+        return await self._client._send(call)
+
+    async def whoami(self) -> models.PlatformInfo:
+        """The key's platform and scopes."""
+        return await self._send(calls.platform())
+
+    def acting_for(self, account_id: str) -> AsyncClient:
+        """An `AsyncClient` for one of the platform's accounts: every call names it in `Vidjobs-Account` (the key
+        needs the `act` scope). It opens connections of its own: use it as an async context manager, or close it."""
+        return AsyncClient(self.base_url, self._key, timeout_s=self._timeout_s, retry=self._retry,
+                           account_id=account_id)
+
+    # Accounts
+
+    async def create_account(self, external_id: str, *, name: str = "", plan: str | None = None,
+                       **limits: Unpack[models.AccountLimits]) -> models.PlatformAccount:
+        """The account of your user `external_id`, made now (named `name`, else the id; with a plan's limits,
+        and `limits` over them), or the one made for it before, unchanged: safe to call on every sign-in."""
+        return await self._send(calls.create_platform_account(external_id, name, plan, limits))
+
+    async def get_account(self, account_id: str) -> models.PlatformAccount:
+        """One of your accounts: its plan, status, credit and limits."""
+        return await self._send(calls.get_platform_account(account_id))
+
+    async def list_accounts(self, cursor: str | None = None, *, external_id: str | None = None,
+                      limit: int | None = None) -> models.PlatformAccountPage:
+        """One page of your accounts, oldest first (`external_id`: only that user's); pass `next_cursor` for the
+        next."""
+        return await self._send(calls.list_platform_accounts(external_id, limit, cursor))
+
+    async def iter_accounts(self, *, external_id: str | None = None, limit: int | None = None,
+                            ) -> AsyncIterator[models.PlatformAccount]:
+        """Every account, oldest first, fetching pages (of `limit`) as they are needed."""
+        cursor = None
+        while True:
+            page = await self.list_accounts(cursor, external_id=external_id, limit=limit)
+            for item in page.data:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    async def update_account(self, account_id: str, *, name: str | None = None, plan: str | None = None,
+                       **limits: Unpack[models.AccountLimits]) -> models.PlatformAccount:
+        """Change what is named: a plan sets the limits it carries; a limit given (None clears a cap) is the
+        account's own and, without a plan, takes it off its plan."""
+        return await self._send(calls.update_platform_account(account_id, name, plan, limits))
+
+    async def disable_account(self, account_id: str, *, running: Literal["finish", "stop"] = "finish",
+                        reason: str = "") -> models.DisabledAccount:
+        """Stop the account creating jobs: its waiting jobs are canceled, its running ones finish (or, with
+        `running="stop"`, are stopped too). It still reads; `enable_account` undoes it."""
+        return await self._send(calls.disable_platform_account(account_id, running, reason))
+
+    async def enable_account(self, account_id: str) -> models.PlatformAccount:
+        """Let a disabled account create jobs again."""
+        return await self._send(calls.enable_platform_account(account_id))
+
+    async def delete_account(self, account_id: str) -> models.DeletedAccount:
+        """Close the account now (keys revoked, live jobs canceled); its data is then removed."""
+        return await self._send(calls.delete_platform_account(account_id))
+
+    # Credit
+
+    async def grant_credits(self, account_id: str, amount: int, *, idempotency_key: str,
+                      reason: str = "") -> models.CreditChange:
+        """Add credit once per `idempotency_key` (your billing provider's event id): sent again, the first
+        change is answered (`replayed`); the key used for another change raises `Conflict`."""
+        return await self._send(calls.change_credit(account_id, "grant", amount, idempotency_key, reason))
+
+    async def take_back_credits(self, account_id: str, amount: int, *, idempotency_key: str,
+                          reason: str = "") -> models.CreditChange:
+        """Take credit back (a refund), once per `idempotency_key`; `Conflict` if it would leave less than the
+        account has reserved for its running jobs."""
+        return await self._send(calls.change_credit(account_id, "take_back", amount, idempotency_key, reason))
+
+    async def ledger(self, account_id: str, *, limit: int | None = None,
+                     cursor: str | None = None) -> models.LedgerPage:
+        """One page of an account's credit ledger, newest first."""
+        return await self._send(calls.platform_ledger(account_id, limit, cursor))
+
+    async def usage(self, account_id: str, *, group_by: str | None = None, start: datetime | None = None,
+                    end: datetime | None = None) -> models.Usage:
+        """An account's jobs created in [start, end), grouped as `Client.usage` groups them."""
+        return await self._send(calls.platform_usage(account_id, group_by, start, end))
+
+    # Keys and browser tokens
+
+    async def create_key(self, account_id: str, *, name: str = "") -> models.NewApiKey:
+        """A new API key for an account; its `key` is in this answer only."""
+        return await self._send(calls.create_account_key(account_id, name))
+
+    async def list_keys(self, account_id: str) -> list[models.ApiKey]:
+        """An account's API keys, described (never the keys)."""
+        return (await self._send(calls.list_account_keys(account_id))).data
+
+    async def revoke_key(self, account_id: str, key_id: str) -> None:
+        """Revoke one of an account's API keys (the browser tokens it issued die with it)."""
+        await self._send(calls.revoke_account_key(account_id, key_id))
+
+    async def create_token(self, account_id: str, *, scopes: list[str] | None = None,
+                           jobs: list[str] | None = None, ttl_s: int | None = None,
+                           credit_ceiling: int | None = None) -> models.BrowserToken:
+        """A short-lived browser token for one of your accounts, as `Client.create_token` makes one."""
+        return await self._send(calls.create_account_token(account_id, scopes, jobs, ttl_s, credit_ceiling))
+
+    # Plans and the audit trail
+
+    async def put_plan(self, name: str, **limits: Unpack[models.PlanLimits]) -> models.Plan:
+        """Make or change a plan; every account on it takes its limits at once."""
+        return await self._send(calls.put_plan(name, limits))
+
+    async def list_plans(self) -> list[models.Plan]:
+        """Your plans, by name."""
+        return (await self._send(calls.list_plans())).data
+
+    async def audit(self, *, account_id: str | None = None, limit: int | None = None,
+                    cursor: str | None = None) -> models.AuditPage:
+        """One page of what your platform keys changed (and did for accounts), newest first."""
+        return await self._send(calls.audit(account_id, limit, cursor))
+
+    async def iter_audit(self, *, account_id: str | None = None, limit: int | None = None,
+                         ) -> AsyncIterator[models.AuditEntry]:
+        """The whole audit trail (or one account's), newest first, fetching pages as they are needed."""
+        cursor = None
+        while True:
+            page = await self.audit(account_id=account_id, limit=limit, cursor=cursor)
+            for item in page.data:
+                yield item
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
 
 
 def _restart(out: BinaryIO) -> None:

@@ -279,3 +279,128 @@ def deliveries(endpoint_id: str, cursor: str | None = None) -> Call[models.Deliv
 
 def retry_delivery(endpoint_id: str, delivery_id: str) -> Call[None]:
     return Call("POST", f"{_endpoint(endpoint_id)}/deliveries/{quote(delivery_id, safe='')}/retry", None)
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
+def _token(scopes: list[str] | None, jobs: list[str] | None, ttl_s: int | None, credit_ceiling: int | None) -> bytes:
+    """A token's body: what is left out takes the API's default (read, every job, 900 s, no ceiling)."""
+    body = {"scopes": scopes, "jobs": jobs, "ttl_s": ttl_s, "credit_ceiling": credit_ceiling}
+    return _json({name: value for name, value in body.items() if value is not None})
+
+
+def create_token(scopes: list[str] | None, jobs: list[str] | None, ttl_s: int | None,
+                 credit_ceiling: int | None) -> Call[models.BrowserToken]:
+    # Not replayable: a second token would be made, and the first (shown once) was lost with its answer.
+    return Call("POST", "/v1/account/tokens", models.BrowserToken, body=_token(scopes, jobs, ttl_s, credit_ceiling),
+                headers=_JSON, replayable=False)
+
+
+# The platform's calls (a platform key, `vidjobs_client.Platform`).
+
+def _account(account_id: str) -> str:
+    return f"/v1/platform/accounts/{quote(account_id, safe='')}"
+
+
+def _page(limit: int | None, cursor: str | None, **more: str | None) -> Query:
+    pairs: Query = [(name, value) for name, value in more.items() if value is not None]
+    return pairs + ([("limit", str(limit))] if limit else []) + ([("cursor", cursor)] if cursor else [])
+
+
+def platform() -> Call[models.PlatformInfo]:
+    return Call("GET", "/v1/platform", models.PlatformInfo)
+
+
+def create_platform_account(external_id: str, name: str, plan: str | None,
+                            limits: models.AccountLimits) -> Call[models.PlatformAccount]:
+    # Made again with the same external_id, the account made first is answered: safe to send again.
+    body: dict[str, object] = {"external_id": external_id, **limits}
+    if name:
+        body["name"] = name
+    if plan is not None:
+        body["plan"] = plan
+    return Call("POST", "/v1/platform/accounts", models.PlatformAccount, body=_json(body), headers=_JSON)
+
+
+def list_platform_accounts(external_id: str | None, limit: int | None,
+                           cursor: str | None) -> Call[models.PlatformAccountPage]:
+    return Call("GET", "/v1/platform/accounts", models.PlatformAccountPage,
+                query=_page(limit, cursor, external_id=external_id))
+
+
+def get_platform_account(account_id: str) -> Call[models.PlatformAccount]:
+    return Call("GET", _account(account_id), models.PlatformAccount)
+
+
+def update_platform_account(account_id: str, name: str | None, plan: str | None,
+                            limits: models.AccountLimits) -> Call[models.PlatformAccount]:
+    body: dict[str, object] = {**limits}
+    if name is not None:
+        body["name"] = name
+    if plan is not None:
+        body["plan"] = plan
+    return Call("PATCH", _account(account_id), models.PlatformAccount, body=_json(body), headers=_JSON)
+
+
+def disable_platform_account(account_id: str, running: str, reason: str) -> Call[models.DisabledAccount]:
+    return Call("POST", _account(account_id) + "/disable", models.DisabledAccount,
+                body=_json({"running": running, "reason": reason}), headers=_JSON)
+
+
+def enable_platform_account(account_id: str) -> Call[models.PlatformAccount]:
+    return Call("POST", _account(account_id) + "/enable", models.PlatformAccount)
+
+
+def delete_platform_account(account_id: str) -> Call[models.DeletedAccount]:
+    return Call("DELETE", _account(account_id), models.DeletedAccount)
+
+
+def change_credit(account_id: str, action: str, amount: int, idempotency_key: str,
+                  reason: str) -> Call[models.CreditChange]:
+    # The idempotency key makes it one change however often it is sent: safe to send again.
+    body = {"action": action, "amount": amount, "idempotency_key": idempotency_key, "reason": reason}
+    return Call("POST", _account(account_id) + "/credits", models.CreditChange, body=_json(body), headers=_JSON)
+
+
+def platform_ledger(account_id: str, limit: int | None, cursor: str | None) -> Call[models.LedgerPage]:
+    return Call("GET", _account(account_id) + "/ledger", models.LedgerPage, query=_page(limit, cursor))
+
+
+def platform_usage(account_id: str, group_by: str | None, start: datetime | None,
+                   end: datetime | None) -> Call[models.Usage]:
+    return Call("GET", _account(account_id) + "/usage", models.Usage, query=usage(group_by, start, end).query)
+
+
+def create_account_key(account_id: str, name: str) -> Call[models.NewApiKey]:
+    # Not replayable: a second key would be made, and the first (shown once) was lost with its answer.
+    return Call("POST", _account(account_id) + "/keys", models.NewApiKey, body=_json({"name": name}),
+                headers=_JSON, replayable=False)
+
+
+def list_account_keys(account_id: str) -> Call[models.ApiKeyList]:
+    return Call("GET", _account(account_id) + "/keys", models.ApiKeyList)
+
+
+def revoke_account_key(account_id: str, key_id: str) -> Call[None]:
+    return Call("DELETE", f"{_account(account_id)}/keys/{quote(key_id, safe='')}", None)
+
+
+def create_account_token(account_id: str, scopes: list[str] | None, jobs: list[str] | None, ttl_s: int | None,
+                         credit_ceiling: int | None) -> Call[models.BrowserToken]:
+    return Call("POST", _account(account_id) + "/tokens", models.BrowserToken,
+                body=_token(scopes, jobs, ttl_s, credit_ceiling), headers=_JSON, replayable=False)
+
+
+def put_plan(name: str, limits: models.PlanLimits) -> Call[models.Plan]:
+    # A PUT: the same plan sent twice is the same plan.
+    return Call("PUT", f"/v1/platform/plans/{quote(name, safe='')}", models.Plan, body=_json(limits),
+                headers=_JSON)
+
+
+def list_plans() -> Call[models.PlanList]:
+    return Call("GET", "/v1/platform/plans", models.PlanList)
+
+
+def audit(account_id: str | None, limit: int | None, cursor: str | None) -> Call[models.AuditPage]:
+    return Call("GET", "/v1/platform/audit", models.AuditPage, query=_page(limit, cursor, account_id=account_id))

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import BinaryIO, TypeVar, Unpack
+from typing import BinaryIO, Literal, TypeVar, Unpack
 
 import httpx
 
@@ -23,14 +23,17 @@ T = TypeVar("T")
 class Client:
     """A connection to the vidjobs API.
 
-    `base_url` and `api_key` default to `VIDJOBS_URL` and `VIDJOBS_API_KEY`. Refusals the API marks retryable
-    (429, 503) and connections that fail are retried as `retry` says; anything else raises an `APIError` whose
-    `code` is the API's error code. Use it as a context manager, or call `close()`.
+    `base_url` and `api_key` default to `VIDJOBS_URL` and `VIDJOBS_API_KEY`. With a platform key (`vjp_...`) and
+    `account_id`, it calls the account's routes for one of the platform's accounts (`Platform.acting_for`).
+    Refusals the API marks retryable (429, 503) and connections that fail are retried as `retry` says; anything
+    else raises an `APIError` whose `code` is the API's error code. Use it as a context manager, or call `close()`.
     """
 
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout_s: float = 30.0,
-                 retry: RetryPolicy | None = None, http: httpx.Client | None = None) -> None:
+                 retry: RetryPolicy | None = None, http: httpx.Client | None = None,
+                 account_id: str | None = None) -> None:
         self.base_url, self._key = connection.resolve(base_url, api_key)
+        self.account_id = account_id
         self._retry = retry or RetryPolicy()
         self._http = http or httpx.Client(base_url=self.base_url, timeout=timeout_s,
                                           headers={"User-Agent": connection.USER_AGENT})
@@ -46,7 +49,7 @@ class Client:
         self.close()
 
     def _send(self, call: Call[T]) -> T:
-        headers = connection.request_headers(call, self._key)
+        headers = connection.request_headers(call, self._key, self.account_id)
         attempt = 0
         while True:
             attempt += 1
@@ -133,7 +136,8 @@ class Client:
         """Events of one connection; returns when the job finished, raises `StreamEnded` if the stream ended first."""
         read_s = READ_TIMEOUT_S if deadline is None else max(0.01, min(READ_TIMEOUT_S, deadline - time.monotonic()))
         timeout = httpx.Timeout(self._http.timeout.connect, read=read_s)
-        headers = {**connection.request_headers(follower.call, self._key), "Accept": "text/event-stream"}
+        headers = {**connection.request_headers(follower.call, self._key, self.account_id),
+                   "Accept": "text/event-stream"}
         with self._http.stream("GET", follower.call.path, headers=headers, timeout=timeout) as resp:
             if not resp.is_success:
                 raise StreamRefused(api_error(resp.status_code, resp.headers, resp.read()))
@@ -262,6 +266,13 @@ class Client:
         """The account's default fallback models, for its jobs that name none ([] for none)."""
         return self._send(calls.set_fallback_models(fallback_models))
 
+    def create_token(self, *, scopes: list[str] | None = None, jobs: list[str] | None = None,
+                     ttl_s: int | None = None, credit_ceiling: int | None = None) -> models.BrowserToken:
+        """A short-lived browser token for this account, to hand to one of its people's browsers: `scopes` of
+        read (the default), create and upload; only `jobs` (and those it creates), else every job; `ttl_s` of
+        60-3600 (default 900); with create, a `credit_ceiling` on what its jobs reserve together."""
+        return self._send(calls.create_token(scopes, jobs, ttl_s, credit_ceiling))
+
     def ledger(self, *, limit: int | None = None, cursor: str | None = None) -> models.LedgerPage:
         """One page of the account's credit ledger, newest first."""
         return self._send(calls.ledger(limit, cursor))
@@ -322,3 +333,160 @@ class Client:
     def retry_delivery(self, endpoint_id: str, delivery_id: str) -> None:
         """Send a delivery again now."""
         self._send(calls.retry_delivery(endpoint_id, delivery_id))
+
+
+class Platform:
+    """A product's backend managing its users' accounts with a platform key (`vjp_...`).
+
+    `base_url` and `platform_key` default to `VIDJOBS_URL` and `VIDJOBS_PLATFORM_KEY`. Retries and errors are a
+    `Client`'s: an `APIError` (`NotFound`, `Conflict` ...) carries the API's code. A platform reaches only the
+    accounts it made, each keyed by the product's own id of its user (`external_id`); `acting_for` gives a
+    `Client` that calls one account's own routes (jobs, uploads ...) for it. Use it as a context manager, or call
+    `close()`.
+    """
+
+    def __init__(self, base_url: str | None = None, platform_key: str | None = None, *, timeout_s: float = 30.0,
+                 retry: RetryPolicy | None = None, http: httpx.Client | None = None) -> None:
+        self.base_url, self._key = connection.resolve(base_url, platform_key, what="platform key",
+                                                      argument="platform_key",
+                                                      variable=connection.PLATFORM_KEY_VARIABLE)
+        self._timeout_s, self._retry = timeout_s, retry
+        self._client = Client(self.base_url, self._key, timeout_s=timeout_s, retry=retry, http=http)
+
+    def close(self) -> None:
+        """Close the connections this client opened."""
+        self._client.close()
+
+    def __enter__(self) -> Platform:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _send(self, call: Call[T]) -> T:
+        return self._client._send(call)
+
+    def whoami(self) -> models.PlatformInfo:
+        """The key's platform and scopes."""
+        return self._send(calls.platform())
+
+    def acting_for(self, account_id: str) -> Client:
+        """A `Client` for one of the platform's accounts: every call names it in `Vidjobs-Account` (the key needs
+        the `act` scope). It opens connections of its own: use it as a context manager, or close it."""
+        return Client(self.base_url, self._key, timeout_s=self._timeout_s, retry=self._retry, account_id=account_id)
+
+    # Accounts
+
+    def create_account(self, external_id: str, *, name: str = "", plan: str | None = None,
+                       **limits: Unpack[models.AccountLimits]) -> models.PlatformAccount:
+        """The account of your user `external_id`, made now (named `name`, else the id; with a plan's limits,
+        and `limits` over them), or the one made for it before, unchanged: safe to call on every sign-in."""
+        return self._send(calls.create_platform_account(external_id, name, plan, limits))
+
+    def get_account(self, account_id: str) -> models.PlatformAccount:
+        """One of your accounts: its plan, status, credit and limits."""
+        return self._send(calls.get_platform_account(account_id))
+
+    def list_accounts(self, cursor: str | None = None, *, external_id: str | None = None,
+                      limit: int | None = None) -> models.PlatformAccountPage:
+        """One page of your accounts, oldest first (`external_id`: only that user's); pass `next_cursor` for the
+        next."""
+        return self._send(calls.list_platform_accounts(external_id, limit, cursor))
+
+    def iter_accounts(self, *, external_id: str | None = None, limit: int | None = None,
+                      ) -> Iterator[models.PlatformAccount]:
+        """Every account, oldest first, fetching pages (of `limit`) as they are needed."""
+        cursor = None
+        while True:
+            page = self.list_accounts(cursor, external_id=external_id, limit=limit)
+            yield from page.data
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def update_account(self, account_id: str, *, name: str | None = None, plan: str | None = None,
+                       **limits: Unpack[models.AccountLimits]) -> models.PlatformAccount:
+        """Change what is named: a plan sets the limits it carries; a limit given (None clears a cap) is the
+        account's own and, without a plan, takes it off its plan."""
+        return self._send(calls.update_platform_account(account_id, name, plan, limits))
+
+    def disable_account(self, account_id: str, *, running: Literal["finish", "stop"] = "finish",
+                        reason: str = "") -> models.DisabledAccount:
+        """Stop the account creating jobs: its waiting jobs are canceled, its running ones finish (or, with
+        `running="stop"`, are stopped too). It still reads; `enable_account` undoes it."""
+        return self._send(calls.disable_platform_account(account_id, running, reason))
+
+    def enable_account(self, account_id: str) -> models.PlatformAccount:
+        """Let a disabled account create jobs again."""
+        return self._send(calls.enable_platform_account(account_id))
+
+    def delete_account(self, account_id: str) -> models.DeletedAccount:
+        """Close the account now (keys revoked, live jobs canceled); its data is then removed."""
+        return self._send(calls.delete_platform_account(account_id))
+
+    # Credit
+
+    def grant_credits(self, account_id: str, amount: int, *, idempotency_key: str,
+                      reason: str = "") -> models.CreditChange:
+        """Add credit once per `idempotency_key` (your billing provider's event id): sent again, the first
+        change is answered (`replayed`); the key used for another change raises `Conflict`."""
+        return self._send(calls.change_credit(account_id, "grant", amount, idempotency_key, reason))
+
+    def take_back_credits(self, account_id: str, amount: int, *, idempotency_key: str,
+                          reason: str = "") -> models.CreditChange:
+        """Take credit back (a refund), once per `idempotency_key`; `Conflict` if it would leave less than the
+        account has reserved for its running jobs."""
+        return self._send(calls.change_credit(account_id, "take_back", amount, idempotency_key, reason))
+
+    def ledger(self, account_id: str, *, limit: int | None = None, cursor: str | None = None) -> models.LedgerPage:
+        """One page of an account's credit ledger, newest first."""
+        return self._send(calls.platform_ledger(account_id, limit, cursor))
+
+    def usage(self, account_id: str, *, group_by: str | None = None, start: datetime | None = None,
+              end: datetime | None = None) -> models.Usage:
+        """An account's jobs created in [start, end), grouped as `Client.usage` groups them."""
+        return self._send(calls.platform_usage(account_id, group_by, start, end))
+
+    # Keys and browser tokens
+
+    def create_key(self, account_id: str, *, name: str = "") -> models.NewApiKey:
+        """A new API key for an account; its `key` is in this answer only."""
+        return self._send(calls.create_account_key(account_id, name))
+
+    def list_keys(self, account_id: str) -> list[models.ApiKey]:
+        """An account's API keys, described (never the keys)."""
+        return self._send(calls.list_account_keys(account_id)).data
+
+    def revoke_key(self, account_id: str, key_id: str) -> None:
+        """Revoke one of an account's API keys (the browser tokens it issued die with it)."""
+        self._send(calls.revoke_account_key(account_id, key_id))
+
+    def create_token(self, account_id: str, *, scopes: list[str] | None = None, jobs: list[str] | None = None,
+                     ttl_s: int | None = None, credit_ceiling: int | None = None) -> models.BrowserToken:
+        """A short-lived browser token for one of your accounts, as `Client.create_token` makes one."""
+        return self._send(calls.create_account_token(account_id, scopes, jobs, ttl_s, credit_ceiling))
+
+    # Plans and the audit trail
+
+    def put_plan(self, name: str, **limits: Unpack[models.PlanLimits]) -> models.Plan:
+        """Make or change a plan; every account on it takes its limits at once."""
+        return self._send(calls.put_plan(name, limits))
+
+    def list_plans(self) -> list[models.Plan]:
+        """Your plans, by name."""
+        return self._send(calls.list_plans()).data
+
+    def audit(self, *, account_id: str | None = None, limit: int | None = None,
+              cursor: str | None = None) -> models.AuditPage:
+        """One page of what your platform keys changed (and did for accounts), newest first."""
+        return self._send(calls.audit(account_id, limit, cursor))
+
+    def iter_audit(self, *, account_id: str | None = None, limit: int | None = None) -> Iterator[models.AuditEntry]:
+        """The whole audit trail (or one account's), newest first, fetching pages as they are needed."""
+        cursor = None
+        while True:
+            page = self.audit(account_id=account_id, limit=limit, cursor=cursor)
+            yield from page.data
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor

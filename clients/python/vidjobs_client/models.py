@@ -380,6 +380,155 @@ class NewWebhookSecret(_Model, kw_only=True):
     previous_secret_expires_at: datetime | None = None  # until then the secret it replaced signs too
 
 
+class BrowserToken(_Model, kw_only=True):
+    """A short-lived token for a person's browser: send it as `Authorization: Bearer <token>`, or as
+    `?access_token=` on a GET (EventSource). Shown in this answer only."""
+
+    id: str
+    token: str
+    account_id: str
+    scopes: list[str]  # read, create, upload
+    jobs: list[str] | None = None  # only these jobs (and those it creates); None: every job of the account
+    credit_ceiling: int | None = None  # what its creates may reserve together
+    expires_at: datetime
+
+
+# What a platform key (`vjp_...`) sees: `vidjobs_client.Platform`.
+
+
+class PlatformInfo(_Model, kw_only=True):
+    """The platform a key belongs to, and what the key may do."""
+
+    platform_id: str
+    platform: str
+    key_id: str
+    scopes: list[str]
+
+
+class PlatformLimits(_Model, kw_only=True):
+    concurrent_jobs: int
+    max_queued_jobs: int | None = None  # None: the platform default
+    daily_spend_cap: int | None = None
+    max_job_credits: int | None = None
+    requests_per_s: float | None = None  # None: the platform default
+    request_burst: int | None = None
+    storage_quota_bytes: int | None = None
+
+
+class PlatformAccount(_Model, kw_only=True):
+    """One of the platform's accounts (a user of the product), as the platform sees it."""
+
+    id: str
+    external_id: str | None = None  # the product's own id of the user
+    name: str
+    plan: str | None = None  # None: limits of its own
+    status: str  # active or disabled
+    disabled_at: datetime | None = None
+    created_at: datetime
+    credits: Credits
+    limits: PlatformLimits
+    fallback_models: list[str] = []
+
+
+class PlatformAccountPage(_Model, kw_only=True):
+    data: list[PlatformAccount]  # oldest first
+    next_cursor: str | None = None
+
+
+class DisabledAccount(_Model, kw_only=True):
+    account: PlatformAccount
+    jobs_canceled: list[str]  # the jobs disabling it canceled
+
+
+class DeletedAccount(_Model, kw_only=True):
+    id: str
+    status: str  # deleting: its jobs are ending and its data being removed
+    jobs_canceled: list[str]
+    keys_revoked: int
+
+
+class CreditChange(_Model, kw_only=True):
+    entry: LedgerEntry
+    replayed: bool  # an earlier call with the same idempotency key made it; nothing changed now
+    credits: Credits
+
+
+class Plan(_Model, kw_only=True):
+    name: str
+    concurrent_jobs: int
+    max_queued_jobs: int | None = None
+    daily_spend_cap: int | None = None
+    max_job_credits: int | None = None
+    fallback_models: list[str] = []
+    accounts: int  # accounts on it
+    updated_at: datetime
+
+
+class PlanList(_Model, kw_only=True):
+    data: list[Plan]
+
+
+class ApiKey(_Model, kw_only=True):
+    """An account's API key, described (never the key)."""
+
+    id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class NewApiKey(ApiKey, kw_only=True):
+    key: str  # shown in this answer only
+
+
+class ApiKeyList(_Model, kw_only=True):
+    data: list[ApiKey]
+
+
+class AuditEntry(_Model, kw_only=True):
+    """One change a platform key made (or a call it made for an account), and how it was answered."""
+
+    id: int
+    at: datetime
+    platform_key_id: str
+    action: str  # the route's name: create_platform_account, change_platform_account_credit, create_job ...
+    account_id: str | None = None
+    target: str  # method and path
+    status: int
+    request_id: str
+
+
+class AuditPage(_Model, kw_only=True):
+    data: list[AuditEntry]  # newest first
+    next_cursor: str | None = None
+
+
+class AccountLimits(TypedDict, total=False):
+    """Limits a platform sets on one of its accounts. On an update, None clears a cap (the platform default
+    applies) and a limit left out stays as it is."""
+
+    concurrent_jobs: int
+    max_queued_jobs: int | None
+    daily_spend_cap: int | None
+    max_job_credits: int | None
+    requests_per_s: float | None
+    request_burst: int | None
+    storage_quota_bytes: int | None
+    fallback_models: list[str]
+
+
+class PlanLimits(TypedDict, total=False):
+    """What a plan carries; left out, the API's default (2 jobs at once, no caps, no fallbacks)."""
+
+    concurrent_jobs: int
+    max_queued_jobs: int | None
+    daily_spend_cap: int | None
+    max_job_credits: int | None
+    fallback_models: list[str]
+
+
 class JobOptions(TypedDict, total=False):
     """What a job may ask for besides its model and prompt (the API's `CreateJob` body)."""
 

@@ -1,21 +1,25 @@
 """The `vidjobs` command: `up` runs the stack; `render`, `jobs`, `account`, `models` and `login` talk to the API
-(cli/render.py); the rest are operator commands on the database (cli/admin.py)."""
+(cli/render.py), and so does `platform`, with a product's platform key (cli/platform_api.py); the rest are
+operator commands on the database (cli/admin.py)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
-from vidjobs.cli import admin, ops, render, routing, spending
+from vidjobs.cli import admin, ops, platform_api, render, routing, spending
 from vidjobs.cli.exitcodes import EPILOG, Exit, OperatorFailure
 from vidjobs.common import migrate, routechanges
 from vidjobs.common.errors import ConfigError, StoreError
 from vidjobs.common.settings import Settings, load
+from vidjobs.gateway import platformkeys
 from vidjobs.gateway.accounts import LIMITS
+from vidjobs.gateway.platformkeys import Scope
 
 
 def _integer(minimum: int) -> Callable[[str], int]:
@@ -72,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vidjobs {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _operator_jobs_parser(render.add_commands(sub, EPILOG))
+    platform_api.add_commands(sub, EPILOG)
     up = sub.add_parser("up", help="run the whole stack in the foreground on embedded defaults")
     up.add_argument("--data-dir", help="where state is kept (VIDJOBS_DATA_DIR, default ./.vidjobs)")
     up.add_argument("--port", type=int, help="gateway port (VIDJOBS_HTTP_PORT, default 8080)")
@@ -86,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     roles.set_defaults(handler=_roles)
     _accounts_parser(sub.add_parser("accounts", help="accounts and their limits"))
     _keys_parser(sub.add_parser("keys", help="an account's API keys"))
+    _platform_keys_parser(sub.add_parser("platform-keys", help="the keys a product manages its users' accounts "
+                                                              "with (platform keys), and what they did"))
     _credits_parser(sub.add_parser("credits", help="an account's credit and its ledger"))
     _submissions_parser(sub.add_parser("submissions", help="the platform-wide switch for new submissions"))
     _rates_parser(sub.add_parser("rates", help="the rate card jobs are priced by"))
@@ -234,6 +241,52 @@ def _keys_parser(parser: argparse.ArgumentParser) -> None:
     revoke.set_defaults(handler=_keys_revoke)
 
 
+_SPAN = re.compile(r"(\d{1,6})([smhd])")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _span(*, zero: bool) -> Callable[[str], timedelta]:
+    def span(text: str) -> timedelta:
+        found = _SPAN.fullmatch(text.strip())
+        if found is None or (not zero and int(found[1]) == 0):
+            raise argparse.ArgumentTypeError(f"a span such as 90m, 24h or 30d{'' if zero else ' (above 0)'}, "
+                                             f"not {text!r}")
+        return timedelta(seconds=int(found[1]) * _UNIT_S[found[2]])
+    return span
+
+
+def _platform_keys_parser(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="a new key for a product (made on first use); printed once, "
+                                               "stored hashed")
+    create.add_argument("--platform", required=True, metavar="NAME", help="the product the key is for")
+    create.add_argument("--scopes", required=True, metavar="SCOPE,...",
+                        help=f"what the key may do, comma-separated: {', '.join(Scope)}")
+    create.add_argument("--name", default="", help="what the key is for (its holder, say)")
+    create.add_argument("--expires-in", type=_span(zero=False), metavar="SPAN",
+                        help="refused after this long: 90m, 24h, 30d (default: never)")
+    create.set_defaults(handler=_platform_keys_create)
+    listing = actions.add_parser("list", help="platform keys (never the keys themselves), oldest first")
+    listing.add_argument("--platform", metavar="NAME", help="only this product's")
+    _json_flag(listing)
+    listing.set_defaults(handler=_platform_keys_list)
+    revoke = actions.add_parser("revoke", help="refuse a key from now on (and the browser tokens it issued)")
+    revoke.add_argument("key_id", metavar="KEY_ID")
+    revoke.set_defaults(handler=_platform_keys_revoke)
+    rotate = actions.add_parser("rotate", help="a new key with the same product, name and scopes, printed once; "
+                                               "the old one works for the overlap more")
+    rotate.add_argument("key_id", metavar="KEY_ID")
+    rotate.add_argument("--overlap", type=_span(zero=True), default=timedelta(hours=24), metavar="SPAN",
+                        help="how long the old key still works: 0s, 90m, 24h, 7d (default 24h)")
+    rotate.set_defaults(handler=_platform_keys_rotate)
+    trail = actions.add_parser("audit", help="what platform keys changed through the API, newest first")
+    trail.add_argument("--platform", metavar="NAME", help="only this product's keys")
+    trail.add_argument("--account", metavar="ACCOUNT_ID", help="only what was done to or for this account")
+    trail.add_argument("--limit", type=_integer(1), default=50, help="lines to show (default 50)")
+    _json_flag(trail)
+    trail.set_defaults(handler=_platform_keys_audit)
+
+
 def _credits_parser(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     give = actions.add_parser("grant", help="add credit (negative: take free credit back); prints the balance")
@@ -373,6 +426,41 @@ def _keys_list(args: argparse.Namespace, settings: Settings) -> int:
 
 def _keys_revoke(args: argparse.Namespace, settings: Settings) -> int:
     return _admin(settings, partial(admin.revoke_key, key_id=args.key_id))
+
+
+def _platform_name(text: str) -> str:
+    name = text.strip()
+    if not name or len(name) > 100 or not name.isprintable():
+        raise ConfigError(f"--platform {text!r}: name the product in 1-100 printable characters")
+    return name
+
+
+def _platform_keys_create(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        scopes = platformkeys.parse_scopes(args.scopes)
+    except ValueError as exc:
+        raise ConfigError(f"--scopes {args.scopes!r}: {exc}") from exc
+    return _admin(settings, partial(admin.create_platform_key, platform=_platform_name(args.platform),
+                                    scopes=scopes, name=args.name, expires_in=args.expires_in))
+
+
+def _platform_keys_list(args: argparse.Namespace, settings: Settings) -> int:
+    platform = None if args.platform is None else _platform_name(args.platform)
+    return _admin(settings, partial(admin.list_platform_keys, platform=platform, as_json=args.json))
+
+
+def _platform_keys_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.revoke_platform_key, key_id=args.key_id))
+
+
+def _platform_keys_rotate(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(admin.rotate_platform_key, key_id=args.key_id, overlap=args.overlap))
+
+
+def _platform_keys_audit(args: argparse.Namespace, settings: Settings) -> int:
+    platform = None if args.platform is None else _platform_name(args.platform)
+    return _admin(settings, partial(admin.platform_audit, platform=platform, account_id=args.account,
+                                    limit=args.limit, as_json=args.json))
 
 
 def _credits_grant(args: argparse.Namespace, settings: Settings) -> int:

@@ -1,4 +1,5 @@
-"""Operator commands on the database: accounts, API keys, credits, the submission switch and the rate card.
+"""Operator commands on the database: accounts, API keys, platform keys, credits, the submission switch and the
+rate card.
 
 Each command is a coroutine taking an open connection; `cli/__main__.py` parses the arguments and hands it
 to `run`. What a command exists to show (a key, a table, a number) goes to stdout, so it can be piped;
@@ -11,19 +12,19 @@ import asyncio
 import secrets
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import msgspec
 
-from vidjobs.cli import closing, spending
+from vidjobs.cli import closing, platforms, spending
 from vidjobs.cli.exitcodes import BackendUnreachable, NotFound, Refused, SchemaAhead, SchemaBehind
 from vidjobs.common import credits, db, grants, ratecard, switch
-from vidjobs.common.errors import ConfigError
+from vidjobs.common.errors import ConfigError, StoreError
 from vidjobs.common.settings import Settings
-from vidjobs.gateway import accounts
+from vidjobs.gateway import accounts, audit, platformkeys
 from vidjobs.storage.base import Storage, account_prefix
 from vidjobs.storage.factory import open_storage
 
@@ -216,6 +217,78 @@ async def revoke_key(conn: asyncpg.Connection, key_id: str) -> None:
         raise NotFound(f"no API key {key_id!r}; `vidjobs keys list ACCOUNT_ID` shows an account's keys")
     _note(f"revoked {key_id}: requests with it are refused from now on" if revoked
           else f"{key_id} was already revoked; nothing changed")
+
+
+# platform keys -----------------------------------------------------------------------------------------
+
+async def create_platform_key(conn: asyncpg.Connection, platform: str, scopes: list[str], name: str,
+                              expires_in: timedelta | None) -> None:
+    key_id, key = await platforms.create(conn, platform, scopes, name, expires_in)
+    _note(f"created {key_id} for platform {platform} (scopes: {', '.join(scopes)}"
+          f"{'' if expires_in is None else f'; expires in {_span(expires_in)}'}); the key is shown once, below, and "
+          "stored only hashed")
+    print(key)
+
+
+async def list_platform_keys(conn: asyncpg.Connection, platform: str | None, *, as_json: bool) -> None:
+    keys = await platforms.listed(conn, platform)
+    if as_json:
+        _json_lines(keys)
+        return
+    _table(("id", "platform", "name", "prefix", "scopes", "created", "last used", "expires", "revoked"),
+           [(k.id, k.platform, k.name or None, k.prefix, ",".join(k.scopes), k.created_at, k.last_used_at,
+             k.expires_at, k.revoked_at) for k in keys])
+    if not keys:
+        _note(f"no platform keys{'' if platform is None else f' for {platform!r}'}: "
+              "`vidjobs platform-keys create --platform NAME --scopes ...` makes one")
+
+
+async def revoke_platform_key(conn: asyncpg.Connection, key_id: str) -> None:
+    revoked = await platforms.revoke(conn, key_id)
+    if revoked is None:
+        raise NotFound(_no_platform_key(key_id))
+    _note(f"revoked {key_id}: refused within {platformkeys.CACHE_S:g} s on every gateway, with the browser "
+          "tokens it issued" if revoked else f"{key_id} was already revoked; nothing changed")
+
+
+async def rotate_platform_key(conn: asyncpg.Connection, key_id: str, overlap: timedelta) -> None:
+    try:
+        new_id, key = await platforms.rotate(conn, key_id, overlap)
+    except StoreError as exc:
+        if not await platforms.known(conn, key_id):
+            raise NotFound(_no_platform_key(key_id)) from exc
+        raise Refused(f"{key_id} is revoked or expired, so there is nothing to rotate; `vidjobs platform-keys "
+                      "create` makes a new key") from exc
+    _note(f"created {new_id} to replace {key_id}, which works for {_span(overlap)} more; the new key is shown once, "
+          "below")
+    print(key)
+
+
+async def platform_audit(conn: asyncpg.Connection, platform: str | None, account_id: str | None, *, limit: int,
+                         as_json: bool) -> None:
+    platform_id = None
+    if platform is not None and (platform_id := await platforms.platform_id(conn, platform)) is None:
+        raise NotFound(f"no platform {platform!r}; `vidjobs platform-keys list` shows the platforms and their keys")
+    lines = await audit.trail(conn, platform_id, account_id=account_id, before_id=None, limit=limit)
+    if as_json:
+        _json_lines(lines)
+        return
+    _table(("id", "at", "platform key", "action", "account", "status", "target", "request"),
+           [(a.id, a.at, a.platform_key_id, a.action, a.account_id, a.status, a.target, a.request_id)
+            for a in lines])
+
+
+def _span(span: timedelta) -> str:
+    """30d, 24h, 90m or 45s: the largest unit that says it exactly."""
+    seconds = int(span.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _no_platform_key(key_id: str) -> str:
+    return f"no platform key {key_id!r}; `vidjobs platform-keys list` shows them"
 
 
 # credits -----------------------------------------------------------------------------------------------

@@ -40,12 +40,23 @@ async def listed(conn: asyncpg.Connection, platform: str | None = None) -> list[
     return [msgspec.convert(dict(r), PlatformKeyInfo) for r in rows]
 
 
+async def known(conn: asyncpg.Connection, key_id: str) -> bool:
+    """Whether there is such a key, live or not."""
+    return bool(await conn.fetchval("SELECT true FROM platform_keys WHERE id = $1", key_id))
+
+
+async def platform_id(conn: asyncpg.Connection, platform: str) -> str | None:
+    """The id of the platform of this name, if a key was ever made for it."""
+    found: str | None = await conn.fetchval("SELECT id FROM platforms WHERE name = $1", platform)
+    return found
+
+
 async def revoke(conn: asyncpg.Connection, key_id: str) -> bool | None:
     """Revoke at once: True if this call did, False if it was already, None if there is no such key."""
     if await conn.fetchval("UPDATE platform_keys SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL "
                            "RETURNING id", key_id) is not None:
         return True
-    return False if await conn.fetchval("SELECT true FROM platform_keys WHERE id = $1", key_id) else None
+    return False if await known(conn, key_id) else None
 
 
 async def rotate(conn: asyncpg.Connection, key_id: str, overlap: timedelta) -> tuple[str, str]:

@@ -38,7 +38,7 @@ Handler = Callable[[argparse.Namespace], Exit]
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"  # what add_subparsers returns
 
 
-def _said(reason: str, wait: float) -> None:
+def said_retry(reason: str, wait: float) -> None:
     show.err.print(f"[dim]vidjobs: {escape_text(reason)}; trying again in {wait:.1f} s[/]")
 
 
@@ -48,10 +48,10 @@ def escape_text(text: str) -> str:
 
 def _client(args: argparse.Namespace) -> Client:
     chosen = profile.resolve(args.url, args.api_key)
-    return Client(chosen.url, chosen.api_key, retry=RetryPolicy(on_retry=_said))
+    return Client(chosen.url, chosen.api_key, retry=RetryPolicy(on_retry=said_retry))
 
 
-def _reporting(handler: Handler) -> Callable[[argparse.Namespace, Any], int]:
+def reporting(handler: Handler) -> Callable[[argparse.Namespace, Any], int]:
     """The handler, with the client's errors turned into a message on stderr and an exit status."""
 
     @wraps(handler)
@@ -110,7 +110,7 @@ def add_commands(sub: Subcommands, epilog: str) -> Subcommands:
 
     def command(parent: Subcommands, name: str, handler: Handler, text: str) -> argparse.ArgumentParser:
         parser = parent.add_parser(name, parents=[common], help=text, description=text, epilog=epilog)
-        parser.set_defaults(handler=_reporting(handler), needs_settings=False)
+        parser.set_defaults(handler=reporting(handler), needs_settings=False)
         return parser
 
     render = command(sub, "render", _render, "render a video from a prompt, or render a job again (--again)")
@@ -166,7 +166,7 @@ def add_commands(sub: Subcommands, epilog: str) -> Subcommands:
     login = command(sub, "login", _login, "check an API key and remember it (and the URL) for later commands")
     login.add_argument("--with-token", action="store_true", help="read the key from stdin")
     logout = sub.add_parser("logout", help="forget the remembered key", epilog=epilog)
-    logout.set_defaults(handler=_reporting(_logout), needs_settings=False)
+    logout.set_defaults(handler=reporting(_logout), needs_settings=False)
     return actions
 
 
@@ -390,7 +390,7 @@ def _login(args: argparse.Namespace) -> Exit:
     key = _key_for_login(args)
     if not key:
         raise ConfigError("an empty API key")
-    with Client(url, key, retry=RetryPolicy(on_retry=_said)) as vj:
+    with Client(url, key, retry=RetryPolicy(on_retry=said_retry)) as vj:
         account = vj.account()  # a key the API refuses is not saved
     path = profile.save(profile.Profile(url=url, api_key=key))
     show.err.print(f"logged in to {url} as {escape_text(account.name)} ({account.id}); saved in {path}")

@@ -26,7 +26,9 @@ _NOT_SETTINGS = {"VIDJOBS_TEST_DATABASE_URL", "VIDJOBS_TEST_NATS_URL", "VIDJOBS_
                  "VIDJOBS_FAULTS_LONG", "VIDJOBS_FAULTS_BACKLOG", "VIDJOBS_FUZZ_EXAMPLES", "VIDJOBS_FUZZ_SEED",
                  "VIDJOBS_TEST_LOCKS", "VIDJOBS_PORT_SLICE",
                  # the client and the `vidjobs render` family read these: where the API is, and the key
-                 "VIDJOBS_URL", "VIDJOBS_API_KEY", "VIDJOBS_CONFIG"}
+                 "VIDJOBS_URL", "VIDJOBS_API_KEY", "VIDJOBS_CONFIG",
+                 # ... and `vidjobs platform` and the client's `Platform` this one: a product's platform key
+                 "VIDJOBS_PLATFORM_KEY"}
 
 
 class ProviderPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):

@@ -27,9 +27,10 @@ the authority. Every service and the `vidjobs` command read the same settings fr
 `http_port` is the variable `VIDJOBS_HTTP_PORT`, and so on. An unknown `VIDJOBS_*` variable is refused at
 start, naming it, as is a value of the wrong type. Settings marked JSON take a JSON value; their entries are
 described at the end. `vidjobs up` fills in what the embedded stack needs (the data directory's servers,
-secrets it generates, the fake provider). Besides these, `VIDJOBS_URL`, `VIDJOBS_API_KEY` and `VIDJOBS_CONFIG`
-are read by the client commands and the Python client (where the API is, the key, the file `vidjobs login`
-writes), and the standard `OTEL_*` variables by tracing; none of them is a service setting.
+secrets it generates, the fake provider). Besides these, `VIDJOBS_URL`, `VIDJOBS_API_KEY`, `VIDJOBS_CONFIG` and
+`VIDJOBS_PLATFORM_KEY` are read by the client commands and the Python client (where the API is, the key, the
+file `vidjobs login` writes, a product's platform key), and the standard `OTEL_*` variables by tracing; none of
+them is a service setting.
 """
 
 
