@@ -169,7 +169,7 @@ def tenant_routes(h) -> list[tuple[str, str]]:
     public, access = h.app[PUBLIC_ROUTES], h.app[ROUTE_ACCESS]
     return [(r.method, r.resource.canonical) for r in h.app.router.routes()
             if r.resource is not None and r.name not in public and r.method != "HEAD"
-            and access[r.name].platform_scope is None]
+            and access[r.name].platform_scope is None and access[r.name].account]
 
 
 async def call(h, key: str, method: str, path: str) -> tuple[int, str]:

@@ -30,7 +30,7 @@ from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, account_d
 from vidjobs.gateway.bodies import ImageType, UploadErrorOut, UploadOut, UploadRefusal
 from vidjobs.gateway.decoding import read_body
 from vidjobs.gateway.routetable import Route, json_response
-from vidjobs.gateway.state import ACCOUNT, gateway
+from vidjobs.gateway.state import gateway
 from vidjobs.gateway.tenant import tenant
 from vidjobs.storage import integrity
 from vidjobs.storage.base import quarantine_key, upload_prefix
@@ -80,7 +80,7 @@ def upload_view(row: UploadRow) -> UploadOut:
 
 async def create_upload(request: web.Request) -> web.Response:
     gw, owner = gateway(request), tenant(request)
-    if request[ACCOUNT].disabled_at is not None:
+    if await owner.disabled():
         raise account_disabled()
     cap = gw.settings.max_uploads_per_day
     if await owner.uploads_today() >= cap:  # before the body is read: a refused upload costs nothing

@@ -424,6 +424,11 @@ class Tenant:
     async def upload(self, upload_id: str) -> UploadRow | None:
         return await uploads.owned(self._rt.pool, self.account_id, upload_id)
 
+    async def disabled(self) -> bool:
+        """Whether the account's platform has disabled it (it may read, not make anything)."""
+        return bool(await self._rt.pool.fetchval(
+            "SELECT disabled_at IS NOT NULL FROM accounts WHERE id = $1", self.account_id))
+
     async def uploads_today(self) -> int:
         return await uploads.count_today(self._rt.pool, self.account_id)
 
