@@ -323,3 +323,21 @@ async def test_credit_moves_only_with_a_live_platform_key_that_holds_the_credits
         refusals.append(refused.value.message)
     assert all("not a live platform key" in message for message in refusals)
     assert await h.count("SELECT credits_balance FROM accounts WHERE id = $1", account["id"]) == 0
+
+
+@pytest.mark.parametrize("running", ["finish", "stop"])
+async def test_disabling_lets_running_jobs_finish_or_stops_them_as_asked(h, running):
+    key = await platform_key(h)
+    account = await signup(h, key, f"busy-{running}", concurrent_jobs=5)
+    await grant(h, key, account["id"], 100_000, "g")
+    acting = {"Vidjobs-Account": account["id"]}
+    _, rendering = await call(h, key, "POST", "/v1/jobs", JOB_BODY, acting)
+    _, waiting = await call(h, key, "POST", "/v1/jobs", JOB_BODY, acting)
+    await drive(h.pool, rendering["id"], JobStatus.SUBMITTED)
+
+    status, done = await call(h, key, "POST", f"/v1/platform/accounts/{account['id']}/disable", {"running": running})
+
+    expected = [waiting["id"]] if running == "finish" else sorted([waiting["id"], rendering["id"]])
+    assert status == 200 and sorted(done["jobs_canceled"]) == expected
+    _, still = await call(h, key, "GET", f"/v1/jobs/{rendering['id']}", headers=acting)
+    assert still["status"] == ("submitted" if running == "finish" else "canceled")
