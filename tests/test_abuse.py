@@ -355,7 +355,7 @@ async def test_every_documented_route_called_with_another_accounts_ids_leaks_not
         before = await _state_of(settings.database_url, a_id, a_jobs)
 
         covered: dict[tuple[str, str], str] = {}
-        for (method, path), probe in _probes(a_jobs, a_upload, a_endpoint["id"]).items():
+        for (method, path), probe in _probes(a_jobs, a_upload, a_endpoint["id"], a_id).items():
             answers = await probe(b)
             for status, text in answers:
                 leaked = [s for s in secrets_of_a if s in text]
@@ -445,7 +445,7 @@ async def _endpoint(a: Stack) -> dict:
         return await resp.json()
 
 
-def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tuple[str, str], Probe]:
+def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str, a_id: str) -> dict[tuple[str, str], Probe]:
     """How B calls each documented route with A's ids; each answers every (status, body) it saw."""
 
     def each_job(method: str, suffix: str = "", json: Any = None) -> Probe:
@@ -510,7 +510,39 @@ def _probes(a_jobs: dict[str, dict], a_upload: str, a_endpoint: str) -> dict[tup
             assert r.status == 201
             return [(r.status, await r.text())]
 
+    async def token_for_their_job(b: Stack) -> list[tuple[int, str]]:
+        body = {"scopes": ["read"], "jobs": [a_jobs["pending"]["id"]]}
+        async with b.session.post(f"{b.url}/v1/account/tokens", json=body, headers=b.auth) as r:
+            assert r.status == 422
+            return [(r.status, (await r.text()).replace(a_jobs["pending"]["id"], "<the named id>"))]
+
+    def platforms(method: str, path: str) -> Probe:
+        # B's API key on a platform route naming A's account, and acting for A: neither is a platform key.
+        async def probe(b: Stack) -> list[tuple[int, str]]:
+            answers = []
+            for headers in (b.auth, {**b.auth, "Vidjobs-Account": a_id}):
+                async with b.session.request(method, f"{b.url}{path.replace('{account_id}', a_id)}", json={},
+                                             headers=headers) as r:
+                    assert r.status in (400, 403), (method, path, r.status)
+                    answers.append((r.status, (await r.text()).replace(a_id, "<the named id>")))
+            return answers
+        return probe
+
+    platform_routes = [
+        ("GET", "/v1/platform"), ("POST", "/v1/platform/accounts"), ("GET", "/v1/platform/accounts"),
+        ("GET", "/v1/platform/accounts/{account_id}"), ("PATCH", "/v1/platform/accounts/{account_id}"),
+        ("DELETE", "/v1/platform/accounts/{account_id}"), ("POST", "/v1/platform/accounts/{account_id}/disable"),
+        ("POST", "/v1/platform/accounts/{account_id}/enable"), ("POST", "/v1/platform/accounts/{account_id}/credits"),
+        ("GET", "/v1/platform/accounts/{account_id}/ledger"), ("GET", "/v1/platform/accounts/{account_id}/usage"),
+        ("POST", "/v1/platform/accounts/{account_id}/keys"), ("GET", "/v1/platform/accounts/{account_id}/keys"),
+        ("DELETE", "/v1/platform/accounts/{account_id}/keys/{key_id}"),
+        ("POST", "/v1/platform/accounts/{account_id}/tokens"), ("PUT", "/v1/platform/plans/{plan}"),
+        ("GET", "/v1/platform/plans"), ("GET", "/v1/platform/audit"),
+    ]
     return {
+        **{(m, p): platforms(m, p.replace("{key_id}", "key_0").replace("{plan}", "gold")) for m, p in platform_routes},
+        ("POST", "/v1/account/tokens"): token_for_their_job,
+        ("GET", "/v1/token"): plain("GET", "/v1/token", expect=403),
         ("POST", "/v1/jobs"): create_with_their_upload,
         ("GET", "/v1/jobs"): plain("GET", "/v1/jobs?limit=100"),
         ("GET", "/v1/jobs/{job_id}"): each_job("GET"),

@@ -31,7 +31,10 @@ from vidjobs.common.runtime import Runtime
 from vidjobs.common.settings import Settings
 from vidjobs.gateway import routes_files
 from vidjobs.gateway.apierrors import error_middleware
+from vidjobs.gateway.browsertokens import Tokens
 from vidjobs.gateway.liveroutes import LiveRoutes
+from vidjobs.gateway.platform_accounts import PlatformAccounts
+from vidjobs.gateway.platformkeys import PlatformKeys
 from vidjobs.gateway.processcaps import StreamSlots
 from vidjobs.gateway.ratelimit import Buckets
 from vidjobs.gateway.routetable import register
@@ -64,7 +67,9 @@ async def files_route(root: Path) -> AsyncIterator[FileStorage]:
     settings = Settings(signing_secret=secret)
     app[GATEWAY] = Gateway(settings=settings, rt=cast(Runtime, None), storage=storage,
                            adapters={}, streams=StreamSlots(per_account=1, per_key=1), buckets=cast(Buckets, None),
-                           webhook_rates={}, estimator=Estimator(settings), routes=cast(LiveRoutes, None))
+                           platform_keys=cast(PlatformKeys, None), tokens=cast(Tokens, None), credential_rates={},
+                           webhook_rates={}, estimator=Estimator(settings), routes=cast(LiveRoutes, None),
+                           platform_accounts=cast(PlatformAccounts, None))
     register(app, routes_files.ROUTES)
     runner = web.AppRunner(app)
     await runner.setup()
