@@ -341,3 +341,10 @@ async def test_disabling_lets_running_jobs_finish_or_stops_them_as_asked(h, runn
     assert status == 200 and sorted(done["jobs_canceled"]) == expected
     _, still = await call(h, key, "GET", f"/v1/jobs/{rendering['id']}", headers=acting)
     assert still["status"] == ("submitted" if running == "finish" else "canceled")
+
+
+async def test_a_path_or_method_that_is_not_served_answers_alike_for_a_platform_key(h):
+    key = await platform_key(h)
+    assert (await call(h, key, "GET", "/v1/platform/nothing-here"))[0] == 404
+    status, body = await call(h, key, "PUT", "/v1/platform/accounts")
+    assert status == 405 and body["error"]["code"] == "method_not_allowed"

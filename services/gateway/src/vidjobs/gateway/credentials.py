@@ -138,6 +138,8 @@ async def _as_platform(request: web.Request, token: str, access: Access) -> None
         raise unauthorized("unknown, expired or revoked platform key")
     _spend(gw, key.id, gw.settings.platform_rate_per_s, gw.settings.platform_rate_burst, "platform key")
     request[PLATFORM_KEY] = key
+    if access is _ANY_ROUTE:
+        return  # no such route (404), or not with this method (405): the same answer for every live credential
     if access.platform_scope is not None:
         if request.headers.get(ACTING_FOR) is not None:
             raise invalid(f"{ACTING_FOR}: a platform route names its account in its path", status=400)
