@@ -16,8 +16,15 @@ from vidjobs.common.credits import Entry
 from vidjobs.gateway import cursor, fallbacks
 from vidjobs.gateway.apierrors import ApiError, ErrorOut, GatewayCode, invalid, not_found
 from vidjobs.gateway.bodies import Credits, LedgerPage, LedgerQuery, UsageQuery, UsageReport
+from vidjobs.gateway.credentials import bearer_token
 from vidjobs.gateway.decoding import read_json, read_optional_json, read_query
-from vidjobs.gateway.platform_accounts import IdempotencyReused, NoSuchPlan, PlatformAccount, ReservedCredit
+from vidjobs.gateway.platform_accounts import (
+    ACCOUNT_LIMITS,
+    IdempotencyReused,
+    NoSuchPlan,
+    PlatformAccount,
+    ReservedCredit,
+)
 from vidjobs.gateway.platform_bodies import (
     AuditEntryOut,
     AuditPage,
@@ -92,9 +99,7 @@ async def _found(request: web.Request) -> PlatformAccount:
 def _limits(request: web.Request, body: msgspec.Struct, account_id: str = "") -> dict[str, Any]:
     """The limits a body sets (those it names), fallbacks checked against the models we offer."""
     gw = gateway(request)
-    named = {f: getattr(body, f) for f in ("concurrent_jobs", "max_queued_jobs", "daily_spend_cap",
-             "max_job_credits", "requests_per_s", "request_burst", "storage_quota_bytes", "fallback_models")
-             if getattr(body, f, msgspec.UNSET) is not msgspec.UNSET}
+    named = {f: getattr(body, f) for f in ACCOUNT_LIMITS if getattr(body, f, msgspec.UNSET) is not msgspec.UNSET}
     if "fallback_models" in named:
         named["fallback_models"] = fallbacks.account_default(
             gw.adapters, lambda m: gw.routes.route(m, account_id)[0], named["fallback_models"])
@@ -193,7 +198,7 @@ async def change_credit(request: web.Request) -> web.Response:
     body = await read_json(request, CreditChange, gw.settings.max_body_bytes)
     amount = body.amount if body.action == "grant" else -body.amount
     note = body.reason or ("credit granted" if amount > 0 else "credit taken back")
-    token = request.headers["Authorization"].partition(" ")[2].strip()  # the key itself: platform_credit checks it
+    token = bearer_token(request) or ""  # the key itself: platform_credit checks it
     try:
         done = await gw.platform_accounts.credit(token, account_id, amount, body.idempotency_key, note,
                                                  requestids.current() or "")
