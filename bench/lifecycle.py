@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -227,6 +228,8 @@ async def own_stack(data_dir: Path, **overrides: Any):
     from vidjobs.common import db
     from vidjobs.common.settings import ProviderLimits, load
 
+    # Tiny clips unless a job asks for a real one (--clip): `vidjobs up` on its own renders real ones.
+    os.environ.setdefault("VIDJOBS_FAKE_CLIP", "tiny")
     embedded = Embedded()
     try:
         # The fake provider gets no caps, so the figures measure vidjobs rather than its politeness limits.

@@ -2,6 +2,9 @@
 benchmark turns on `log_statement = 'all'` for the run, reads the log it wrote, and groups the statements
 by their text with literals and whitespace folded.
 
+Each line names its database too, so a count can keep to one database of a server others use as well (the
+test suite's: every test database's statements are logged while the logging is on).
+
 Logging every statement costs the server CPU, so a run that counts statements is not a run to time.
 """
 
@@ -13,14 +16,14 @@ from pathlib import Path
 
 import asyncpg
 
-_LINE = re.compile(r"(?:<([^>]*)> )?LOG:\s+(?:statement|execute [^:]*): (.*)")
+_LINE = re.compile(r"(?:<([^>]*)> )?(?:\{([^}]*)\} )?LOG:\s+(?:statement|execute [^:]*): (.*)")
 _SPACE = re.compile(r"\s+")
 _NUMBER = re.compile(r"\b\d+\b")
 
 
 async def start_logging(database_url: str) -> None:
-    # The session's application_name (the service: vidjobs-media, ...) goes in front of each line.
-    await _set(database_url, log_statement="'all'", log_line_prefix="'%m [%p] <%a> '")
+    # The session's application_name (the service: vidjobs-media, ...) and its database go in front of each line.
+    await _set(database_url, log_statement="'all'", log_line_prefix="'%m [%p] <%a> {%d} '")
 
 
 async def stop_logging(database_url: str) -> None:
@@ -41,18 +44,24 @@ def shape(sql: str) -> str:
     return _NUMBER.sub("N", _SPACE.sub(" ", sql).strip())[:110]
 
 
-def count(log_path: Path, offset: int) -> Counter[str]:
-    """Statements logged after byte `offset`; a statement's continuation lines are folded into it."""
+def count(log_path: Path, offset: int, database: str | None = None) -> Counter[str]:
+    """Statements logged after byte `offset` (in `database` only, where given); a statement's continuation
+    lines are folded into it."""
     counts: Counter[str] = Counter()
     current: list[str] | None = None
     with log_path.open(errors="replace") as f:
         f.seek(offset)
         for line in f:
             match = _LINE.search(line)
+            if match and database is not None and match.group(2) != database:
+                if current is not None:
+                    counts[shape(" ".join(current))] += 1
+                current = None  # another database's statement, its continuation lines with it
+                continue
             if match:
                 if current is not None:
                     counts[shape(" ".join(current))] += 1
-                current = [f"[{(match.group(1) or '?').strip('[]').removeprefix('vidjobs-')}]", match.group(2)]
+                current = [f"[{(match.group(1) or '?').strip('[]').removeprefix('vidjobs-')}]", match.group(3)]
             elif current is not None and line.startswith("\t"):
                 current.append(line)
             elif current is not None:

@@ -18,6 +18,7 @@ import botocore.session
 import pytest
 from botocore.config import Config
 
+from tests.faults.postgres import LocalPostgres
 from tests.s3server import TEST_BUCKET, MotoS3, aws_environment, moto_s3
 from tests.support import processes_running, with_database
 from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres
@@ -156,3 +157,13 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     """An HTTP client for one test, as the services hold one: adapters under test call through it."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         yield session
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
+    """A PostgreSQL server of the test's own, for a test that stalls, restarts or reads the log of its server."""
+    server = LocalPostgres(tmp_path / "pg").init().start()
+    try:
+        yield server
+    finally:
+        server.stop("immediate")

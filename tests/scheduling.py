@@ -3,8 +3,8 @@ workers, and the tests that must have the machine to themselves.
 
 - `tests/durations.json` records each test's seconds (setup, call and teardown) in a default run;
   `pytest --record-durations` rewrites the entries of the tests it ran. Tests are handed out longest first, so
-  no long test starts last and holds the run's end on one worker; tests/test_budget.py holds the default
-  selection to the budget that file states.
+  no long test starts last and holds the run's end on one worker, and quiet tests after all the others;
+  tests/test_budget.py holds the default selection to the budget that file states.
 - `quiet`: a test that measures time or CPU runs with no other test running on any worker (a writer-preferring
   lock over the workers' processes), so its figures are its own and not the load of its neighbours.
 - `long`: the long scenarios (fault runs at full length, soak, load) that the default run deselects; each has a
@@ -83,6 +83,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         else:
             order[id(item)] = (recorded.get(item.nodeid, UNRECORDED_S), -index)
     items.sort(key=lambda item: order[id(item)], reverse=True)
+    # Quiet tests last: one handed out early waits, holding the gate shut to every other worker, for the
+    # longest tests of the run (already started, longest first) to end. At the end it waits for short ones.
+    items.sort(key=lambda item: item.get_closest_marker("quiet") is not None)
+
+
+# What this session collected and what its options left out: tests/test_budget.py reads the default run's
+# selection from the session running it, when that session is the default run, instead of collecting again.
+SELECTED = pytest.StashKey[list[pytest.Item]]()
+DESELECTED = pytest.StashKey[list[pytest.Item]]()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        items[0].config.stash.setdefault(DESELECTED, []).extend(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[SELECTED] = list(session.items)
 
 
 def _module_of(item: pytest.Item) -> str:

@@ -1,4 +1,4 @@
-"""Which tables a service's code touches, and how, read from the SQL in its source.
+"""Which tables and views a service's code touches, and how, read from the SQL in its source.
 
 A service's code is its own package plus every `libs` module it imports, followed through the imports: the
 transition guard, the outbox and the credit code run inside every service. The SQL is every string literal
@@ -49,6 +49,10 @@ def schema_tables() -> set[str]:
     for sql in _migrations():
         found |= set(re.findall(r"CREATE TABLE (?:IF NOT EXISTS )?(\w+)", sql))
     return found
+
+
+def schema_views() -> set[str]:
+    return {name for sql in _migrations() for name in re.findall(r"CREATE (?:OR REPLACE )?VIEW (\w+)", sql)}
 
 
 def schema_functions() -> set[str]:
@@ -150,8 +154,8 @@ def statement_columns(sql: str, table: str) -> set[str]:
 
 
 def uses_of(service: str) -> dict[str, dict[Privilege, set[str]]]:
-    """table → privilege → the files whose SQL needs it."""
-    tables, functions = schema_tables(), schema_functions()
+    """table or view → privilege → the files whose SQL needs it."""
+    tables, functions = schema_tables() | schema_views(), schema_functions()
     found: dict[str, dict[Privilege, set[str]]] = {}
     for module in sorted(modules_of(service)):
         path = _path(module)

@@ -273,7 +273,7 @@ async def test_a_wrong_key_is_our_configuration_and_the_key_is_never_repeated(st
     with pytest.raises(ProviderError) as err:
         await fal.submit(submit_request(job()))
 
-    assert err.value.code is ErrorCode.INTERNAL and "check VIDJOBS_FAL_API_KEY" in err.value.message
+    assert err.value.code is ErrorCode.PROVIDER_MISCONFIGURED and "check VIDJOBS_FAL_API_KEY" in err.value.message
     assert wrong not in err.value.message and wrong not in repr(fal) and wrong not in caplog.text
 
 

@@ -73,7 +73,7 @@ def test_a_callback_gets_a_delivery_id_stable_across_retries_and_distinct_per_bo
     ("error_400_invalid", 400, {}, ErrorCode.INVALID_INPUT, None),
     ("error_400_moderation", 400, {}, ErrorCode.CONTENT_REJECTED, None),
     ("error_422_schema", 422, {}, ErrorCode.INVALID_INPUT, None),
-    ("error_401_invalid_key", 401, {}, ErrorCode.INTERNAL, None),
+    ("error_401_invalid_key", 401, {}, ErrorCode.PROVIDER_MISCONFIGURED, None),
     ("error_429_rate_limited", 429, {"Retry-After": "2"}, ErrorCode.RATE_LIMITED, 2.0),
     ("error_429_rate_limited", 429, {}, ErrorCode.RATE_LIMITED, None),
     ("error_500_internal", 500, {}, ErrorCode.PROVIDER_UNAVAILABLE, None),
@@ -92,7 +92,7 @@ def test_schema_errors_name_the_field():
 def test_failure_reasons_map_to_the_taxonomy():
     assert luma.failure("400: prompt not allowed because advanced moderation failed").code is ErrorCode.CONTENT_REJECTED
     assert luma.failure("Request timed out").code is ErrorCode.TIMEOUT
-    assert luma.failure("Insufficient credits").code is ErrorCode.INTERNAL
+    assert luma.failure("Insufficient credits").code is ErrorCode.QUOTA_EXHAUSTED
     assert luma.failure(None).code is ErrorCode.PROVIDER_UNAVAILABLE
 
 
@@ -190,7 +190,7 @@ async def test_a_wrong_key_names_the_setting_and_never_the_key(http, standin):
 
     err = await refusal(adapter, submit_request(standin, request()))
 
-    assert err.code is ErrorCode.INTERNAL and "VIDJOBS_LUMA_API_KEY" in err.message
+    assert err.code is ErrorCode.PROVIDER_MISCONFIGURED and "VIDJOBS_LUMA_API_KEY" in err.message
     assert "luma-wrong-key-value" not in err.message and "wrong" not in repr(adapter)
 
 

@@ -72,8 +72,8 @@ def test_a_malformed_callback_is_an_internal_error(adapter):
     ("error_429_throttled", 429, {"Retry-After": "1"}, ErrorCode.RATE_LIMITED, 1.0),
     ("error_429_throttled", 429, {}, ErrorCode.RATE_LIMITED, 1.0),  # "Expected available in 1 second."
     ("error_429_resets", 429, {}, ErrorCode.RATE_LIMITED, 30.0),  # "resets in ~30s."
-    ("error_401_unauthenticated", 401, {}, ErrorCode.INTERNAL, None),
-    ("error_402_insufficient_credit", 402, {}, ErrorCode.INTERNAL, None),
+    ("error_401_unauthenticated", 401, {}, ErrorCode.PROVIDER_MISCONFIGURED, None),
+    ("error_402_insufficient_credit", 402, {}, ErrorCode.QUOTA_EXHAUSTED, None),
     ("error_503_unavailable", 503, {}, ErrorCode.PROVIDER_UNAVAILABLE, None),
 ])
 def test_recorded_error_answers_map_to_the_taxonomy(name, status, headers, code, wait):
@@ -190,7 +190,7 @@ test_each_refused_submit_maps_to_its_code = scaffold.refused_submits(submit_requ
     ("throttled", ErrorCode.RATE_LIMITED, 30.0, "throttled"),  # no Retry-After: the body's figure
     ("unavailable", ErrorCode.PROVIDER_UNAVAILABLE, None, "temporarily unavailable"),
     ("invalid", ErrorCode.INVALID_INPUT, None, "input.duration"),
-    ("no_credit", ErrorCode.INTERNAL, None, "insufficient credit"),
+    ("no_credit", ErrorCode.QUOTA_EXHAUSTED, None, "insufficient credit"),
     ("malformed", ErrorCode.INTERNAL, None, "malformed"),
 ])
 
@@ -200,7 +200,7 @@ async def test_a_wrong_token_names_the_setting_and_never_the_token(http, standin
 
     err = await refusal(adapter, submit_request(standin, request()))
 
-    assert err.code is ErrorCode.INTERNAL and "VIDJOBS_REPLICATE_API_TOKEN" in err.message
+    assert err.code is ErrorCode.PROVIDER_MISCONFIGURED and "VIDJOBS_REPLICATE_API_TOKEN" in err.message
     assert "r8_wrong_secret_value" not in err.message and "r8_wrong" not in repr(adapter)
 
 

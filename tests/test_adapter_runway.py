@@ -94,10 +94,10 @@ def test_a_malformed_recorded_task_is_internal():
 
 @pytest.mark.parametrize(("status", "name", "code"), [
     (400, "error_validation", ErrorCode.INVALID_INPUT),
-    (401, "error_unauthorized", ErrorCode.INTERNAL),
+    (401, "error_unauthorized", ErrorCode.PROVIDER_MISCONFIGURED),
     (429, "error_rate_limit", ErrorCode.RATE_LIMITED),
     (503, "error_unavailable", ErrorCode.PROVIDER_UNAVAILABLE),
-    (404, "error_not_found", ErrorCode.INTERNAL),
+    (404, "error_not_found", ErrorCode.PROVIDER_MISCONFIGURED),
 ])
 def test_each_recorded_error_answer_maps_to_our_code(status: int, name: str, code: ErrorCode):
     err = http_error(status, (PAYLOADS / f"{name}.json").read_bytes(), {"Retry-After": "7"})
@@ -196,7 +196,7 @@ async def test_a_wrong_key_is_our_configuration_and_is_never_shown(runway: Runwa
     with pytest.raises(ProviderError) as caught:
         await RunwayAdapter(http, runway.url, wrong).submit(attempt(job()))
 
-    assert caught.value.code is ErrorCode.INTERNAL
+    assert caught.value.code is ErrorCode.PROVIDER_MISCONFIGURED
     assert "VIDJOBS_RUNWAY_API_KEY" in caught.value.message
     assert wrong not in caught.value.message and wrong not in repr(RunwayAdapter(http, runway.url, wrong))
     assert wrong not in caplog.text

@@ -122,13 +122,13 @@ def test_a_malformed_recorded_operation_is_internal(http: aiohttp.ClientSession,
 
 @pytest.mark.parametrize(("status", "name", "code", "wait"), [
     (400, "error_invalid_argument", ErrorCode.INVALID_INPUT, None),
-    (400, "vertex_error_api_key_invalid", ErrorCode.INTERNAL, None),  # a wrong key is a 400 at Google
-    (400, "gemini_error_api_key_invalid", ErrorCode.INTERNAL, None),
-    (401, "vertex_error_unauthenticated", ErrorCode.INTERNAL, None),
-    (403, "gemini_error_permission_denied", ErrorCode.INTERNAL, None),
+    (400, "vertex_error_api_key_invalid", ErrorCode.PROVIDER_MISCONFIGURED, None),  # a wrong key is a 400 at Google
+    (400, "gemini_error_api_key_invalid", ErrorCode.PROVIDER_MISCONFIGURED, None),
+    (401, "vertex_error_unauthenticated", ErrorCode.PROVIDER_MISCONFIGURED, None),
+    (403, "gemini_error_permission_denied", ErrorCode.PROVIDER_MISCONFIGURED, None),
     (429, "error_rate_limit", ErrorCode.RATE_LIMITED, 33.0),  # RetryInfo's retryDelay: no Retry-After header
     (503, "error_unavailable", ErrorCode.PROVIDER_UNAVAILABLE, None),
-    (404, "error_not_found", ErrorCode.INTERNAL, None),
+    (404, "error_not_found", ErrorCode.PROVIDER_MISCONFIGURED, None),
 ])
 def test_each_recorded_error_answer_maps_to_our_code(status: int, name: str, code: ErrorCode, wait: float | None):
     err = http_error(status, (PAYLOADS / f"{name}.json").read_bytes(), {})
@@ -297,7 +297,7 @@ async def test_a_wrong_or_missing_key_is_our_configuration_and_is_never_shown(
     with pytest.raises(ProviderError) as caught:
         await adapter.submit(attempt(job()))
 
-    assert caught.value.code is ErrorCode.INTERNAL
+    assert caught.value.code is ErrorCode.PROVIDER_MISCONFIGURED
     assert "VIDJOBS_VEO_API_KEY" in caught.value.message
     if key:
         assert key not in caught.value.message and key not in repr(adapter) and key not in caplog.text

@@ -23,9 +23,12 @@ from aiohttp import web
 from tests.stack import Stack, running_stack, stack_settings
 from tests.standins.server import serving
 from tests.support import wait_until
-from vidjobs.common import db
+from vidjobs.common import creation, db, deletion, events, transitions
+from vidjobs.common.jobs import JobRequest
 from vidjobs.common.signatures import new_secret
+from vidjobs.common.states import JobStatus
 from vidjobs.gateway.accounts import create_account
+from vidjobs.gateway.appwebhooks import deliveries
 
 
 def reference_verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -307,3 +310,29 @@ async def test_an_upgrade_seals_the_plaintext_secrets_and_deliveries_still_verif
     assert reference_verify(endpoint_secret, headers, body)
     [(own_headers, own_body)] = app.received["own"]
     assert reference_verify(account_secret, own_headers, own_body)
+
+
+async def test_a_job_deleted_while_live_is_canceled_but_told_to_no_app(pool):
+    """Deleting a live job cancels it through the transition function, which stages the app event a cancel
+    stages; the job is hidden in the same transaction, so the fan-out finds nobody to tell (the job reads as
+    never having existed, and a delivery's body is the job as the API shows it)."""
+    async with pool.acquire() as conn:
+        account_id, _ = await create_account(conn, "apps", credits=100, concurrency=2)
+        await conn.execute("INSERT INTO webhook_endpoints (id, account_id, url, secret, events) "
+                           "VALUES ('we_del', $1, 'https://example.com/hook', $2, $3)",
+                           account_id, new_secret(), ["job.canceled", "job.stage"])
+        async with conn.transaction():
+            job = await creation.create(conn, account_id=account_id, request=JobRequest(model="fake/x", prompt="p"),
+                                        estimated_credits=10, recovery_delay_s=60)
+        await transitions.transition(conn, job.id, JobStatus.SUBMITTED, reason="test",
+                                     update=transitions.JobUpdate(provider_job_id="rnd_del"))
+        await conn.execute("DELETE FROM outbox")
+        async with conn.transaction():
+            assert await deletion.soft_delete(conn, job.id, account_id)
+    staged = [events.decode(r["subject"], bytes(r["payload"])) for r in await pool.fetch(
+        "SELECT subject, payload FROM outbox WHERE subject = $1", events.APP_EVENTS)]
+
+    assert [(e.job_id, e.types) for e in staged if isinstance(e, events.AppEventDue)] == [
+        (job.id, ["job.stage", "job.canceled"])]
+    assert [await deliveries.fan_out(pool, e) for e in staged if isinstance(e, events.AppEventDue)] == [0]
+    assert await pool.fetchval("SELECT count(*) FROM webhook_deliveries") == 0

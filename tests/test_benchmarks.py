@@ -39,6 +39,15 @@ SMALL_RUNS = {
         r"^\s+40\s+\d+\s+\d+\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+ ->\s+[\d.]+\s+[\d.]+ ->\s+[\d.]+$",
         r"^rows per waiting job at 40: jobs 1\.00, job_transitions",
     ]),
+    "streams": (["--accounts", "3", "--jobs-per-account", "4", "--streams", "12", "--render-s", "0.5",
+                 "--idle-streams", "5", "--idle-s", "3"], [
+        r"^  streams: \d+/12 opened, refused .*; saw the final state \d+, ended early .*, still open at the end \d+",
+        r"^  GET /v1/jobs/\{id\} meanwhile \(10/s, another account\): p50 [\d.]+ ms  p99 [\d.]+ ms",
+        # Counted from the log of the tests' PostgreSQL, in the benchmark's scratch database only.
+        r"^  statements per job state change: [\d.]+ \(\d+ statements, \d+ transitions",
+        r"^gateway statements/change\s+[\d.]+$", r"^idle CPU s/stream/min\s+-?[\d.]+$",
+        r"^idle RSS KiB/stream\s+-?[\d.]+$", r"^idle statements/stream/min\s+-?[\d.]+$",
+    ]),
     "lifecycle": (["-n", "20"], [r"^per job: xact_commit [\d.]+", r"^\s+total\s+[\d.]+ ms$"]),
     # The ffmpeg comparison needs the [bench] extra's ffmpeg; the test run may not have it.
     "media": (["--rounds", "2", "--big-rounds", "1", "--sizes", "720p:5", "--kind", "provider"], [
@@ -49,6 +58,11 @@ SMALL_RUNS = {
         r"^  derive\s+cpu\s+[\d.]+ \([\d.]+-[\d.]+\)\s+wall\s+[\d.]+$", r"^  whole copy\s+cpu\s+[\d.]+",
     ]),
     "media_isolation": (["--mb", "4", "--burst", "1"], [r"^download alone\s+[\d.]+ s\s+x 1\.00"]),
+    # Makes its own primary and standby (tests/faults/replica.py) rather than use the test server.
+    "replication": (["--seconds", "1", "--rounds", "1", "-c", "2"], [
+        r"^round 1 sync :\s+\d+ creates  p50\s+[\d.]+ ms  p99\s+[\d.]+ ms$", r"^round 1 async:\s+\d+ creates",
+        r"^sync / async: p50 [\d.]+x  p99 [\d.]+x$",
+    ]),
     "fake_clips": (["--rounds", "2", "--durations", "5"], [r"^\s+5 s\s+[\d.]+\s+[\d.]+-[\d.]+\s+[\d.]+\s+[\d.]+$"]),
 }
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from pytest_timeout import _get_item_settings
 
-from tests.scheduling import load_record
+from tests.scheduling import DESELECTED, SELECTED, base_id, load_record
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +45,28 @@ sys.exit(pytest.main(["--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider
 """
 
 
+def _this_session(config: pytest.Config) -> Collected | None:
+    """The running session's own collection, when the session is the default run (the test paths of the
+    configuration, its `-m 'not long'`, nothing else chosen): what collecting again would give, for free."""
+    options = config.option
+    if (config.args_source is not pytest.Config.ArgsSource.TESTPATHS or options.keyword
+            or options.markexpr != "not long" or options.deselect or getattr(options, "lf", False)
+            or SELECTED not in config.stash):
+        return None
+    found = Collected({}, {}, set())
+    for items, into in ((config.stash[SELECTED], found.selected), (config.stash.get(DESELECTED, []), found.deselected)):
+        for item in items:
+            test = base_id(item.nodeid)
+            into[test] = float(_get_item_settings(item).timeout or 0.0)
+            if item.get_closest_marker("long") is not None:
+                found.long.add(test)
+    return found
+
+
 @pytest.fixture(scope="module")
-def collected(tmp_path_factory: pytest.TempPathFactory) -> Collected:
+def collected(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Collected:
+    if (mine := _this_session(request.config)) is not None:
+        return mine
     out = subprocess.run([sys.executable, "-c", _COLLECT, f"--basetemp={tmp_path_factory.mktemp('collect')}"],
                          cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]

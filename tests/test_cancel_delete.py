@@ -118,8 +118,12 @@ async def test_delete_at_any_stage_hides_the_job_and_removes_its_files(settings,
         render = await _render_status(stack, job_id)
 
     assert row["deleted_at"] is not None
-    assert row["status"] == {"queued": "pending", "rendering": "processing", "downloading": "downloading",
-                             "ready": "completed"}[stage]  # deletion is not a status; nothing moved it after
+    # Deletion is not a status: a live job is canceled on the way (its trail says why), a finished one keeps
+    # its status, and nothing moves either after.
+    if stage == "ready":
+        assert row["status"] == "completed" and row["last_reason"] != "deleted"
+    else:
+        assert (row["status"], row["last_reason"]) == ("canceled", "deleted")
     if stage == "rendering":
         assert render == "canceled"
 
@@ -169,6 +173,8 @@ async def _row(stack: Stack, job_id: str) -> dict:
 
     conn = await asyncpg.connect(stack.settings.database_url)
     try:
-        return dict(await conn.fetchrow("SELECT status, deleted_at FROM jobs WHERE id = $1", job_id))
+        return dict(await conn.fetchrow(
+            "SELECT status, deleted_at, (SELECT reason FROM job_transitions WHERE job_id = j.id ORDER BY id DESC "
+            "LIMIT 1) AS last_reason FROM jobs j WHERE id = $1", job_id))
     finally:
         await conn.close()

@@ -58,7 +58,7 @@ async def test_up_runs_a_job_stops_cleanly_and_resumes(tmp_path):
         headers = {"Authorization": f"Bearer {key}"}
         async with aiohttp.ClientSession(headers=headers) as http:
             body = {"model": "fake/default", "prompt": "a lighthouse at dusk", "duration_s": 1,
-                    "params": {"render_s": 0.2}}
+                    "resolution": "480p", "aspect_ratio": "16:9", "params": {"render_s": 0.2}}
             async with http.post(f"{url}/v1/jobs", json=body) as resp:
                 assert resp.status == 201
                 job_id = (await resp.json())["id"]
@@ -69,6 +69,8 @@ async def test_up_runs_a_job_stops_cleanly_and_resumes(tmp_path):
                     return job if job["status"] == "completed" else None
 
             job = await wait_until(completed, within=60, what="the job to complete")
+            # The demo renders what was asked (a clip of the requested size), not the tests' tiny clip.
+            assert (job["outputs"]["width"], job["outputs"]["height"]) == (854, 480), job["outputs"]
             # Webhook secrets, sealed under the key `up` made and kept: the restart below must open them.
             async with http.post(f"{url}/v1/webhook-endpoints", json={"url": "https://93.184.215.14/h"}) as resp:
                 assert resp.status == 201

@@ -53,8 +53,9 @@ async def test_unreachable_database_and_missing_things_have_their_own_exit_codes
     assert gone.code == Exit.BACKEND_UNREACHABLE and "cannot reach the database" in gone.err
     vidjobs = operator_command(database_url)
     missing = await asyncio.gather(vidjobs("jobs", "inspect", "job_nope"), vidjobs("jobs", "retry", "job_nope"),
-                                   vidjobs("inbox", "replay", "424242"), vidjobs("breakers", "reset", "nobody"))
-    assert [m.code for m in missing] == [Exit.NOT_FOUND] * 4, [m.err for m in missing]
+                                   vidjobs("inbox", "replay", "424242"), vidjobs("breakers", "reset", "nobody"),
+                                   vidjobs("inbox", "show", "job_nope"))
+    assert [m.code for m in missing] == [Exit.NOT_FOUND] * 5, [m.err for m in missing]
     usage = await vidjobs("dead", "replay")
     assert usage.code == Exit.USAGE and "--all" in usage.err
 

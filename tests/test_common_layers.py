@@ -1,6 +1,7 @@
 """vidjobs.common's modules import one another in one direction only: no two of them reach each other, directly
 or through others. In particular the job row (`jobs`) is below every module that writes a job (`creation`,
-`transitions`, `deletion`, `waiting`, `credits`, ...), and `transitions` calls into those, never they into it."""
+`transitions`, `deletion`, `waiting`, `credits`, ...), and `transitions` calls into those, never they into it,
+but for the two that end a job through it (`cancels`, and `deletion` by way of a cancel)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,8 @@ def test_the_job_row_is_below_what_writes_jobs():
     graph = _graph()
     # The row reads: it knows the statuses, the error type and the stop message, and nothing that writes.
     assert graph["jobs"] <= {"errors", "events", "states"}, graph["jobs"]
-    writers = {"creation", "deletion", "waiting", "credits", "recovery_checks", "provider_reports", "attempt_costs"}
+    writers = {"creation", "waiting", "credits", "recovery_checks", "provider_reports", "attempt_costs"}
     assert not {name for name in writers if "transitions" in graph[name]}
     assert {"jobs", "credits", "waiting"} <= graph["transitions"]
+    # A deleted live job is canceled first, through the transition function, never by a write of its own.
+    assert "cancels" in graph["deletion"] and not graph["deletion"] & {"credits", "waiting"}

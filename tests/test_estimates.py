@@ -28,6 +28,7 @@ from vidjobs.common.estimates import (
     ProviderQueue,
     estimate,
     moved,
+    slot_free_at,
     slot_free_in,
 )
 from vidjobs.common.settings import ProviderLimits, Settings
@@ -84,6 +85,26 @@ def test_slots_come_free_as_renders_in_flight_end_and_then_turn_over(remaining, 
     remaining = [min(r, hold_s) for r in remaining]  # a render in flight has at most one hold left
 
     assert slot_free_in(remaining, slots, nth, hold_s) == pytest.approx(_simulated_free(remaining, slots, nth, hold_s))
+
+
+@given(st.lists(st.floats(0, 30), max_size=8), st.integers(1, 4), st.integers(0, 12), st.floats(0.5, 10))
+def test_the_slot_read_from_one_render_is_the_slot_made_from_all_of_them(ages, slots, nth, hold_s):
+    """What an estimate computes (slot_free_at: renders in flight oldest first, one of them read) against the
+    reference (slot_free_in over every render's time left, sorted): the same answer, however many are in
+    flight, including renders past their hold and more in flight than slots."""
+    started = tuple(sorted(NOON - timedelta(seconds=age) for age in ages))
+    remaining = [max(0.0, hold_s - age) for age in ages]
+
+    # A start time holds whole microseconds: the two may differ by that rounding, no more.
+    assert slot_free_at(started, slots, nth, hold_s, NOON) == \
+        pytest.approx(slot_free_in(remaining, slots, nth, hold_s), abs=2e-6)
+
+
+def test_a_queue_keeps_its_renders_oldest_first_however_they_were_read():
+    late, early = NOON, NOON - timedelta(seconds=5)
+
+    assert ProviderQueue(backlog=Backlog({}), accounts={}, rendering=(late, early)).rendering == (early, late)
+    assert AccountLoad(cap=1, rendering=(late, early)).rendering == (early, late)
 
 
 def _inputs(**changes) -> Inputs:

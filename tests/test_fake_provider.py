@@ -271,6 +271,18 @@ async def test_no_callback_renders_but_only_polling_finds_out(adapter, receiver,
     assert (await counters(http, provider))["callbacks_by_render"] == {}
 
 
+async def test_no_final_callback_calls_back_at_the_start_and_never_at_the_end(adapter, receiver, http, provider):
+    render_id = (await adapter.submit(attempt(receiver, "no_final_callback"))).provider_job_id
+
+    done = await status_until(adapter, render_id, ProviderState.SUCCEEDED)
+    [(_, started)] = await callbacks(receiver, adapter, 1)
+
+    assert done.output_url
+    assert (started.state, started.provider_job_id) == (ProviderState.RUNNING, render_id)
+    await settles_at(receiver, 1)  # the finished render's callback never comes
+    assert (await counters(http, provider))["callbacks_by_render"] == {render_id: 1}
+
+
 @pytest.mark.parametrize(("scenario", "code", "retry_after"), [
     ("rate_limit_then_succeed", ErrorCode.RATE_LIMITED, 1.0),
     ("unavailable_then_succeed", ErrorCode.PROVIDER_UNAVAILABLE, None),
@@ -289,6 +301,33 @@ async def test_the_first_two_submits_are_refused_then_one_is_accepted(adapter, h
     assert seen["refusals_by_job"] == {job_id: 2}
     assert seen["submissions_by_job"] == {job_id: 3}
     assert seen["renders_by_job"] == {job_id: 1}
+
+
+@pytest.mark.parametrize(("scenario", "code"), [
+    ("no_credit", ErrorCode.QUOTA_EXHAUSTED),
+    ("key_refused", ErrorCode.PROVIDER_MISCONFIGURED),
+])
+async def test_an_account_the_provider_refuses_is_refused_every_submit_and_nothing_renders(adapter, http, provider,
+                                                                                           scenario, code):
+    job_id = ids.new("job")
+    errors = [await refused(lambda n=n: adapter.submit(attempt(None, scenario, job_id=job_id, number=n)))
+              for n in (1, 2, 3)]
+
+    # Our account, not the request: no attempt of it can pass until a person puts the key or the credit right.
+    assert [(e.code, e.retryable, e.unclear) for e in errors] == [(code, False, False)] * 3
+    seen = await counters(http, provider)
+    assert seen["refusals_by_job"] == {job_id: 3}
+    assert seen["renders_by_job"] == {}
+
+
+async def test_key_revoked_accepts_the_submit_then_refuses_every_call_about_its_render(adapter):
+    req = attempt(None, "key_revoked")
+    render_id = (await adapter.submit(req)).provider_job_id
+
+    errors = [await refused(call) for call in (lambda: adapter.status(render_id), lambda: adapter.cancel(render_id),
+                                               lambda: adapter.find(req))]
+
+    assert [(e.code, e.retryable) for e in errors] == [(ErrorCode.PROVIDER_MISCONFIGURED, False)] * 3
 
 
 async def test_content_rejected_fails_with_a_policy_error_that_is_not_retried(adapter, receiver):
@@ -455,7 +494,7 @@ async def test_status_of_a_render_the_provider_forgot_is_a_transient_failure(ada
 async def test_a_404_from_something_other_than_the_provider_is_not_a_lost_render(http, secret):
     async with serving([]) as base:  # answers aiohttp's plain 404 to everything
         error = await refused(lambda: FakeAdapter(http, base, secret).status("rnd_1"))
-    assert error.code is ErrorCode.INTERNAL
+    assert error.code is ErrorCode.PROVIDER_MISCONFIGURED  # our address for it is wrong, not the render lost
 
 
 @pytest.mark.parametrize(("status", "body", "headers", "code", "retry_after"), [
@@ -467,9 +506,10 @@ async def test_a_404_from_something_other_than_the_provider_is_not_a_lost_render
      None),
     (400, b'{"error": {"code": "content_policy_violation", "message": "flagged"}}', {},
      ErrorCode.CONTENT_REJECTED, None),
-    (401, b'{"error": {"code": "unauthorized", "message": "bad key"}}', {}, ErrorCode.INTERNAL, None),
+    (401, b'{"error": {"code": "unauthorized", "message": "bad key"}}', {}, ErrorCode.PROVIDER_MISCONFIGURED, None),
     (200, b"this is not json", {}, ErrorCode.INTERNAL, None),
     (201, b'{"id": "rnd_1"}', {}, ErrorCode.INTERNAL, None),
+    (402, b'{"error": {"code": "insufficient_credit", "message": "top up"}}', {}, ErrorCode.QUOTA_EXHAUSTED, None),
 ])
 async def test_provider_answers_map_onto_the_taxonomy(http, secret, status, body, headers, code, retry_after):
     async def answer(_: web.Request) -> web.Response:
@@ -478,6 +518,62 @@ async def test_provider_answers_map_onto_the_taxonomy(http, secret, status, body
     async with serving([web.post("/v1/renders", answer)]) as base:
         error = await refused(lambda: FakeAdapter(http, base, secret).submit(attempt(None)))
     assert (error.code, error.retry_after) == (code, retry_after)
+
+
+# --- the weather: the whole provider's outages -------------------------------------------------------------
+
+
+async def set_weather(http: aiohttp.ClientSession, provider: FakeProvider, **weather) -> dict:
+    async with http.put(f"{provider.url}/v1/_weather", json=weather) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+@pytest.mark.parametrize(("api", "code", "retry_after"), [
+    ("rate_limited", ErrorCode.RATE_LIMITED, 1.0),
+    ("unavailable", ErrorCode.PROVIDER_UNAVAILABLE, None),
+    ("failing", ErrorCode.PROVIDER_UNAVAILABLE, None),
+])
+async def test_a_refusing_provider_refuses_every_call_until_the_weather_clears(adapter, http, provider, api, code,
+                                                                              retry_after):
+    first = attempt(None)
+    submitted = await adapter.submit(first)
+    await set_weather(http, provider, api=api)
+    error = await refused(lambda: adapter.submit(attempt(None)))
+    assert (error.code, error.retry_after) == (code, retry_after)
+    assert (await refused(lambda: adapter.status(submitted.provider_job_id))).code is code
+    assert (await counters(http, provider))["renders_by_job"] == {first.job_id: 1}  # the refused one never ran
+
+    assert await set_weather(http, provider) == {"api": "clear", "callbacks": "normal", "delay_s": 0.0}
+    assert (await adapter.status(submitted.provider_job_id)).state is not ProviderState.FAILED
+
+
+async def test_a_slow_provider_answers_late_and_late_callbacks_come_late(adapter, http, provider, receiver):
+    await set_weather(http, provider, api="slow", callbacks="late", delay_s=0.5)
+    began = time.monotonic()
+    render_id = (await adapter.submit(attempt(receiver, render_s=0.0))).provider_job_id
+    assert time.monotonic() - began >= 0.5
+    assert not receiver.deliveries  # the first callback waits its half second too
+    delivered = await callbacks(receiver, adapter, 2)
+    assert time.monotonic() - began >= 1.0
+    assert delivered[-1][1].provider_job_id == render_id
+
+
+async def test_callbacks_twice_sends_every_event_again_under_a_new_id(adapter, http, provider, receiver):
+    await set_weather(http, provider, callbacks="twice")
+    await adapter.submit(attempt(receiver))
+    delivered = await callbacks(receiver, adapter, 6)  # running and succeeded, each three times
+    await settles_at(receiver, 6)
+    assert {sig.state for _, sig in delivered} == {ProviderState.RUNNING, ProviderState.SUCCEEDED}
+    assert len({wid for wid, _ in delivered}) == 4
+
+
+@pytest.mark.parametrize("weather", [{"api": "stormy"}, {"delay_s": 31}, {"delay_s": -1}, {"rain": 1}])
+async def test_a_weather_it_does_not_know_is_refused_and_nothing_changes(http, provider, weather):
+    async with http.put(f"{provider.url}/v1/_weather", json=weather) as resp:
+        assert resp.status == 400, await resp.text()
+    async with http.get(f"{provider.url}/v1/_weather") as resp:
+        assert (await resp.json())["api"] == "clear"
 
 
 # --- wiring --------------------------------------------------------------------------------------------

@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 
 from tests.faults.report import table
-from tests.faults.scenarios import SCENARIOS
+from tests.faults.scenarios import MEASUREMENTS, SCENARIOS
 
 # The longest long run recorded (docs/RELIABILITY.md) took 637 s; the global timeout (pyproject.toml) is 300 s.
 LONG_TIMEOUT_S = 1800
 WRITTEN = [name for name, scenario in SCENARIOS.items() if scenario is not None]
+# A measurement (tests.faults.scenarios.MEASUREMENTS) runs with the long versions only.
+DEFAULT = [name for name in WRITTEN if name not in MEASUREMENTS]
 
 
 async def _run(name: str, long: bool) -> None:
@@ -26,7 +28,7 @@ async def _run(name: str, long: bool) -> None:
     assert row.passed, f"{name}: " + "; ".join(row.broken)
 
 
-@pytest.mark.parametrize("name", WRITTEN)
+@pytest.mark.parametrize("name", DEFAULT)
 async def test_fault(name: str) -> None:
     await _run(name, False)
 

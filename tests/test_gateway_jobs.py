@@ -11,10 +11,12 @@ import pytest
 from tests.gateway_harness import JOB_BODY, assert_error, auth, drive, gateway_settings, running_gateway
 from vidjobs.common.states import JobStatus
 
-# Every field docs/API.md names, plus `queue_reason` (why a queued job waits), `priority` (its lane) and `estimate`
-# (when a waiting job is likely to start and be ready), added in the same style.
-API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "queue_position",
-                "queue_reason", "priority", "estimate", "progress", "error", "outputs", "cost",
+# Every field docs/API.md names, plus `queue_reason` (why a queued job waits), `priority` (its lane), `estimate`
+# (when a waiting job is likely to start and be ready), `ready` (when a rendering one is likely to be ready) and
+# `retry` (what sent a retried job round again), added in the same style.
+API_JOB_KEYS = {"id", "status", "stage", "model", "prompt", "created_at", "updated_at", "attempt", "retry",
+                "queue_position", "queue_reason", "priority", "estimate", "ready", "progress", "error", "outputs",
+                "cost",
                 # beside what docs/API.md names: the request echoed, the job's times, links and metadata
                 "duration_s", "aspect_ratio", "resolution", "seed", "negative_prompt", "input_image", "params",
                 "metadata", "fallback_models", "max_wait_s", "started_at", "completed_at", "deadline_at", "retry_at",
@@ -298,7 +300,8 @@ async def test_events_is_the_audit_trail(h):
     moves = trail["data"]
     assert [(m["from"], m["to"]) for m in moves] == [(None, "pending"), ("pending", "submitted"),
                                                      ("submitted", "processing")]
-    assert all(set(m) == {"from", "to", "at", "reason"} and m["at"].endswith("Z") for m in moves)
+    assert all(set(m) == {"from", "to", "stage", "at", "reason"} and m["at"].endswith("Z") for m in moves)
+    assert [m["stage"] for m in moves] == ["queued", "submitted", "rendering"]
     _, now = await h.get(key, f"/v1/jobs/{job['id']}")
     assert now["status"] == "processing" and now["stage"] == "rendering"
 

@@ -103,7 +103,7 @@ async def test_openapi_lists_every_route_with_the_contract_fields(h):
     assert "Idempotent-Replayed" in create["200"]["headers"] and "Retry-After" in create["429"]["headers"]
     assert set(schemas["JobStatus"]["enum"]) == {"pending", "submitted", "processing", "retrying", "downloading",
                                                  "completed", "failed", "canceled", "expired"}
-    assert set(schemas["TransitionOut"]["properties"]) == {"from", "to", "at", "reason"}
+    assert set(schemas["TransitionOut"]["properties"]) == {"from", "to", "stage", "at", "reason"}
     assert doc["paths"]["/v1/webhooks/{provider}"]["post"]["security"] == []
     # Every request made with a key spends from its rate, so it can hear 429; of the others, only a provider's
     # callback has a rate (per provider).

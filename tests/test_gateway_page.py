@@ -14,6 +14,7 @@ import re
 import shutil
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,12 @@ class Browser:
         return result["result"].get("value")
 
     async def until(self, expression: str, what: str, within: float = 15) -> Any:
+        """The expression's value once truthy. One that throws counts as not yet: a page just navigated to
+        may still be the one before it, or have no element the expression names yet."""
         async def check():
-            return await self.js(expression)
+            result = await self.send("Runtime.evaluate", expression=expression, awaitPromise=True,
+                                     returnByValue=True)
+            return None if "exceptionDetails" in result else result["result"].get("value")
 
         return await wait_until(check, within=within, what=what)
 
@@ -215,6 +220,52 @@ async def test_a_person_renders_and_watches_the_stages_live(h, browser):
     await browser.open(h.settings.gateway_url + "/")
     await browser.until(f"document.getElementById('job-title').textContent === '{job_id}'", "the job again")
     assert await browser.until(CURRENT_STAGE, "a stage") == "ready"
+
+
+async def _renders_measured_earlier(h: Harness, like: str, seconds: list[float]) -> None:
+    """Completed renders of `like`'s model from an hour ago, each `seconds` from start to ready, as the
+    measurements read them."""
+    await h.pool.execute("""
+        INSERT INTO jobs (id, account_id, model, provider, request, estimated_credits, actual_credits, status, stage,
+                          submitted_at, rendered_at, completed_at)
+        SELECT 'job_earlier' || n, j.account_id, j.model, j.provider, j.request, j.estimated_credits,
+               j.estimated_credits, 'completed', 'ready', now() - interval '1 hour',
+               now() - interval '1 hour' + make_interval(secs => s - 1),
+               now() - interval '1 hour' + make_interval(secs => s)
+        FROM jobs j, unnest($2::float8[]) WITH ORDINALITY AS h (s, n) WHERE j.id = $1""", like, seconds)
+
+
+async def test_a_rendering_job_says_when_it_is_ready_and_a_retry_keeps_its_stage(h, browser):
+    """A render under way says when it is likely to be ready, from its model's measured renders; sent round again
+    after a transient failure, it stays at the stage it had reached and says which attempt it is on and why."""
+    _, key = await h.account()
+    _, job = await h.post_job(key)
+    await _renders_measured_earlier(h, job["id"], [60, 70, 80, 90, 100])
+    await browser.open(h.settings.gateway_url + "/")
+    await browser.js(f"localStorage.setItem('vidjobs.key', {json.dumps(key)});"
+                     f"localStorage.setItem('vidjobs.job', {json.dumps(job['id'])})")
+    await browser.open(h.settings.gateway_url + "/")
+    status = "document.getElementById('job-status').textContent"
+
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED, JobStatus.PROCESSING,
+                update=JobUpdate(submitted_at=datetime.now(UTC)))
+    await browser.until(f"{CURRENT_STAGE} === 'rendering'", "the page to show rendering")
+    said = await browser.until(f"{status}.includes('ready in about') && {status}", "when it is likely ready")
+    assert re.search(r"^rendering · ready in about 1–2 min · updated ", said), said
+
+    busy = JobError.of(ErrorCode.PROVIDER_UNAVAILABLE, "The render node ran out of GPU memory; try again.")
+    await drive(h.pool, job["id"], JobStatus.RETRYING, update=JobUpdate(error=busy, retry_at=datetime.now(UTC)))
+    said = await browser.until(f"{status}.includes('ended') && {status}", "the retry")
+    assert said.startswith(f"rendering · attempt 1 of 3 ended: {busy.message} · updated "), said
+    await drive(h.pool, job["id"], JobStatus.PENDING, update=JobUpdate(attempt=2, error=None))
+    said = await browser.until(f"{status}.includes('attempt 2') && {status}", "the second attempt")
+    assert said.startswith(f"rendering · attempt 2 of 3; the last try ended: {busy.message} · "), said
+    await drive(h.pool, job["id"], JobStatus.SUBMITTED, update=JobUpdate(submitted_at=datetime.now(UTC)))
+    await browser.until(f"{status}.includes('ready in about')", "the second attempt's range")
+    # Queued again and submitted again, it showed its stage all along and never went back to an earlier one.
+    assert await browser.js(CURRENT_STAGE) == "rendering" and await browser.js(STEP) == ["rendering"]
+    assert await browser.js("[...document.querySelectorAll('#stages li.done')].map(li => li.dataset.stage)") == [
+        "queued", "submitted"]
 
 
 async def test_a_failure_shows_its_message(h, browser):

@@ -20,8 +20,12 @@ async def h(tmp_path, database_url, nats_url):
         yield harness
 
 
-def change_subscriptions(h) -> list:
-    return [sub for sub in h.gw.rt.nc._subs.values() if sub.subject.startswith(events.CHANGED_PREFIX)]
+def change_subscriptions(h) -> list[str]:
+    """The subjects the gateway listens on for change hints: one for every job, whatever its streams follow."""
+    return [sub.subject for sub in h.gw.rt.nc._subs.values() if sub.subject.startswith(events.CHANGED_PREFIX)]
+
+
+EVERY_JOB = [f"{events.CHANGED_PREFIX}.*"]
 
 
 async def _open(h, key: str, job_id: str):
@@ -80,23 +84,25 @@ async def test_unknown_job_is_a_json_404_not_a_stream(h):
     resp = await h.client.get("/v1/jobs/job_nope/stream", headers=auth(await h.key()))
     assert resp.status == 404
     assert_error(await resp.json(), "not_found")
-    assert change_subscriptions(h) == []  # the subscription made before the read was removed
+    assert h.gw.feeds.followed() == set()  # the feed made before the read is gone
+    assert change_subscriptions(h) == EVERY_JOB
 
 
-async def test_a_client_that_leaves_leaves_no_subscription(h, monkeypatch):
+async def test_a_client_that_leaves_leaves_nothing_followed(h, monkeypatch):
     monkeypatch.setattr(stream, "KEEPALIVE_S", 0.2)
     key = await h.key()
     _, job = await h.post_job(key)
     resp = await _open(h, key, job["id"])
     _, first = await read_event(resp)
-    assert first["status"] == "pending" and len(change_subscriptions(h)) == 1
+    assert first["status"] == "pending" and h.gw.feeds.followed() == {job["id"]}
 
     resp.close()
 
-    async def unsubscribed() -> bool:
-        return change_subscriptions(h) == []
+    async def forgotten() -> bool:
+        return h.gw.feeds.followed() == set()
 
-    await wait_until(unsubscribed, within=10, what="the stream's NATS subscription to be removed")
+    await wait_until(forgotten, within=10, what="the stream's job to be followed no more")
+    assert change_subscriptions(h) == EVERY_JOB
 
 
 async def test_quiet_streams_send_keepalives(h, monkeypatch):
@@ -113,7 +119,7 @@ async def test_an_id_that_is_not_a_job_id_never_becomes_a_subject(h):
     for job_id in ["job_*", "job_>", "job_a.b"]:
         resp = await h.client.get(f"/v1/jobs/{job_id}/stream", headers=auth(key))
         assert resp.status == 404, job_id
-    assert change_subscriptions(h) == []
+    assert change_subscriptions(h) == EVERY_JOB and h.gw.feeds.followed() == set()
 
 
 async def test_a_browser_token_in_access_token_opens_its_jobs_stream_and_nothing_more(h):

@@ -660,3 +660,24 @@ async def test_a_callback_that_beats_a_retried_submit_answer_is_not_dropped(worl
         return  # kept for later: fine
     now = await run.job()
     assert now.provider_job_id == sig.provider_job_id, f"attempt 2's callback was dropped; the job is {now.status}"
+
+
+async def test_a_submit_answer_that_lands_after_its_attempt_failed_leaves_the_next_attempt_alone(world: World):
+    run = await new_run(world)
+    late = LateAnswers(world.submitter.adapters["fake"], "submit")
+    ctx = submitter.Context(rt=world.rt, adapters={"fake": late}, policies=world.submitter.policies,
+                            storage=world.submitter.storage)
+    submit = asyncio.create_task(submitter.handle(ctx, JobQueued(job_id=run.job_id), Delivery(1, events.SUBMIT)))
+    await late.answered.wait()  # attempt 1 renders; the provider's answer is slow on its way back
+    # Its callbacks beat that answer: the render is adopted, fails, and once the backoff ends attempt 2 waits.
+    await run_steps(run, [(Signal(ProviderState.RUNNING),),
+                          (Signal(ProviderState.FAILED, error=ErrorCode.PROVIDER_UNAVAILABLE),), (Recovery(),)])
+    waiting = await run.job()
+    assert (waiting.status, waiting.attempt) == (JobStatus.PENDING, 2)
+    late.release.set()
+    await submit
+    now = await run.job()
+    # Attempt 1's answer used to submit attempt 2 with attempt 1's (failed) render: nothing then rendered it,
+    # every poll's answer was judged stale, and the job sat there until its deadline.
+    assert (now.status, now.attempt, now.provider_job_id) == (JobStatus.PENDING, 2, None), (
+        f"attempt 1's submit answer moved attempt 2: {(await run.trail())[-1]}")

@@ -104,6 +104,32 @@ def test_custom_resources_name_what_they_act_on(objects: list[dict]) -> None:
             assert obj["apiVersion"] == "monitoring.coreos.com/v1"
 
 
+def test_the_in_cluster_database_replicates_synchronously() -> None:
+    # An asynchronous failover loses jobs the API acknowledged (docs/RELIABILITY.md "PostgreSQL failover").
+    [cluster] = of_kind(render("prod+cloudnative-pg"), "Cluster")
+    assert cluster["apiVersion"] == "postgresql.cnpg.io/v1"
+    assert cluster["spec"]["instances"] >= 3  # a commit still has a replica to confirm it while one is down
+    assert cluster["spec"]["postgresql"]["synchronous"] == {"method": "any", "number": 1,
+                                                           "dataDurability": "required"}
+
+
+# The work consumers a ScaledObject scales at one replica per this many of their messages, and the setting of how
+# many one replica handles at once.
+PER_REPLICA = {"submitter": "VIDJOBS_SUBMIT_CONCURRENCY", "poller-inbox": "VIDJOBS_INBOX_CONCURRENCY",
+               "poller-poll": "VIDJOBS_POLL_CONCURRENCY", "media-download": "VIDJOBS_DOWNLOAD_CONCURRENCY"}
+
+
+def test_a_scaler_s_threshold_is_what_one_replica_of_its_consumer_is_set_to_handle() -> None:
+    config = yaml.safe_load((K8S / "base" / "configmap.yaml").read_text())["data"]
+    thresholds = {}
+    for scaled in yaml.safe_load_all((K8S / "components" / "autoscaling" / "scalers.yaml").read_text()):
+        for trigger in scaled["spec"].get("triggers", []):
+            consumer = re.search(r'vidjobs_messages_in_handling\{[^}]*consumer="([^"]+)"', trigger["metadata"]["query"])
+            if consumer is not None and consumer.group(1) in PER_REPLICA:
+                thresholds[consumer.group(1)] = trigger["metadata"]["threshold"]
+    assert thresholds == {consumer: config[setting] for consumer, setting in PER_REPLICA.items()}
+
+
 def test_every_deployment_is_ready_on_readyz_and_live_on_healthz(objects: list[dict]) -> None:
     for deployment in of_kind(objects, "Deployment"):
         main = pod_spec(deployment)["containers"][0]

@@ -14,12 +14,13 @@ import msgspec
 import pytest
 
 from tests.s3server import TEST_BUCKET
-from vidjobs.common import creation, deletion, ids, uploads
+from vidjobs.common import creation, deletion, ids
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.renders import Outputs, StoredFile
 from vidjobs.common.states import JobStatus
 from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.common.uploads import UploadRow, UploadStatus
+from vidjobs.gateway import intake
 from vidjobs.media import assets, orphans
 from vidjobs.storage.base import Storage, job_prefix, quarantine_key, upload_prefix
 from vidjobs.storage.filesystem import FileStorage
@@ -62,7 +63,7 @@ async def upload(conn: asyncpg.Connection, status: UploadStatus) -> str:
     row = UploadRow(id=ids.new("upl"), account_id=ACCOUNT, key="", content_type="image/png", bytes=1,
                     sha256="0" * 64, width=1, height=1, created_at=datetime.now(UTC), status=status)
     row = msgspec.structs.replace(row, key=upload_prefix(ACCOUNT, row.id) + "image.png")
-    await uploads.insert(conn, row)
+    await intake.insert(conn, row)
     return row.id
 
 

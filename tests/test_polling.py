@@ -1,5 +1,6 @@
 """Tapered polling for providers without callbacks: one scheduler over a due-time index, every 2 s for the
-first 30 s, every 10 s up to 2 min, then every 30 s."""
+first 30 s, every 10 s up to 2 min, then every 30 s; and how many of each kind of message a poller handles at
+once, as set."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import asyncpg
 from tests.stack import running_stack, stack_settings
 from vidjobs.common import creation
 from vidjobs.common.jobs import JobRequest
+from vidjobs.common.retry import Policies
+from vidjobs.common.runtime import Runtime
+from vidjobs.common.settings import load
 from vidjobs.poller import schedule
+from vidjobs.poller import worker as poller
+from vidjobs.poller.signals import SignalContext
 
 
 async def _job(pool: asyncpg.Pool) -> str:
@@ -58,3 +64,12 @@ async def test_a_provider_without_callbacks_is_polled_to_completion(tmp_path, da
     assert [m["to"] for m in trail] == ["pending", "submitted", "processing", "downloading", "completed"]
     assert all("scheduled poll" in m["reason"] for m in trail[2:4])
     assert left == 0  # a finished job leaves the schedule
+
+
+def test_the_poller_s_consumers_take_their_concurrency_from_the_settings():
+    settings = load({"VIDJOBS_INBOX_CONCURRENCY": "3", "VIDJOBS_POLL_CONCURRENCY": "5",
+                     "VIDJOBS_CANCEL_CONCURRENCY": "2"})
+    rt = Runtime(name="poller", settings=settings, pool=None, nc=None, js=None, relay=None)  # type: ignore[arg-type]
+    ctx = poller.Context(rt=rt, adapters={}, signals=SignalContext(rt=rt, policies=Policies(settings)))
+    assert {spec.durable: spec.concurrency for spec in poller.consumers(ctx)} == \
+        {"poller-inbox": 3, "poller-poll": 5, "poller-cancel": 2}

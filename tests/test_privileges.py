@@ -259,7 +259,7 @@ async def test_grants_put_back_a_column_or_function_privilege_changed_by_hand(po
         assert await grants.may_create(admin) == []
 
 
-async def test_the_credit_functions_run_as_their_owner_on_a_pinned_search_path(pool):
+async def test_the_functions_a_service_calls_run_as_their_owner_on_a_pinned_search_path(pool):
     rows = await pool.fetch(
         """
         SELECT p.proname, p.prosecdef, p.proconfig,
@@ -273,7 +273,9 @@ async def test_the_credit_functions_run_as_their_owner_on_a_pinned_search_path(p
     schema = await pool.fetchval("SELECT current_schema()")
 
     assert {r["proname"] for r in rows} == declared == {"reserve_job_credit", "settle_job_credit", "reprice_job_credit",
-                                                        "platform_credit", "purge_closed_account"}
+                                                        "platform_credit", "purge_closed_account",
+                                                        "mark_upload_ready", "mark_upload_rejected",
+                                                        "expire_unused_uploads", "reject_unprocessed_uploads"}
     for row in rows:
         assert row["schema_owners"] and not row["public_executes"], dict(row)
         assert row["proconfig"] == [f"search_path={schema}, pg_temp"], dict(row)

@@ -11,7 +11,7 @@ import asyncpg
 import nats
 import pytest
 
-from vidjobs.common import bus, creation, deletion, events, jobs
+from vidjobs.common import bus, creation, deletion, events, jobs, recovery_checks, waiting
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import Redeliver
 from vidjobs.common.events import RECOVERY, JobQueued, RecoveryDue
@@ -244,3 +244,47 @@ async def test_a_waiting_jobs_check_sends_no_second_message_while_the_submitter_
     assert sent_while_behind == 0
     assert deferred.recover_at > datetime.now(UTC) + timedelta(seconds=50)
     assert sent_after == 1
+
+
+async def _waiting_on_a_lock(pool: asyncpg.Pool) -> bool:
+    return await pool.fetchval("SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                               "AND datname = current_database()")
+
+
+async def test_a_check_racing_the_submitters_park_leaves_the_job_parked(ctx, pool):
+    """The submitter parks a job (no message, no check: it waits for a slot to be handed to it) while that
+    job's first check is being judged from the row as it was before. The check must not schedule a look at a
+    job that is now parked, nor send it another message: the park wins, as it would had it come first. (A
+    fault run's backlog once found one of 200 parked jobs still holding a check the race had put back.)"""
+    job = await _never_looked_at(pool)
+    async with pool.acquire() as submitter, submitter.transaction():
+        await waiting.set_wait_reason(submitter, job.id, "the provider has no render slot free", park=True)
+        check = asyncio.create_task(on_recovery_due(ctx, _check(job), DELIVERY))
+        for _ in range(200):  # until the check waits for the submitter's row lock (or has finished)
+            if check.done() or await _waiting_on_a_lock(pool):
+                break
+            await asyncio.sleep(0.02)
+    await check
+
+    after = await jobs.fetch(pool, job.id)
+    assert after.waited_at is not None
+    assert after.recover_at is None, "the parked job holds a check the race put back"
+    assert await _submits(pool) == 0
+
+
+async def test_a_check_and_a_callback_on_one_job_wait_for_each_other_and_never_deadlock(ctx, pool):
+    """A provider callback's transaction updates the job (its progress), then moves its next check
+    (`heard_from`, holding the row), while the job's check comes due in the reaper. The reaper holds nothing of
+    the job while it waits for the row (its lease, whose key refers to the job, comes after), and neither asks
+    for more of the row than an update does: the callback finishes, then the check runs on what it left."""
+    job = await _rendering_job(pool)
+    async with pool.acquire() as poller:
+        async with poller.transaction():
+            await poller.execute("UPDATE jobs SET updated_at = clock_timestamp() WHERE id = $1", job.id)
+            check = asyncio.create_task(on_recovery_due(ctx, _check(job), DELIVERY))
+            for _ in range(200):  # until the check waits for the callback's row lock (or has finished)
+                if check.done() or await _waiting_on_a_lock(pool):
+                    break
+                await asyncio.sleep(0.02)
+            await recovery_checks.heard_from(poller, job, None, ctx.rt.settings)
+        await check

@@ -1,7 +1,10 @@
 """One PostgreSQL role per service (vidjobs.common.grants): the declaration against the SQL each service's code
-contains, the database against the declaration, and the whole lifecycle with every service connecting as a
-login user of its own role, so a statement its grants do not cover is refused by PostgreSQL itself.
-tests/test_privileges.py shows what the roles are refused."""
+contains, the database against the declaration, a service's reach into another's tables only through the
+owner's interfaces (views and functions), and the whole lifecycle with every service connecting as a login
+user of its own role, so a statement its grants do not cover is refused by PostgreSQL itself. The lifecycle
+and the refusals run on what this release's code needs alone (grants.NEEDED), as the next release will hold
+it, without what the release before still uses (grants.FOR_THE_RELEASE_BEFORE).
+tests/test_privileges.py shows what else the roles are refused."""
 
 from __future__ import annotations
 
@@ -24,7 +27,20 @@ from tests.support import wait_until
 from tests.test_app_webhooks import client_app
 from vidjobs.common import db, grants
 from vidjobs.common.errors import ConfigError
-from vidjobs.common.grants import GRANTS, OPERATOR_ONLY, OWNERS, SERVICES, Column, Grant, Privilege, privilege_of
+from vidjobs.common.grants import (
+    FOR_THE_RELEASE_BEFORE,
+    GRANTS,
+    INTERFACES,
+    NEEDED,
+    OPERATOR_ONLY,
+    OWNERS,
+    SERVICES,
+    UNMEDIATED,
+    Column,
+    Grant,
+    Privilege,
+    privilege_of,
+)
 from vidjobs.common.runtime import migrate_database, open_runtime
 
 # Statements a service's imports bring along that the service never runs, so its role need not cover them.
@@ -36,10 +52,6 @@ REACHABLE_NOT_RUN: dict[str, dict[tuple[str, Privilege], str]] = {
     }
     for service in SERVICES if service != "gateway"
 }
-REACHABLE_NOT_RUN["submitter"] |= {
-    ("uploads", Privilege.INSERT): "vidjobs.common.uploads: the submitter only reads a job's upload (owned)",
-    ("uploads", Privilege.UPDATE): "vidjobs.common.uploads: expiring uploads is the reaper's (expire_unused)",
-}
 REACHABLE_NOT_RUN["gateway"] = {
     ("provider_breakers", Privilege.INSERT): "vidjobs.common.breakers: the gateway's estimates only read "
                                              "whether a breaker holds jobs back (breakers.pausing_sql)",
@@ -48,12 +60,9 @@ REACHABLE_NOT_RUN["gateway"] = {
                                          "billed (billed_sql); recording a bill is the poller's (record)",
     ("attempt_costs", Privilege.UPDATE): "vidjobs.common.attempt_costs: recording a bill is the poller's",
 }
-REACHABLE_NOT_RUN["reaper"] |= {
-    ("uploads", Privilege.INSERT): "vidjobs.common.uploads: the reaper only expires uploads",
-}
 REACHABLE_NOT_RUN["media"] |= {
-    ("uploads", Privilege.INSERT): "vidjobs.common.uploads: the media worker only marks an upload ready or "
-                                   "rejected; the gateway records it",
+    ("job_files", Privilege.SELECT): "vidjobs.common.renders: the view is what the media service keeps for the "
+                                     "gateway (outputs_sql); it reads its own assets table",
 }
 
 
@@ -67,7 +76,7 @@ def _pairs(uses: dict[str, frozenset[Grant]] | dict[str, dict[Privilege, set[str
 def test_a_service_is_granted_exactly_what_its_sql_needs(service):
     found = sqlscan.uses_of(service)
     needed = _pairs(found) - OPERATOR_ONLY
-    declared = _pairs(GRANTS[service])
+    declared = _pairs(NEEDED[service])
 
     not_granted = needed - declared
     unused = declared - needed
@@ -79,12 +88,45 @@ def test_a_service_is_granted_exactly_what_its_sql_needs(service):
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_a_column_grant_covers_exactly_the_columns_a_service_names(service):
-    for table, granted in GRANTS[service].items():
+    for table, granted in NEEDED[service].items():
         readable = {g.name for g in granted if isinstance(g, Column) and g.privilege is Privilege.SELECT}
         if Privilege.SELECT in granted or not readable:
             continue
         named = sqlscan.named_columns(service, table)
         assert set(named) == readable, f"{table}: granted {sorted(readable)}, named {named}"
+
+
+def _others(service: str, name: str) -> bool:
+    """Whether `name` is a table another service owns."""
+    return OWNERS.get(name) in SERVICES and OWNERS[name] != service
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_a_service_reaches_another_services_tables_only_through_the_owners_interfaces(service):
+    needs = {name: granted for name, granted in NEEDED[service].items()}
+    direct = {name for name in needs if _others(service, name)}
+    undeclared = sorted(name for name in needs if name not in OWNERS and name not in INTERFACES)
+
+    assert direct == {name for s, name in UNMEDIATED if s == service}, "a table of another service, named directly"
+    assert not undeclared, f"views or functions with no owner in grants.INTERFACES: {undeclared}"
+
+
+def test_every_interface_is_in_the_schema_and_every_view_is_an_interface():
+    views, functions = sqlscan.schema_views(), sqlscan.schema_functions()
+    assert set(INTERFACES) <= views | functions, set(INTERFACES) - views - functions
+    assert views <= set(INTERFACES), views - set(INTERFACES)
+    assert set(INTERFACES.values()) <= {*SERVICES, "common", "operator"}
+    assert {"job_files", "live_uploads"} <= views
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_what_the_release_before_still_uses_is_granted_and_needed_by_nothing_here(service):
+    kept = _pairs(FOR_THE_RELEASE_BEFORE.get(service, {}))
+    needed = _pairs(sqlscan.uses_of(service))
+
+    assert not kept & needed, f"this release's code still uses {sorted(kept & needed)}"
+    assert kept <= _pairs(GRANTS[service]) and _pairs(NEEDED[service]) <= _pairs(GRANTS[service])
+    assert all(_others(service, name) for name, _ in kept), "only another service's table is kept for a rollout"
 
 
 def test_the_scan_sees_what_a_statement_needs():
@@ -163,6 +205,79 @@ async def test_a_service_role_is_refused_what_it_was_not_granted(logins):
     assert await db.migrate(logins["gateway"]) == []
 
 
+async def _next_release(conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The roles as the next release leaves them: what this release's code needs, and nothing the release
+    before still uses (it is gone by then). Anything in this process that migrates applies the same."""
+    monkeypatch.setattr(grants, "GRANTS", NEEDED)
+    await grants.apply(conn)
+
+
+async def _as(conn: asyncpg.Connection, service: str, statement: str) -> object:
+    """What `statement` answers run as the service's role, or the type of the error it raised."""
+    await conn.execute(f"SET ROLE {grants.role(service)}")
+    try:
+        return await conn.fetchval(statement)
+    except asyncpg.PostgresError as exc:
+        return type(exc)
+    finally:
+        await conn.execute("RESET ROLE")
+
+
+_FIRST_COLUMN = ("SELECT attname FROM pg_attribute WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped "
+                 "ORDER BY attnum LIMIT 1")
+
+
+async def _attempts_on_others_tables(conn: asyncpg.Connection) -> dict[str, object]:
+    """Every read and every write of a table another service owns that the service's code does not need,
+    tried as the service's role: `service: statement` -> what it answered."""
+    answers = {}
+    for service in SERVICES:
+        for table in sorted(t for t in OWNERS if _others(service, t)):
+            held = {privilege_of(g) for g in NEEDED[service].get(table, ())}
+            column = await conn.fetchval(_FIRST_COLUMN, table)
+            for privilege, statement in ((Privilege.SELECT, f"SELECT count(*) FROM {table}"),
+                                         (Privilege.UPDATE, f'UPDATE {table} SET "{column}" = "{column}" WHERE false')):
+                if privilege not in held:
+                    answers[f"{service}: {statement}"] = await _as(conn, service, statement)
+    return answers
+
+
+# What each service calls of another's interfaces (all answer on an empty schema), and calls it is refused.
+_THROUGH = {
+    ("gateway", "SELECT count(*) FROM job_files"): 0,
+    ("submitter", "SELECT count(*) FROM live_uploads"): 0,
+    ("media", "SELECT count(*) FROM live_uploads"): 0,
+    ("media", "SELECT mark_upload_ready('upl_none', 1, repeat('0', 64), 1, 1)"): False,
+    ("media", "SELECT mark_upload_rejected('upl_none', 'image_corrupt', 'no')"): False,
+    ("reaper", "SELECT expire_unused_uploads(86400, 10)"): 0,
+    ("reaper", "SELECT reject_unprocessed_uploads(86400, 10)"): 0,
+    ("submitter", "SELECT expire_unused_uploads(0, 1000)"): asyncpg.InsufficientPrivilegeError,
+    ("reaper", "SELECT mark_upload_ready('upl_none', 1, repeat('0', 64), 1, 1)"): asyncpg.InsufficientPrivilegeError,
+    ("gateway", "SELECT count(*) FROM assets"): asyncpg.InsufficientPrivilegeError,
+}
+
+
+async def test_another_services_tables_are_refused_to_a_role_but_through_the_owners_interfaces(database_url,
+                                                                                               monkeypatch):
+    admin = await asyncpg.connect(database_url)
+    try:
+        # During this release's rollout the release before still reads media's assets as the gateway, directly.
+        rollout = await _as(admin, "gateway", "SELECT count(*) FROM assets")
+        await _next_release(admin, monkeypatch)
+        attempts = await _attempts_on_others_tables(admin)
+        through = {call: await _as(admin, *call) for call in _THROUGH}
+    finally:
+        await admin.close()
+
+    assert rollout == 0
+    refused = {call: answer for call, answer in attempts.items() if answer is asyncpg.InsufficientPrivilegeError}
+    assert refused == attempts, {call: answer for call, answer in attempts.items() if call not in refused}
+    assert {"gateway: SELECT count(*) FROM assets", "reaper: UPDATE uploads SET \"id\" = \"id\" WHERE false",
+            "media: SELECT count(*) FROM uploads", "submitter: SELECT count(*) FROM uploads"} <= set(refused)
+    assert len(refused) > 100  # five services, each refused reads and writes of a score of other tables
+    assert through == _THROUGH
+
+
 async def test_a_service_role_cannot_apply_pending_migrations(logins, empty_database_url):
     empty = _as_user(empty_database_url, urlsplit(logins["gateway"]).username or "")
     with pytest.raises(ConfigError, match="vidjobs migrate"):
@@ -190,7 +305,13 @@ async def test_opening_a_runtime_changes_no_schema(tmp_path, empty_database_url,
     assert applied and current.current
 
 
-async def test_the_lifecycle_runs_with_every_service_on_its_own_role(tmp_path, database_url, nats_url, logins):
+async def test_the_lifecycle_runs_with_every_service_on_its_own_role(tmp_path, database_url, nats_url, logins,
+                                                                   monkeypatch):
+    admin = await asyncpg.connect(database_url)
+    try:
+        await _next_release(admin, monkeypatch)  # no pod of this release needs what the release before used
+    finally:
+        await admin.close()
     async with client_app() as (app, port):
         settings = stack_settings(tmp_path, database_url, nats_url, recovery_delay_s=1, recovery_interval_s=1,
                                   retention_days=3 / 86400, retention_sweep_interval_s=0.5,
@@ -237,8 +358,9 @@ async def test_the_lifecycle_runs_with_every_service_on_its_own_role(tmp_path, d
     assert expired["status"] == "expired"
     assert {kind["kind"] for kind in ledger} >= {"reserve", "release", "charge"}
     assert restarts == dict.fromkeys(SERVICES, 1)
-    # Each service's sessions were its own login user's.
-    assert sessions == {f"vidjobs-{service}": urlsplit(logins[service]).username for service in SERVICES}
+    # Each service's sessions were its own login user's (the gateway's event streams read on a pool of their own).
+    assert sessions == {f"vidjobs-{service}": urlsplit(logins[service]).username for service in SERVICES} | {
+        "vidjobs-gateway-streams": urlsplit(logins["gateway"]).username}
     refusals = {p.name: p.read_text().count("permission denied") for p in log_dir.glob("*.log")}
     assert set(refusals.values()) == {0}, refusals
 

@@ -29,12 +29,10 @@ EXPECTED: dict[str, tuple[str, str | None, bool | None, int, int]] = {
 }
 
 
-# A render's deadline. At it the reaper fails the render without asking the provider first (the fault the
-# deadline issue names), so a deadline shorter than a loaded machine takes to hand on a failure the provider
-# already sent turns `fail_always` into `render_timeout`: 2 s did, on four test workers, and 6 s did once on a
-# machine 1.2 times slower than the one the durations were recorded on. Issue 39's fix (ask the provider at the
-# deadline) removes the cause; until then the margin is wide.
-DEADLINE_S = 10
+# A render's deadline. At it the provider is asked once more, and what it says decides: a render the provider
+# failed or finished before a loaded machine handed that on fails or completes as it should, and only `hang`
+# (still rendering when asked) times out.
+DEADLINE_S = 3
 
 
 @pytest.fixture

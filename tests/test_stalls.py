@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -21,15 +20,6 @@ from vidjobs.common.settings import Settings
 
 BOUND_S = 1.0
 MARGIN_S = 2.0  # a slow machine's scheduling, never a stall's length
-
-
-@pytest.fixture
-def own_postgres(tmp_path: Path) -> Iterator[LocalPostgres]:
-    server = LocalPostgres(tmp_path / "pg").init().start()
-    try:
-        yield server
-    finally:
-        server.stop("immediate")
 
 
 @pytest.fixture

@@ -23,8 +23,10 @@ from aiohttp import web
 from botocore.exceptions import ClientError
 
 from tests.corrupting import CorruptingStorage, flipped
+from tests.faults.s3front import S3Front
 from tests.s3server import TEST_BUCKET, MotoS3
 from vidjobs.cli.embedded import free_port
+from vidjobs.common import faults
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.estimates import Estimator
 from vidjobs.common.runtime import Runtime
@@ -32,6 +34,7 @@ from vidjobs.common.settings import Settings
 from vidjobs.gateway import routes_files
 from vidjobs.gateway.apierrors import error_middleware
 from vidjobs.gateway.browsertokens import Tokens
+from vidjobs.gateway.feeds import Feeds
 from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.gateway.platform_accounts import PlatformAccounts
 from vidjobs.gateway.platformkeys import PlatformKeys
@@ -39,7 +42,15 @@ from vidjobs.gateway.processcaps import StreamSlots
 from vidjobs.gateway.ratelimit import Buckets
 from vidjobs.gateway.routetable import register
 from vidjobs.gateway.state import GATEWAY, Gateway
-from vidjobs.storage.base import ObjectMismatch, ObjectNotFound, Storage, StorageError, StorageUnavailable, job_prefix
+from vidjobs.storage.base import (
+    MalformedAnswer,
+    ObjectMismatch,
+    ObjectNotFound,
+    Storage,
+    StorageError,
+    StorageUnavailable,
+    job_prefix,
+)
 from vidjobs.storage.factory import open_storage
 from vidjobs.storage.filesystem import FileStorage
 from vidjobs.storage.integrity import put_verified
@@ -69,7 +80,7 @@ async def files_route(root: Path) -> AsyncIterator[FileStorage]:
                            adapters={}, streams=StreamSlots(per_account=1, per_key=1), buckets=cast(Buckets, None),
                            platform_keys=cast(PlatformKeys, None), tokens=cast(Tokens, None), credential_rates={},
                            webhook_rates={}, estimator=Estimator(settings), routes=cast(LiveRoutes, None),
-                           platform_accounts=cast(PlatformAccounts, None))
+                           platform_accounts=cast(PlatformAccounts, None), feeds=cast(Feeds, None))
     register(app, routes_files.ROUTES)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -100,6 +111,18 @@ async def s3(s3_server: MotoS3) -> AsyncIterator[S3Storage]:
     storage = S3Storage(BUCKET, f"suite-{secrets.token_hex(4)}", part_bytes=PART)
     yield storage
     await storage.close()
+
+
+@pytest.fixture
+async def fronted(s3_server: MotoS3, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[S3Front, S3Storage]]:
+    """An S3Storage that reaches moto through the HTTP front, which a test can make misbehave."""
+    async with S3Front(s3_server.endpoint).running() as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", front.url)  # botocore reads the endpoint from the environment
+        storage = S3Storage(BUCKET, f"suite-{secrets.token_hex(4)}", part_bytes=PART)
+        try:
+            yield front, storage
+        finally:
+            await storage.close()
 
 
 @pytest.fixture
@@ -462,6 +485,31 @@ async def test_s3_an_object_stored_without_a_checksum_cannot_be_verified(s3: S3S
 
     with pytest.raises(ObjectMismatch, match="no SHA-256"):
         await s3.verify(PREFIX + "video.mp4", VIDEO, hashlib.sha256(VIDEO).hexdigest())
+
+
+async def test_s3_a_head_answered_without_the_size_or_time_is_a_malformed_answer(
+        fronted: tuple[S3Front, S3Storage]):
+    front, s3 = fronted
+    key, sha = PREFIX + "video.mp4", hashlib.sha256(VIDEO).hexdigest()
+    await put_verified(s3, key, VIDEO, "video/mp4", sha256=sha)
+
+    front.drop_from_heads("Content-Length")  # as an HTTP front before an S3-compatible store once did
+    with pytest.raises(MalformedAnswer, match="ContentLength") as raised:
+        await s3.head(key)
+    # The store misbehaving, like one that answers 5xx: a 503 from the API, a deferral for a worker.
+    assert isinstance(raised.value, StorageUnavailable) and faults.is_infrastructure(raised.value)
+    with pytest.raises(MalformedAnswer, match="ContentLength"):
+        await s3.digest(key)
+    with pytest.raises(MalformedAnswer, match="ContentLength"):  # not a mismatch: storing again cannot help
+        await put_verified(s3, key, VIDEO, "video/mp4", sha256=sha)
+
+    front.drop_from_heads("Last-Modified")
+    with pytest.raises(MalformedAnswer, match="LastModified"):
+        await s3.head(key)
+    assert (await s3.digest(key)).bytes == len(VIDEO)  # a digest needs no time
+
+    front.mend()
+    assert (await s3.head(key)).bytes == len(VIDEO)
 
 
 async def test_a_corrupted_store_is_stored_again_until_it_is_intact(backend: Backend, tmp_path: Path):

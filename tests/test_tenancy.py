@@ -42,7 +42,7 @@ DB_ATTRIBUTES = {"pool", "fetch", "fetchrow", "fetchval", "fetchmany", "execute"
 # its own. Named by where they are defined; any import or attribute path that reaches them is caught.
 UNSCOPED = {
     "vidjobs.common.jobs.fetch", "vidjobs.common.deletion.soft_delete", "vidjobs.common.uploads.owned",
-    "vidjobs.common.uploads.insert", "vidjobs.common.credits.entries", "vidjobs.common.credits.committed_on",
+    "vidjobs.gateway.intake.insert", "vidjobs.common.credits.entries", "vidjobs.common.credits.committed_on",
     "vidjobs.common.transitions.transition", "vidjobs.gateway.accounts.fetch", "vidjobs.gateway.accounts.by_key",
     "vidjobs.gateway.accounts.active_jobs", "vidjobs.gateway.state.ACCOUNT", "vidjobs.gateway.store",
 }

@@ -130,7 +130,60 @@ def test_every_legal_move_declares_its_follow_ups():
     # Ending settles the bill once; expiry comes after completion, which already did.
     assert FOLLOW_UPS[JobStatus.DOWNLOADING, JobStatus.COMPLETED] == {F.SETTLE_CREDIT, F.ROUTE_OUTCOME, F.TELL_APPS}
     assert FOLLOW_UPS[JobStatus.COMPLETED, JobStatus.EXPIRED] == {F.TELL_APPS}
-    # A retry is queued again: the stage people see does not change, and nothing is told.
-    assert FOLLOW_UPS[JobStatus.PENDING, JobStatus.RETRYING] == frozenset()
+    # A retry keeps the stage people see; its app hears of it as a retry, and its return to the queue is no news.
+    assert FOLLOW_UPS[JobStatus.PENDING, JobStatus.RETRYING] == {F.TELL_APPS}
+    assert app_events(JobStatus.PROCESSING, JobStatus.RETRYING) == ["job.retrying"]
+    assert FOLLOW_UPS[JobStatus.RETRYING, JobStatus.PENDING] == frozenset()
     assert app_events(JobStatus.DOWNLOADING, JobStatus.COMPLETED) == ["job.stage", "job.completed"]
     assert app_events(JobStatus.COMPLETED, JobStatus.EXPIRED) == ["job.stage"]
+
+
+async def _trail(pool, job_id: str) -> list[tuple[str | None, str, str]]:
+    rows = await pool.fetch("SELECT from_status, to_status, reason FROM job_transitions WHERE job_id = $1 ORDER BY id",
+                            job_id)
+    return [(r["from_status"], r["to_status"], r["reason"]) for r in rows]
+
+
+async def test_deleting_a_live_job_cancels_it_through_the_transition_and_the_trail_says_so(pool):
+    """Deletion ends a live job as a cancel does, by the one function that moves a status: the trail answers
+    where the render went, the credit is settled once by the move's follow-up, and the provider is asked to
+    stop."""
+    job = await _reserved_job(pool)
+    async with pool.acquire() as conn:
+        await transitions.transition(conn, job.id, JobStatus.SUBMITTED, reason="accepted",
+                                     update=transitions.JobUpdate(provider_job_id="r1"))
+        async with conn.transaction():
+            assert await deletion.soft_delete(conn, job.id, job.account_id)
+    row = await jobs.fetch(pool, job.id)
+    subjects = [r["subject"] for r in await pool.fetch("SELECT subject FROM outbox ORDER BY id")]
+    ledger = await pool.fetch("SELECT kind FROM credit_ledger WHERE job_id = $1 AND kind <> 'reserve'", job.id)
+
+    assert (row.status, row.error.code.value, row.deleted_at is not None) == (JobStatus.CANCELED, "canceled", True)
+    assert (await _trail(pool, job.id))[-1] == ("submitted", "canceled", "deleted")
+    assert "vidjobs.work.cancel" in subjects and "vidjobs.work.assets_delete" in subjects
+    assert [r["kind"] for r in ledger] == ["release"] and await _credits(pool) == (100, 0)
+
+
+async def test_deleting_a_finished_job_moves_nothing(pool):
+    job = await _reserved_job(pool)
+    async with pool.acquire() as conn:
+        for to in (JobStatus.SUBMITTED, JobStatus.DOWNLOADING, JobStatus.COMPLETED):
+            await transitions.transition(conn, job.id, to, reason="test")
+        before = await _trail(pool, job.id)
+        async with conn.transaction():
+            assert await deletion.soft_delete(conn, job.id, job.account_id)
+            assert not await deletion.soft_delete(conn, job.id, job.account_id)
+    row = await jobs.fetch(pool, job.id)
+
+    assert row.status is JobStatus.COMPLETED and row.deleted_at is not None
+    assert await _trail(pool, job.id) == before
+    assert await _credits(pool) == (90, 0)
+
+
+async def test_another_accounts_job_is_not_deleted_nor_moved(pool):
+    job = await _job(pool)
+    other = await _account(pool, "acct_other")
+    async with pool.acquire() as conn, conn.transaction():
+        assert not await deletion.soft_delete(conn, job.id, other)
+    row = await jobs.fetch(pool, job.id)
+    assert row.status is JobStatus.PENDING and row.deleted_at is None

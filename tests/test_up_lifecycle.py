@@ -182,7 +182,10 @@ async def test_ctrl_c_before_ready_stops_cleanly_and_the_next_start_works(tmp_pa
     # Once services run, but before the gateway answers ready.
     again = await Up.start(data, port, tmp_path / "again.err")
     try:
-        await wait_until(lambda: _has(again, data, "vidjobs.gateway"), within=120, what="the gateway to start")
+        try:
+            await wait_until(lambda: _has(again, data, "vidjobs.gateway"), within=120, what="the gateway to start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{again.stderr()}\n{describe(processes_of(again.proc.pid, data))}") from None
         procs = processes_of(again.proc.pid, data)
         os.killpg(again.proc.pid, signal.SIGINT)
         code = await again.ended()
@@ -339,3 +342,44 @@ def _psql(server: EmbeddedPostgres) -> list[str]:
     from pgserver._commands import POSTGRES_BIN_PATH
 
     return [str(POSTGRES_BIN_PATH / "psql"), server.url]
+
+
+_HOLD_LOCK = """
+import sys, time
+import fasteners
+lock = fasteners.InterProcessLock(sys.argv[1])
+lock.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+_START_AND_STOP = """
+import sys
+from pathlib import Path
+from vidjobs.cli.embedded import EmbeddedPostgres
+server = EmbeddedPostgres(Path(sys.argv[1])).start()
+print("started", flush=True)
+server.stop()
+"""
+
+
+def test_a_start_stuck_on_another_data_directory_does_not_hold_this_one_up(tmp_path: Path) -> None:
+    """pgserver's one lock per user, held by another stack's start that never ends (a stalled disk, a stopped
+    process), does not keep this data directory's PostgreSQL from starting."""
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    users_lock = runtime / "python_PostgresServer" / ".lockfile"
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(users_lock)], stdout=subprocess.PIPE,
+                              start_new_session=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+        try:
+            out = subprocess.run([sys.executable, "-c", _START_AND_STOP, str(tmp_path / "stack" / "postgres")],
+                                 env=env, capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the start waited on another data directory's lock")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (out.returncode, out.stdout) == (0, "started\n"), out.stderr

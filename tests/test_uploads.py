@@ -240,6 +240,53 @@ async def test_an_upload_the_store_mangles_is_stored_again_or_refused_with_503(t
         assert await h.count("SELECT count(*) FROM uploads WHERE account_id = $1", account_id) == 1
 
 
+async def test_an_upload_to_a_store_answering_heads_without_a_size_is_503_and_deferred_by_the_media_worker(
+        tmp_path, database_url, nats_url, s3_server, monkeypatch):
+    """An S3-compatible store (or an HTTP front before it) that answers HEAD without Content-Length: the
+    gateway's read-back of an upload, and the media worker's look-up of it, meet the store misbehaving."""
+    import secrets
+
+    from tests.faults.s3front import S3Front
+    from tests.gateway_harness import assert_error, auth, decode_upload, gateway_settings, running_gateway
+    from tests.s3server import TEST_BUCKET
+    from vidjobs.common import faults
+    from vidjobs.storage.base import StorageUnavailable
+
+    async with S3Front(s3_server.endpoint).running() as front:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", front.url)  # the gateway's S3 client reaches moto through it
+        settings = gateway_settings(tmp_path, database_url, nats_url,
+                                    storage_url=f"s3://{TEST_BUCKET}/uploads-{secrets.token_hex(4)}")
+        async with running_gateway(settings) as h:
+            account_id, key = await h.account()
+
+            async def send() -> tuple[int, Any, dict]:
+                resp = await h.client.post("/v1/uploads", data=imagefiles.png_with_text(),
+                                           headers={**auth(key), "Content-Type": "image/png"})
+                return resp.status, await resp.json(), dict(resp.headers)
+
+            front.drop_from_heads("Content-Length")
+            status, body, headers = await send()
+            assert status == 503, body
+            assert_error(body, "unavailable")
+            assert body["error"]["retryable"] is True and int(headers["Retry-After"]) >= 1, (body, headers)
+            assert await h.count("SELECT count(*) FROM uploads WHERE account_id = $1", account_id) == 0
+
+            front.mend()
+            status, taken, _ = await send()
+            assert status == 201, taken
+
+            # The media worker's look-up of the quarantined bytes (a HEAD, for their size) meets the same store.
+            front.drop_from_heads("Content-Length")
+            with pytest.raises(StorageUnavailable) as raised:
+                await decode_upload(h, taken["id"])
+            assert faults.is_infrastructure(raised.value)  # the bus defers it; no try is spent, none dead-letters
+            assert (await h.get(key, f"/v1/uploads/{taken['id']}"))[1]["status"] == "processing"
+
+            front.mend()
+            await decode_upload(h, taken["id"])
+            assert (await h.get(key, f"/v1/uploads/{taken['id']}"))[1]["status"] == "ready"
+
+
 def maps_pillow(pid: int) -> bool:
     """Whether the process has Pillow's compiled decoder loaded: `import PIL.Image` maps it, and nothing
     unloads it again."""

@@ -119,8 +119,9 @@ async def _checks_came_round(heard: list[Heard], job_id: str) -> bool:
 
 async def test_waiting_jobs_hold_no_message_and_cost_no_deliveries(tmp_path, database_url, nats_url):
     # Recovery checks every 2 s: a waiting job whose checks went on would have one come round with each of the
-    # rendering job's.
-    settings = stack_settings(tmp_path, database_url, nats_url, recovery_delay_s=1, recovery_interval_s=2)
+    # rendering job's (whose "started" callback puts its next check no further than 2 s away either).
+    settings = stack_settings(tmp_path, database_url, nats_url, recovery_delay_s=1, recovery_interval_s=2,
+                              recovery_quiet_s=2)
     key = await demo_key(database_url, concurrency=1)
     async with running_stack(settings, key=key) as stack, watching(nats_url) as watch:
         ids = [(await stack.create_job(params={"render_s": 60}))["id"] for _ in range(WAITING + 1)]

@@ -231,7 +231,8 @@ async def test_the_submit_answer_reads_alike(server, sdk, ours):
 ERROR_ANSWERS = {"error_unauthorized": 401, "error_not_found": 404, "error_rate_limited": 429,
                  "error_validation": 422, "error_content_policy": 422, "error_request_timeout": 504,
                  "error_runner_disconnected": 503, "error_unavailable": 503}
-EXPECTED_CODES = {"error_unauthorized": ErrorCode.INTERNAL, "error_not_found": ErrorCode.INTERNAL,
+EXPECTED_CODES = {"error_unauthorized": ErrorCode.PROVIDER_MISCONFIGURED,
+                  "error_not_found": ErrorCode.PROVIDER_MISCONFIGURED,
                   "error_rate_limited": ErrorCode.RATE_LIMITED, "error_validation": ErrorCode.INVALID_INPUT,
                   "error_content_policy": ErrorCode.CONTENT_REJECTED,
                   "error_request_timeout": ErrorCode.PROVIDER_UNAVAILABLE,

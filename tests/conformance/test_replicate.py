@@ -152,8 +152,8 @@ def test_every_status_the_sdk_allows_is_one_we_read():
 
 
 # Each recorded error answer, with the status Replicate answers it with and what it is in our taxonomy.
-ERROR_ANSWERS = {"error_401_unauthenticated": (401, ErrorCode.INTERNAL),
-                 "error_402_insufficient_credit": (402, ErrorCode.INTERNAL),
+ERROR_ANSWERS = {"error_401_unauthenticated": (401, ErrorCode.PROVIDER_MISCONFIGURED),
+                 "error_402_insufficient_credit": (402, ErrorCode.QUOTA_EXHAUSTED),
                  "error_422_validation": (422, ErrorCode.INVALID_INPUT),
                  "error_429_resets": (429, ErrorCode.RATE_LIMITED),
                  "error_429_throttled": (429, ErrorCode.RATE_LIMITED),

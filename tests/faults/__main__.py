@@ -1,5 +1,8 @@
 """`python -m tests.faults [--long] [--backlog N] [SCENARIO ...]`: run fault scenarios against the whole stack
-and print one table row per scenario. A name also selects every scenario it is a prefix of
+and print one table row per scenario. `python -m tests.faults nemesis [--seed S] [--minutes M]`: the nemesis
+run (tests/faults/nemesis): random overlapping faults under a mixed load, and the whole history checked.
+
+A name also selects every scenario it is a prefix of
 (`object_store_outage` runs both backends). `--backlog N` parks N jobs beside each scenario's workload (see
 tests/faults/backlog.py; default VIDJOBS_FAULTS_BACKLOG, else 200; 0 for none). Exit status 1 when any row
 failed."""
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import sys
 import traceback
 
@@ -58,7 +62,25 @@ def backlog_size(text: str) -> int:
     return int(text)
 
 
+def nemesis_main(argv: list[str]) -> int:
+    from tests.faults.nemesis.run import nemesis, report
+
+    parser = argparse.ArgumentParser(prog="python -m tests.faults nemesis",
+                                     description="random overlapping faults under a mixed load; prints the seed")
+    parser.add_argument("--seed", type=int, default=None, help="replay a run's schedule (default: a random seed)")
+    parser.add_argument("--minutes", type=float, default=2.0, help="minutes of load under faults (default 2)")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 2**31)
+    print(f"nemesis seed {seed} (replay: python -m tests.faults nemesis --seed {seed} --minutes {args.minutes:g})",
+          flush=True)
+    outcome = asyncio.run(nemesis(seed, args.minutes))
+    print("\n" + report(outcome), flush=True)
+    return 0 if outcome.passed else 1
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["nemesis"]:
+        return nemesis_main(sys.argv[2:])
     parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
     parser.add_argument("--long", action="store_true", help="the long versions (minutes each)")
     parser.add_argument("--backlog", type=backlog_size, metavar="N",

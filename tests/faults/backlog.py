@@ -102,6 +102,15 @@ async def _parked(conn: asyncpg.Connection, ids: list[str]) -> int:
                                "AND deleted_at IS NULL AND recover_at IS NULL AND waited_at IS NOT NULL", ids)
 
 
+async def _stragglers(conn: asyncpg.Connection, ids: list[str]) -> str:
+    """The first few jobs not parked, as the database has them."""
+    rows = await conn.fetch(f"SELECT id, status, waited_at, recover_at FROM jobs WHERE id = ANY($1) AND NOT "
+                            f"(status = {SQL_PENDING} AND deleted_at IS NULL AND recover_at IS NULL "
+                            "AND waited_at IS NOT NULL) ORDER BY id LIMIT 5", ids)
+    return "not parked: " + ", ".join(f"{r['id']} ({r['status']}, looked at {r['waited_at']}, "
+                                      f"next check {r['recover_at']})" for r in rows)
+
+
 async def _wait_parked(conn: asyncpg.Connection, ids: list[str]) -> None:
     loop = asyncio.get_running_loop()
     allowed_s = PARK_WITHIN_S + len(ids) / 100
@@ -109,7 +118,7 @@ async def _wait_parked(conn: asyncpg.Connection, ids: list[str]) -> None:
     while (parked := await _parked(conn, ids)) < len(ids):
         if loop.time() > deadline:
             raise RuntimeError(f"only {parked} of {len(ids)} backlog jobs were parked within {allowed_s:.0f} s "
-                               "of being queued: see the submitter's log")
+                               f"of being queued: see the submitter's log; {await _stragglers(conn, ids)}")
         await asyncio.sleep(0.2)
 
 

@@ -28,6 +28,7 @@ from tests.faults.jsapi import wait_jetstream
 from tests.faults.natsd import NatsCluster, NatsNode
 from tests.faults.postgres import LocalPostgres
 from tests.faults.probes import Answers, Probe
+from tests.faults.replica import ReplicatedPostgres
 from tests.faults.report import Row
 from tests.faults.servicelogs import LoggingSupervisor
 from tests.faults.workload import Created, create_jobs
@@ -54,7 +55,7 @@ class FaultRun:
     name: str
     home: Path
     log_dir: Path
-    postgres: LocalPostgres
+    postgres: LocalPostgres | ReplicatedPostgres
     nats: NatsNode | None = None  # the single server, when not a cluster
     cluster: NatsCluster | None = None
     stack: Stack = field(init=False)
@@ -167,7 +168,7 @@ async def under_fault(run: FaultRun, plan: Plan, *, begin: Callable[[], Awaitabl
     return created
 
 
-async def _create_database(postgres: LocalPostgres) -> None:
+async def _create_database(postgres: LocalPostgres | ReplicatedPostgres) -> None:
     conn = await asyncpg.connect(postgres.admin_url)
     try:
         await conn.execute(f'CREATE DATABASE "{DATABASE}"')
@@ -175,9 +176,9 @@ async def _create_database(postgres: LocalPostgres) -> None:
         await conn.close()
 
 
-def _start_nats(home: Path, cluster: bool) -> tuple[NatsNode | None, NatsCluster | None]:
+def _start_nats(home: Path, cluster: bool, *, advertise: bool = True) -> tuple[NatsNode | None, NatsCluster | None]:
     if cluster:
-        return None, NatsCluster(home / "nats").start()
+        return None, NatsCluster(home / "nats", advertise=advertise).start()
     return NatsNode(home / "nats").start(), None
 
 
@@ -189,7 +190,8 @@ def _stop_servers(run: FaultRun) -> None:
 
 
 def _keep_server_logs(run: FaultRun) -> None:
-    for log in [*run.home.glob("nats/**/nats.log"), run.home / "pg" / "postgres.log", *run.home.glob("**/moto.log")]:
+    servers = [*run.home.glob("nats/**/nats.log"), *run.home.glob("pg*/postgres.log"), *run.home.glob("**/moto.log")]
+    for log in servers:
         if log.exists():
             shutil.copy(log, run.log_dir / f"{log.parent.name}-{log.name}")
 
@@ -202,35 +204,42 @@ def _with_full_quota(overrides: dict[str, Any]) -> dict[str, Any]:
 @contextlib.asynccontextmanager
 async def fault_run(name: str, *, cluster: bool = False, every_url: bool = False,
                     limits: dict[str, Any] | None = None, backlog: int | None = None,
-                    **overrides: Any) -> AsyncIterator[FaultRun]:
+                    services: dict[str, str] | None = None,
+                    postgres: Callable[[Path], LocalPostgres | ReplicatedPostgres] = LocalPostgres,
+                    via: Callable[[str], str] | None = None, **overrides: Any) -> AsyncIterator[FaultRun]:
     """A FaultRun with the stack up. The services get one NATS URL: the single server's, or a cluster's first
     node (the client learns the other nodes from the server), or with `every_url` all of a cluster's nodes,
     as a deployment lists them. `limits` shape the test account (see tests.stack.demo_key). `backlog` jobs
     (default: VIDJOBS_FAULTS_BACKLOG) are parked on another provider before the scenario begins, and checked
-    intact once it has ended."""
+    intact once it has ended. `services` names the service processes (default: one of each, as `vidjobs up`
+    runs them). `postgres` makes the database server(s) in a folder (a primary and its standby:
+    tests.faults.replica). `via` rewrites the servers' URLs the services are given (to put a proxy between:
+    the harness itself reaches the servers directly)."""
     size = backlogs.configured_size() if backlog is None else backlog
     if size:
         overrides = _with_full_quota(overrides)
     home = Path(tempfile.mkdtemp(prefix=f"vidjobs-faults-{name}-"))
     log_dir = logs_root() / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    run = FaultRun(name, home, log_dir, LocalPostgres(home / "pg"))
+    run = FaultRun(name, home, log_dir, postgres(home / "pg"))
     try:
         run.postgres.init().start()
         await _create_database(run.postgres)
-        run.nats, run.cluster = _start_nats(home, cluster)
+        # Given every node's URL, the services need no advertised ones (which would go round a `via` proxy).
+        run.nats, run.cluster = _start_nats(home, cluster, advertise=not every_url)
         if run.cluster:
             await wait_jetstream(run.cluster.urls)
         seed = run.nats.url if run.nats else run.cluster.urls[0]  # type: ignore[union-attr]
         if run.cluster and every_url:
             seed = ",".join(run.cluster.urls)
-        settings = stack_settings(home, run.database_url, seed, **{**BASE_SETTINGS, **overrides})
+        route = via or (lambda url: url)
+        settings = stack_settings(home, route(run.database_url), route(seed), **{**BASE_SETTINGS, **overrides})
         await db.migrate(run.database_url)
         key = await demo_key(run.database_url, **(limits or {}))
         factory = partial(LoggingSupervisor, log_dir=log_dir)
         body_done = False
         try:
-            async with running_stack(settings, key=key, supervisor_factory=factory) as stack:
+            async with running_stack(settings, key=key, services=services, supervisor_factory=factory) as stack:
                 run.stack = stack
                 run.say(f"stack up; logs in {log_dir}")
                 if size:

@@ -50,3 +50,12 @@ async def step_down_work_leader(nc: NATS) -> None:
 
 async def submitter_consumer(js: JetStreamContext) -> ConsumerInfo:
     return await js.consumer_info(WORK_STREAM, "submitter")
+
+
+async def work_left(urls: list[str]) -> dict[str, int]:
+    """Messages of the work stream that some consumer has still to handle: waiting to be delivered, or out and
+    not yet acknowledged (a deferral waiting out its delay among them). 0 means every event published has been
+    handled; parked jobs hold none. By consumer, those holding any."""
+    async with jetstream(urls) as (_, js):
+        held = {c.name: c.num_pending + c.num_ack_pending for c in await js.consumers_info(WORK_STREAM)}
+    return {name: n for name, n in held.items() if n}

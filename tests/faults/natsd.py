@@ -18,8 +18,9 @@ class NatsNode:
     """One nats-server with a fixed port and store directory, so a restart is the same server coming back."""
 
     def __init__(self, home: Path, *, name: str = "n0", routes: list[int] | None = None,
-                 cluster_port: int | None = None):
+                 cluster_port: int | None = None, advertise: bool = True):
         self.home = home
+        self.advertise = advertise
         self.name = name
         self.port = free_port()
         self.cluster_port = cluster_port
@@ -40,8 +41,10 @@ class NatsNode:
                      f"  sync_interval: always\n}}")
         if self.cluster_port:
             routes = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in self.routes)
+            # Not advertising keeps a client to the URLs it was given (proxies, in the nemesis): otherwise the
+            # server tells it every node's own client URL, and a reconnect may go round the proxy.
             lines.append(f'cluster {{\n  name: "faults"\n  listen: "127.0.0.1:{self.cluster_port}"\n'
-                         f"  routes: [{routes}]\n}}")
+                         f"  routes: [{routes}]\n  no_advertise: {str(not self.advertise).lower()}\n}}")
         return "\n".join(lines) + "\n"
 
     def start(self, *, wait: bool = True) -> NatsNode:
@@ -102,11 +105,11 @@ class NatsNode:
 class NatsCluster:
     """Three JetStream nodes on loopback, fully routed, each with its own store and client port."""
 
-    def __init__(self, home: Path, size: int = 3):
+    def __init__(self, home: Path, size: int = 3, *, advertise: bool = True):
         cluster_ports = [free_port() for _ in range(size)]
         self.nodes = [
             NatsNode(home / f"n{i}", name=f"n{i}", cluster_port=cluster_ports[i],
-                     routes=[p for j, p in enumerate(cluster_ports) if j != i])
+                     routes=[p for j, p in enumerate(cluster_ports) if j != i], advertise=advertise)
             for i in range(size)
         ]
 

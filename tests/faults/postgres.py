@@ -41,6 +41,9 @@ class LocalPostgres:
         self.data = home / "pgdata"
         self.port = free_port()
         self.user = _run_as()
+        # Off: the suite kills processes, not machines, and a test server need not pay for fsync. On: what a
+        # commit costs where it is measured (bench/replication.py).
+        self.fsync = False
 
     @property
     def admin_url(self) -> str:
@@ -73,7 +76,8 @@ class LocalPostgres:
 
     def start(self) -> LocalPostgres:
         # No unix socket (its default directory may not be writable for the server user): TCP only.
-        options = f"-h 127.0.0.1 -p {self.port} -k '' -c max_connections=300 -c fsync=off"
+        fsync = "on" if self.fsync else "off"
+        options = f"-h 127.0.0.1 -p {self.port} -k '' -c max_connections=300 -c fsync={fsync}"
         self._ctl("-w", "-o", options, "-l", str(self.home / "postgres.log"), "start")
         return self
 

@@ -54,6 +54,8 @@ from .models import (
     Model,
     PlatformAccount,
     QueueEstimate,
+    ReadyEstimate,
+    Retry,
     Transition,
     Upload,
 )
@@ -64,6 +66,6 @@ __all__ = [
     "TERMINAL", "APIError", "Account", "AsyncClient", "AsyncPlatform", "AuthenticationError", "BrowserToken",
     "ChecksumMismatch", "Client", "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "Export",
     "InsufficientCredits", "InvalidRequest", "Job", "JobNotReady", "JobPage", "Model", "NotFound", "Platform",
-    "PlatformAccount", "QueueEstimate", "RateLimited", "RetryPolicy", "Transition", "Unavailable", "Upload",
-    "UploadRejected", "VidjobsError", "WaitTimeout",
+    "PlatformAccount", "QueueEstimate", "RateLimited", "ReadyEstimate", "Retry", "RetryPolicy", "Transition",
+    "Unavailable", "Upload", "UploadRejected", "VidjobsError", "WaitTimeout",
 ]

@@ -64,7 +64,8 @@ class Follower:
         self._ended_early = -1  # this connection delivered: the next drop starts the count again
         job = msgspec.json.decode(event[1], type=Job)
         # Signed URLs are signed afresh on every read, so they do not make a job new.
-        seen = (job.status, job.stage, job.progress, job.queue_position, job.attempt, job.updated_at, job.estimate)
+        seen = (job.status, job.stage, job.progress, job.queue_position, job.attempt, job.updated_at, job.estimate,
+                job.ready)
         if seen == self._shown:
             return None
         self._shown = seen

@@ -84,19 +84,59 @@ class QueueEstimate(_Model, kw_only=True):
         return f"{ahead}; {_starts(start_p50, start_p90, now)}, ready by {_clock(ready_p50, ready_p90, now)}"
 
 
+class ReadyEstimate(_Model, kw_only=True):
+    """When a job at its provider (submitted or processing) is likely to be ready: its start plus how long its
+    model's renders took there, from the typical case (p50) to a late one (p90). The times are None when there
+    is no range; `note` says why (and otherwise what they rest on)."""
+
+    ready_p50: datetime | None = None
+    ready_p90: datetime | None = None
+    unavailable: str | None = None  # too_few_renders, overdue
+    note: str = ""
+
+    def describe(self, now: datetime | None = None) -> str:
+        """In words, for a person: "ready in about 2–4 min", "ready any moment now", or "no estimate yet:
+        <why>"."""
+        now = now or datetime.now(UTC)
+        if self.ready_p50 is None or self.ready_p90 is None:
+            return f"no estimate yet: {self.note}"
+        return _within("ready", self.ready_p50, self.ready_p90, now)
+
+
+class Retry(_Model, kw_only=True):
+    """What ended a job's try before the one at hand, once it was retried (its stage stays where it got to)."""
+
+    code: str
+    message: str
+    max_attempts: int = 0  # the most attempts it may have; 0: not said
+
+    def describe(self, attempt: int, *, retrying: bool = False) -> str:
+        """In words: "attempt 2 of 3; the last try ended: <why>", or while the job is `retrying` (its
+        `attempt` still the one that ended) "attempt 1 of 3 ended: <why>"."""
+        of = f" of {self.max_attempts}" if self.max_attempts else ""
+        if retrying:
+            return f"attempt {attempt}{of} ended: {self.message}"
+        return f"attempt {attempt}{of}; the last try ended: {self.message}"
+
+
 def _range(low: int, high: int, unit: str = "") -> str:
     return f"{low}{unit}" if low == high else f"{low}–{high}{unit}"
 
 
 def _starts(early: datetime, late: datetime, now: datetime) -> str:
+    return _within("starts", early, late, now)
+
+
+def _within(what: str, early: datetime, late: datetime, now: datetime) -> str:
+    """`<what> in about 2–4 min` from now, in the largest unit that reads well, or `<what> any moment now`."""
     low, high = (early - now).total_seconds(), (late - now).total_seconds()
     if high <= 0:
-        return "starts any moment now"
+        return f"{what} any moment now"
     if high < 90:
-        return f"starts in about {_range(max(0, math.floor(low)), math.ceil(high), ' s')}"
+        return f"{what} in about {_range(max(0, math.floor(low)), math.ceil(high), ' s')}"
     if high < 90 * 60:
-        return f"starts in about {_range(max(0, math.floor(low / 60)), math.ceil(high / 60), ' min')}"
-    return f"starts in about {_range(max(0, math.floor(low / 3600)), math.ceil(high / 3600), ' h')}"
+        return f"{what} in about {_range(max(0, math.floor(low / 60)), math.ceil(high / 60), ' min')}"
+    return f"{what} in about {_range(max(0, math.floor(low / 3600)), math.ceil(high / 3600), ' h')}"
 
 
 def _clock(early: datetime, late: datetime, now: datetime) -> str:
@@ -115,10 +155,12 @@ class Job(_Model, kw_only=True):
     created_at: datetime
     updated_at: datetime
     attempt: int = 1
+    retry: Retry | None = None  # once retried: what ended the try before (its stage stays where it got to)
     queue_position: int | None = None
     queue_reason: str | None = None
     priority: str = "interactive"  # or "batch": the account's waiting interactive jobs start first
     estimate: QueueEstimate | None = None  # while it waits: when it is likely to start and be ready
+    ready: ReadyEstimate | None = None  # while at its provider: when it is likely to be ready
     progress: float | None = None
     error: JobError | None = None
     outputs: Outputs | None = None
@@ -161,6 +203,7 @@ class Transition(_Model, kw_only=True, rename={"from_": "from"}):
     to: str
     at: datetime
     reason: str
+    stage: str | None = None  # the stage shown after the move (it never goes back); None from an older server
 
 
 class Trail(_Model, kw_only=True):

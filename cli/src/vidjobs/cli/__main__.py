@@ -97,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     _submissions_parser(sub.add_parser("submissions", help="the platform-wide switch for new submissions"))
     _rates_parser(sub.add_parser("rates", help="the rate card jobs are priced by"))
     _dead_parser(sub.add_parser("dead", help="messages the services gave up on (dead letters, kept in NATS)"))
-    _inbox_parser(sub.add_parser("inbox", help="provider callbacks stored by the gateway"))
+    _inbox_parser(sub.add_parser("inbox", help="provider callbacks stored by the gateway, and what providers told "
+                                               "the poller"))
     _breakers_parser(sub.add_parser("breakers", help="providers' circuit breakers"))
     _routes_parser(sub.add_parser("routes", help="model aliases' routes: shares, rollbacks, their history, "
                                                  "how the routes compare"))
@@ -143,11 +144,23 @@ def _inbox_parser(parser: argparse.ArgumentParser) -> None:
     replay = actions.add_parser("replay", help="hand a stored callback to the poller again, as on its arrival")
     replay.add_argument("inbox_id", type=int, metavar="ID")
     replay.set_defaults(handler=_inbox_replay)
+    show = actions.add_parser("show", help="what a job's provider told us about it, oldest first: status polls' "
+                                           "answers (a run of the same answer in one row) and its callbacks")
+    show.add_argument("job_id", metavar="JOB_ID")
+    _json_flag(show)
+    show.set_defaults(handler=_inbox_show)
+    unmatched = actions.add_parser("unmatched", help="stored callbacks about no job of ours (an unknown render), "
+                                                     "newest first")
+    unmatched.add_argument("--provider", metavar="PROVIDER", help="only this provider's")
+    unmatched.add_argument("--limit", type=_integer(1), default=50, help="callbacks to show (default 50)")
+    _json_flag(unmatched)
+    unmatched.set_defaults(handler=_inbox_unmatched)
 
 
 def _breakers_parser(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list", help="each provider's breaker: state, failures, when it reopens")
+    listing = actions.add_parser("list", help="each provider's breaker: state, failures, when it reopens, what "
+                                              "opened it")
     _json_flag(listing)
     listing.set_defaults(handler=_breakers_list)
     reset = actions.add_parser("reset", help="close a provider's breaker now; submissions to it resume")
@@ -518,6 +531,15 @@ def _dead_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 def _inbox_replay(args: argparse.Namespace, settings: Settings) -> int:
     return _admin(settings, partial(ops.inbox_replay, inbox_id=args.inbox_id))
+
+
+def _inbox_show(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(ops.inbox_show, job_id=args.job_id, as_json=args.json))
+
+
+def _inbox_unmatched(args: argparse.Namespace, settings: Settings) -> int:
+    return _admin(settings, partial(ops.inbox_unmatched, provider=args.provider, limit=args.limit,
+                                    as_json=args.json))
 
 
 def _jobs_inspect(args: argparse.Namespace, settings: Settings) -> int:

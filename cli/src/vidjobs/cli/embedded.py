@@ -191,7 +191,7 @@ class EmbeddedPostgres:
         os.environ.setdefault("XDG_RUNTIME_DIR", str(runtime))
         try:
             # Imported late: it reads the runtime directory on import.
-            from pgserver.postgres_server import get_server
+            from pgserver.postgres_server import PostgresServer, get_server
         except ImportError as exc:
             raise ConfigError(f"the embedded PostgreSQL is not installed. {INSTALL_EMBEDDED}, or set "
                               "VIDJOBS_DATABASE_URL to a PostgreSQL database") from exc
@@ -201,8 +201,10 @@ class EmbeddedPostgres:
         if first:
             self._clear_cut_short_initialisation()
         self.reused = self._take_over_leftover()
+        lock = _lock_beside(PostgresServer, runtime)
         try:
             self._server = get_server(self.data_dir, cleanup_mode="stop")
+            self._server._lock = lock  # its stop takes the same lock, whatever another start sets meanwhile
         except BaseException:  # a failed or interrupted start may have left a postmaster running: stop it
             self._stop_postmaster()
             if first:  # and an initialisation cut short is begun again by the next start
@@ -298,6 +300,21 @@ class EmbeddedPostgres:
         if self._server is not None:
             self._server._cleanup()
             self._server = None
+
+
+def _lock_beside(server_class: type, runtime: Path) -> object:
+    """Give pgserver's start and stop of this data directory a lock of their own, beside it.
+
+    pgserver takes one lock per user (in the runtime directory it read when imported) around every server's
+    initialisation, start and stop, and waits inside it for a server to become ready, without a limit. One
+    start stuck there (a stalled disk, a stopped process) would hold up every other embedded PostgreSQL of
+    that user, whichever its data directory, and an inherited XDG_RUNTIME_DIR makes unrelated stacks share it.
+    The lock only needs to keep two processes off one data directory, so it lives with that directory."""
+    # The same kind of lock pgserver made for itself (fasteners' InterProcessLock), at another path.
+    lock = type(server_class._lock)(runtime / "python_PostgresServer" / ".lockfile")  # type: ignore[attr-defined]
+    server_class.runtime_path = runtime / "python_PostgresServer"  # type: ignore[attr-defined]
+    server_class._lock = lock  # type: ignore[attr-defined]
+    return lock
 
 
 def _forget_dead_handles(path: Path) -> None:

@@ -1,5 +1,5 @@
-"""Operator commands that fix things in one go: dead letters, a stored provider callback, a stuck job, a
-provider's circuit breaker.
+"""Operator commands that fix things in one go, or show what a service recorded: dead letters, stored provider
+callbacks and what providers told the poller, a stuck job, a provider's circuit breaker.
 
 Like the commands in `admin`, each is a coroutine `__main__` hands to a runner: a database connection (the
 schema checked first, never migrated) or, for the dead letters, which live in JetStream, a NATS connection.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import asyncpg
@@ -105,6 +106,73 @@ async def inbox_replay(conn: asyncpg.Connection, *, inbox_id: int) -> None:
     _note(f"callback {inbox_id} from {provider} handed to the poller again; the services' outbox relay sends it")
 
 
+class ProviderAnswer(msgspec.Struct, kw_only=True):
+    """One row of what a provider told the poller (the poller's `provider_answers`)."""
+
+    id: int
+    kind: str  # poll: a status poll's answer; callback: a stored callback the poller handled
+    provider: str
+    provider_job_id: str | None
+    job_id: str | None  # None: a callback about no job of ours
+    inbox_id: int | None  # the stored callback (`vidjobs inbox replay` takes it)
+    webhook_id: str | None  # the callback's delivery id, while the inbox keeps it
+    state: str  # the provider's state as read, or "refused" for a status poll it refused
+    answers: int  # identical answers in a row, or deliveries of one callback
+    first_at: datetime
+    last_at: datetime
+    signal: dict[str, Any]  # the latest, as read, its strings cut
+    # A callback naming a job id no row holds (a row lost in a failover): when the poller asked the provider to
+    # stop the render; None when it did not (the render had ended, or the callback named no job of ours).
+    stop_asked_at: datetime | None = None
+
+
+_ANSWERS = """
+SELECT a.id, a.kind, a.provider, a.provider_job_id, a.job_id, a.inbox_id, i.webhook_id, a.state, a.answers,
+       a.first_at, a.last_at, a.signal::text AS signal, a.stop_asked_at
+FROM provider_answers a LEFT JOIN webhook_inbox i ON i.id = a.inbox_id
+"""
+
+
+def _answers(rows: list[asyncpg.Record]) -> list[ProviderAnswer]:
+    return [ProviderAnswer(**{**dict(r), "signal": msgspec.json.decode(r["signal"])}) for r in rows]
+
+
+def _answer_table(answers: list[ProviderAnswer]) -> None:
+    def error(signal: dict[str, Any]) -> str | None:
+        said = signal.get("error")
+        return f"{said.get('code')}: {_short(str(said.get('message', '')), 40)}" if isinstance(said, dict) else None
+    _table(("at", "last", "kind", "n", "render", "state", "progress", "error", "inbox", "stop asked"),
+           [(a.first_at, a.last_at if a.answers > 1 else None, a.kind, a.answers, a.provider_job_id, a.state,
+             a.signal.get("progress"), error(a.signal), a.inbox_id, a.stop_asked_at) for a in answers])
+
+
+async def inbox_show(conn: asyncpg.Connection, *, job_id: str, as_json: bool) -> None:
+    """What the job's provider told us about it, oldest first: status polls' answers and the stored callbacks
+    the poller matched to it."""
+    job = await _job(conn, job_id)
+    answers = _answers(await conn.fetch(_ANSWERS + "WHERE a.job_id = $1 ORDER BY a.id", job_id))
+    if as_json:
+        _json_lines(answers)
+        return
+    _answer_table(answers)
+    if not answers:
+        _note(f"nothing kept of what {job.provider} told us about {job_id}: rows go after "
+              "VIDJOBS_WEBHOOK_RETENTION_DAYS, and a job keeps its newest VIDJOBS_PROVIDER_ANSWERS_PER_JOB")
+
+
+async def inbox_unmatched(conn: asyncpg.Connection, *, provider: str | None, limit: int, as_json: bool) -> None:
+    """Stored callbacks the poller matched to no job (a render we do not know), newest first."""
+    answers = _answers(await conn.fetch(
+        _ANSWERS + "WHERE a.kind = 'callback' AND a.job_id IS NULL AND ($1::text IS NULL OR a.provider = $1) "
+                   "ORDER BY a.id DESC LIMIT $2", provider, limit))
+    if as_json:
+        _json_lines(answers)
+        return
+    _answer_table(answers)
+    if not answers:
+        _note("no callback for an unknown render is kept")
+
+
 # stuck jobs --------------------------------------------------------------------------------------------
 
 async def _job(conn: asyncpg.Connection, job_id: str) -> jobs.JobRow:
@@ -147,6 +215,9 @@ _AROUND_A_JOB: tuple[tuple[str, str], ...] = (
      "SELECT attempt, provider, provider_job_id, claimed_at, answered_at, error ->> 'code' AS error "
      "FROM provider_submissions WHERE job_id = $1 ORDER BY attempt"),
     ("poll schedule", "SELECT next_poll_at, started_at, polls FROM poll_schedule WHERE job_id = $1"),
+    ("provider answers (`vidjobs inbox show`)",
+     "SELECT first_at, last_at, kind, answers, provider_job_id, state, inbox_id FROM provider_answers "
+     "WHERE job_id = $1 ORDER BY id"),
     ("recovery lease", "SELECT owner, expires_at FROM recovery_leases WHERE job_id = $1"),
     ("assets", "SELECT kind, key, bytes, sha256, created_at FROM assets WHERE job_id = $1 ORDER BY id"),
     ("credit", "SELECT at, kind, balance_change, reserved_change, note FROM credit_ledger WHERE job_id = $1 "
@@ -188,8 +259,8 @@ async def breakers_list(conn: asyncpg.Connection, *, as_json: bool) -> None:
     if as_json:
         _json_lines(rows)
         return
-    _table(("provider", "state", "failures", "opened", "reopens", "probe job", "cooldown s"),
-           [(b.provider, b.state.value, b.failures, b.opened_at, b.reopen_at, b.probe_job_id, b.cooldown_s)
+    _table(("provider", "state", "failures", "opened", "reopens", "probe job", "cooldown s", "opened by"),
+           [(b.provider, b.state.value, b.failures, b.opened_at, b.reopen_at, b.probe_job_id, b.cooldown_s, b.cause)
             for b in rows])
     if not rows:
         _note("no provider has tripped a breaker yet")

@@ -35,7 +35,10 @@ WHAT_TO_DO = {
                       "`vidjobs render --again JOB_ID` renders it again",
     "download_failed": "the finished render could not be copied; render again",
     "verification_failed": "the finished render was not a usable video; render again",
-    "quota_exhausted": "the account is out of credit: `vidjobs account` shows it",
+    "quota_exhausted": "out of credit, as the message says whose: the account's (`vidjobs account` shows it), or "
+                       "ours with the provider (render again later)",
+    "provider_misconfigured": "the provider refused our key or our call; the operators are alerted: render again "
+                              "once it is fixed",
     "rate_limited": "too much at once; render again in a moment",
     "canceled": "it was canceled; render again if you still want it",
     "invalid_input": "the request was refused as it stands; the message names what to change",
@@ -99,6 +102,25 @@ def waiting(job: Job) -> str | None:
     return job.estimate.describe()
 
 
+def rendering(job: Job) -> str | None:
+    """A rendering job's range in words: when it is likely to be ready, or why no one can say."""
+    if job.status not in ("submitted", "processing") or job.ready is None:
+        return None
+    return job.ready.describe()
+
+
+def retried(job: Job) -> str | None:
+    """Which attempt a retried job is on and what ended the one before, in words."""
+    return None if job.retry is None else job.retry.describe(job.attempt, retrying=job.status == "retrying")
+
+
+def expected(job: Job) -> str | None:
+    """What the live line adds to the stages: the attempt, once retried, and when it is likely to start or to
+    be ready."""
+    said = [text for text in (retried(job), waiting(job), rendering(job)) if text]
+    return "; ".join(said) or None
+
+
 def failure(job: Job) -> str:
     if job.error is None:
         return f"job {job.id} {job.status}"
@@ -120,6 +142,10 @@ def job_details(job: Job) -> None:
                               + (f"; {job.queue_reason}" if job.queue_reason else "")))
     if (estimate := waiting(job)) is not None:
         rows.append(("estimate", estimate))
+    if (ready := rendering(job)) is not None:
+        rows.append(("estimate", ready))
+    if (attempt := retried(job)) is not None:
+        rows.append(("attempt", attempt))
     if job.rerun_of:
         rows.insert(3, ("renders again", job.rerun_of))
     if job.deadline_at and job.status in ("submitted", "processing"):
@@ -168,7 +194,7 @@ class StageLine:
         # A render without the provider's own figure pulses rather than claiming 0 %.
         total = None if job.stage == "rendering" and job.progress is None else 1.0
         done = 1.0 if job.stage == "ready" else job.progress or 0.0
-        estimate = waiting(job)
+        estimate = expected(job)
         description = stages(job) + (f"  [dim]{escape(estimate)}[/]" if estimate else "")
         self._progress.update(self._task, description=description, completed=done, total=total)
 

@@ -97,6 +97,10 @@ def resolve(settings: Settings, embedded: Embedded, run: RunRecord | None = None
         changes["database_url"] = embedded.postgres.url
     if "VIDJOBS_FAKE_PROVIDER" not in os.environ:
         changes["fake_provider"] = "on"  # the demo's only provider, unless a real one is configured instead
+    if "VIDJOBS_FAKE_CLIP" not in os.environ:
+        # The demo renders what was asked, at its size: a newcomer asking for 1080p sees 1080p. The tests (and
+        # the benchmarks, through their jobs' `params.clip`) ask for the tiny clip themselves.
+        changes["fake_clip"] = "real"
     if "VIDJOBS_FAKE_PROVIDER_URL" not in os.environ:
         changes["fake_provider_url"] = f"http://127.0.0.1:{free_port()}"
     fake_provider_url = str(changes.get("fake_provider_url", settings.fake_provider_url))

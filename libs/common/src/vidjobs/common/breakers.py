@@ -1,13 +1,17 @@
 """Provider circuit breakers: the whole state machine, over the one row per provider that every submitter
 replica obeys and an operator sees and resets.
 
-    closed --(breaker_threshold failures in a row)--> open --(its pause runs out; a job asks)--> half_open
-    half_open --(the probe job fails)--> open, for twice as long (capped at MAX_COOLDOWN_S)
-    any --(any real answer from the provider, or an operator's reset)--> closed
+    closed --(breaker_threshold failures in a row, or one refusal)--> open
+    open --(its pause runs out; a job asks)--> half_open
+    half_open --(the probe job fails or is refused)--> open, for twice as long (capped at MAX_COOLDOWN_S)
+    any --(any other answer from the provider, or an operator's reset)--> closed
 
-A failure is a provider_unavailable or timeout answer to a submission. Open, the provider takes nothing until
-its pause runs out; then the first job to ask becomes the one probe that tests it (half open). A probe that
-never reports back is replaced once its lease runs out.
+A failure is a provider_unavailable or timeout answer to a submission. A refusal is the provider refusing our
+account itself (out of credit, our key refused): every call would meet it until an operator acts, so the
+first one opens the breaker, and its jobs wait rather than each be refused in turn. Open, the provider takes
+nothing until its pause runs out; then the first job to ask becomes the one probe that tests it (half open),
+which is how work flows again once the key or the credit is put right. A probe that never reports back is
+replaced once its lease runs out. The row keeps what opened it (`cause`), which the waiting jobs' reason says.
 
 States reach SQL only through `sql()`, like job statuses (states.py).
 """
@@ -31,11 +35,19 @@ PROBE_LEASE_S = 60.0
 PROBE_LOOK_S = 5.0
 # Answers that count as the provider failing; every other answer shows it is up.
 FAILURES = frozenset({ErrorCode.PROVIDER_UNAVAILABLE, ErrorCode.TIMEOUT})
+# Answers that say the provider refuses our account, whatever the request: one opens the breaker.
+REFUSALS = frozenset({ErrorCode.QUOTA_EXHAUSTED, ErrorCode.PROVIDER_MISCONFIGURED})
+# Why a refused provider holds its jobs back, in words, by what opened its breaker; any other cause (or none,
+# from a release before causes were kept) is an outage.
+_REFUSED_WHY = {
+    ErrorCode.QUOTA_EXHAUSTED: "refused us: our account with it is out of credit",
+    ErrorCode.PROVIDER_MISCONFIGURED: "refused our credentials or our call",
+}
 
 
 class BreakerState(enum.StrEnum):
     CLOSED = "closed"  # submissions flow
-    OPEN = "open"  # paused after repeated provider_unavailable; one probe when reopen_at comes
+    OPEN = "open"  # paused after repeated provider_unavailable, or a refusal; one probe when reopen_at comes
     HALF_OPEN = "half_open"  # one probe job is testing the provider
 
 
@@ -61,6 +73,9 @@ class Breaker(msgspec.Struct, kw_only=True):
     reopen_at: datetime | None  # open: when one probe may go; half open: when a silent probe is replaced
     probe_job_id: str | None
     cooldown_s: float
+    # The code of the answer that last opened it; None while closed. Text, not the enum: a code a later release
+    # adds must not stop this one reading the row.
+    cause: str | None = None
 
 
 class Admission(msgspec.Struct, frozen=True):
@@ -105,11 +120,12 @@ def admission(breaker: Breaker | None, job_id: str, now: datetime) -> Admission:
         # The pause is over (or the last probe never reported back): this job is the probe.
         return Admission(probe=True, starts_probe=True)
     wait = (breaker.reopen_at - now).total_seconds()
+    refused = _REFUSED_WHY.get(ErrorCode(breaker.cause)) if breaker.cause in _REFUSED_WHY else None
     if breaker.state is BreakerState.OPEN:
-        return Admission(wait, f"{breaker.provider} is unavailable; submissions paused until "
+        return Admission(wait, f"{breaker.provider} {refused or 'is unavailable'}; submissions paused until "
                                f"{breaker.reopen_at:%H:%M:%S} UTC, then one job tests it")
     return Admission(min(wait, PROBE_LOOK_S),
-                     f"{breaker.provider} was unavailable; waiting for one test job to get through")
+                     f"{breaker.provider} {refused or 'was unavailable'}; waiting for one test job to get through")
 
 
 async def start_probe(conn: asyncpg.Connection, provider: str, job_id: str) -> None:
@@ -128,7 +144,7 @@ async def start_probe(conn: asyncpg.Connection, provider: str, job_id: str) -> N
 # forget is written. Returns the closed row and the state it was in.
 _CLOSE = f"""
 UPDATE provider_breakers b SET state = {SQL_CLOSED}, failures = 0, probe_job_id = NULL, cooldown_s = 0,
-    reopen_at = NULL
+    reopen_at = NULL, cause = NULL
 FROM (SELECT provider, state FROM provider_breakers WHERE provider = $1) AS was
 WHERE b.provider = was.provider AND ($2 OR b.state <> {SQL_CLOSED} OR b.failures <> 0)
 RETURNING b.*, was.state AS was
@@ -158,8 +174,8 @@ async def record_answer(
 ) -> BreakerState:
     """Feed the breaker with how the provider answered a submission (None: it accepted); its state after.
     Call under the provider's lock."""
-    if code not in FAILURES:
-        # Any real answer, even a refusal of this one request, shows the provider is up.
+    if code is None or (code not in FAILURES and code not in REFUSALS):
+        # Any other answer, even a refusal of this one request, shows the provider is up and takes our calls.
         await _close(conn, provider, always=False)
         return BreakerState.CLOSED
     row = await conn.fetchrow(
@@ -172,15 +188,18 @@ async def record_answer(
     )
     assert row is not None  # an upsert returns its row
     probe_failed = row["state"] == BreakerState.HALF_OPEN
-    if not probe_failed and row["failures"] < settings.breaker_threshold:
+    # An outage may pass by itself, so it takes several in a row; a refusal is every call's answer until an
+    # operator acts, so the first one opens it.
+    if code not in REFUSALS and not probe_failed and row["failures"] < settings.breaker_threshold:
         return BreakerState(row["state"])
     cooldown = min(row["cooldown_s"] * 2 if probe_failed else settings.breaker_cooldown_s, MAX_COOLDOWN_S)
     await conn.execute(
         f"""
         UPDATE provider_breakers SET state = {sql(BreakerState.OPEN)}, opened_at = clock_timestamp(),
-            probe_job_id = NULL, reopen_at = clock_timestamp() + make_interval(secs => $2), cooldown_s = $2
+            probe_job_id = NULL, reopen_at = clock_timestamp() + make_interval(secs => $2), cooldown_s = $2,
+            cause = $3
         WHERE provider = $1
         """,
-        provider, max(cooldown, settings.breaker_cooldown_s),
+        provider, max(cooldown, settings.breaker_cooldown_s), code.value,
     )
     return BreakerState.OPEN

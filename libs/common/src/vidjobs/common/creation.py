@@ -64,8 +64,8 @@ async def enqueue(
     job = row_to_job(row)
     assert job.recover_at is not None, "a new job's first recovery check is set by the insert"
     await conn.execute(
-        "INSERT INTO job_transitions (job_id, from_status, to_status, reason) VALUES ($1, NULL, $2, $3)",
-        job_id, JobStatus.PENDING.value, "created",
+        "INSERT INTO job_transitions (job_id, from_status, to_status, reason, stage) VALUES ($1, NULL, $2, $3, $4)",
+        job_id, JobStatus.PENDING.value, "created", job.stage,
     )
     # No change hint for the job: nothing can be listening for a job whose id has not been answered yet. The
     # jobs of later lanes it went ahead of moved back a place: their streams hear it as a queue move.

@@ -100,7 +100,7 @@ async def reserve(conn: asyncpg.Connection, *, account_id: str, job_id: str, amo
 
 
 async def settle(conn: asyncpg.Connection, *, job_id: str, note: str) -> Entry:
-    """A job ended (its terminal status or its deletion is written in this transaction): release its
+    """A job ended (its terminal status is written in this transaction): release its
     reservation and charge its `actual_credits`, never more than was reserved. Raises CreditRefused if the
     job holds no reservation, is settled already, or has not ended."""
     try:
@@ -140,7 +140,7 @@ async def entries(
 
 def settle_note(ending: str, job_id: str, estimated: int, charged: int, provider_cost: int | None, *,
                 rendered: bool = False) -> str:
-    """Why a job's credit moved as it did, for the ledger. `ending`: its terminal status, or "deleted";
+    """Why a job's credit moved as it did, for the ledger. `ending`: its terminal status;
     `rendered`: the provider had finished the render when the job ended."""
     reported = bool(provider_cost)  # a cost of 0 is no report: the estimate stands in
     source = "the provider's reported cost" if reported else "the estimate"
@@ -167,7 +167,7 @@ def owed_sql(delivered: str, rendered: str = "false") -> str:
 
 
 async def settle_credit(conn: asyncpg.Connection, job: JobRow, ending: str, *, rendered: bool = False) -> None:
-    """A job just ended (`ending`: its terminal status, or "deleted"): release its reservation and charge its
+    """A job just ended (`ending`: its terminal status): release its reservation and charge its
     `actual_credits`, with a ledger entry saying why. `rendered`: the provider had finished the render.
     `job` is the row as this transaction just wrote it: the settlement reads the same figures."""
     charged = max(0, min(job.actual_credits or 0, job.estimated_credits))

@@ -1,42 +1,41 @@
-"""A job's deletion. Deletion is not a status: the row keeps its status, `deleted_at` hides it from every
-read, and every consumer treats it as terminal."""
+"""A job's deletion. Deletion is not a status: `deleted_at` hides the job from every read at once, and every
+consumer treats a deleted job as terminal.
+
+A live job is first canceled through `transition` (reason "deleted"), so its trail says where the render
+went, and the move's own follow-ups settle its credit and hand its render slot on, exactly as a cancel's do.
+A finished job keeps its status and its trail as they were."""
 
 from __future__ import annotations
 
 import asyncpg
 
-from vidjobs.common import changes, credits, outbox, waiting
+from vidjobs.common import cancels, changes, outbox
 from vidjobs.common.events import AssetsDeleteRequested
-from vidjobs.common.jobs import row_to_job, stop_at_provider
-from vidjobs.common.states import RENDERING, SQL_TERMINAL, TERMINAL, JobStatus, sql
+
+# The reason a deleted live job's move to canceled carries in its trail.
+REASON = "deleted"
+
+# Locks the account's row of the job for the rest of the transaction: no worker moves it between the cancel
+# and the hiding.
+_OWNED = "SELECT id FROM jobs WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL FOR UPDATE"
+
+_HIDE = """
+UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL
+WHERE id = $1 AND deleted_at IS NULL
+RETURNING updated_at
+"""
 
 
 async def soft_delete(conn: asyncpg.Connection, job_id: str, account_id: str) -> bool:
-    """Set the job's `deleted_at`, which hides it from every read at once; settle its credit if it was live;
-    stop its render at the provider and hand its slot on; and ask for its assets to be removed. False if the
+    """End the job if it was live (a cancel: its credit settled, its render stopped at the provider, its slot
+    handed on), set its `deleted_at`, and ask for its assets to be removed, in one transaction. False if the
     account has no such job (or deleted it already)."""
-    # A deleted live job never reaches a terminal transition: it is settled here, like a cancel.
-    row = await conn.fetchrow(
-        f"""
-        UPDATE jobs SET deleted_at = clock_timestamp(), updated_at = clock_timestamp(), recover_at = NULL,
-            actual_credits = CASE WHEN status IN {SQL_TERMINAL} THEN actual_credits
-                                  ELSE {credits.owed_sql("false", f"status = {sql(JobStatus.DOWNLOADING)}")} END
-        WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
-        RETURNING *
-        """,
-        job_id, account_id,
-    )
-    if row is None:
-        return False
-    job = row_to_job(row)
-    if job.status not in TERMINAL:
-        await credits.settle_credit(conn, job, "deleted", rendered=job.status is JobStatus.DOWNLOADING)
-    await outbox.add(conn, [
-        *stop_at_provider(job),
-        *(await waiting.slot_wakeup(conn, job.provider, job.account_id) if job.status in RENDERING else []),
-        AssetsDeleteRequested(job_id=job_id),
-    ])
-    changes.note(job_id, "deleted", row["updated_at"])
-    if job.status is JobStatus.PENDING:
-        changes.note_queue(account_id)
+    async with changes.after_commit(), conn.transaction():
+        if await conn.fetchval(_OWNED, job_id, account_id) is None:
+            return False
+        # None when it had ended already: nothing to settle or stop.
+        await cancels.cancel(conn, job_id, reason=REASON)
+        hidden_at = await conn.fetchval(_HIDE, job_id)
+        await outbox.add(conn, [AssetsDeleteRequested(job_id=job_id)])
+        changes.note(job_id, "deleted", hidden_at)
     return True

@@ -20,7 +20,10 @@ class ErrorCode(enum.StrEnum):
     RENDER_TIMEOUT = "render_timeout"
     CONTENT_REJECTED = "content_rejected"  # the provider's content policy refused the prompt or image
     INVALID_INPUT = "invalid_input"  # the request can never succeed as written
-    QUOTA_EXHAUSTED = "quota_exhausted"  # no credit left
+    QUOTA_EXHAUSTED = "quota_exhausted"  # no credit left: the account's, or ours with the provider
+    # The provider refused our account's credentials or our call itself (a key refused, an address that is
+    # not its API): our configuration is wrong, not the job, and no attempt passes until an operator fixes it.
+    PROVIDER_MISCONFIGURED = "provider_misconfigured"
     DOWNLOAD_FAILED = "download_failed"  # the render could not be copied into our storage
     VERIFICATION_FAILED = "verification_failed"  # the copied file is not a playable video
     CANCELED = "canceled"  # the owner canceled the job
@@ -35,6 +38,7 @@ RETRYABLE: dict[ErrorCode, bool] = {
     ErrorCode.CONTENT_REJECTED: False,
     ErrorCode.INVALID_INPUT: False,
     ErrorCode.QUOTA_EXHAUSTED: False,
+    ErrorCode.PROVIDER_MISCONFIGURED: False,  # not until an operator fixes it: then render it again
     ErrorCode.DOWNLOAD_FAILED: True,
     ErrorCode.VERIFICATION_FAILED: False,
     ErrorCode.CANCELED: False,
@@ -50,6 +54,8 @@ DEFAULT_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.CONTENT_REJECTED: "The provider refused this prompt under its content policy; change it.",
     ErrorCode.INVALID_INPUT: "The request cannot be rendered as written; fix the named field.",
     ErrorCode.QUOTA_EXHAUSTED: "The account has no credit left for this job; add credit and retry.",
+    ErrorCode.PROVIDER_MISCONFIGURED: "The video provider refused our credentials or our call; our operators "
+                                      "are alerted. Render it again once it is fixed.",
     ErrorCode.DOWNLOAD_FAILED: "The finished render could not be copied into storage.",
     ErrorCode.VERIFICATION_FAILED: "The provider returned a file that is not a playable video.",
     ErrorCode.CANCELED: "The job was canceled by its owner.",

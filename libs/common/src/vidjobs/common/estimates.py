@@ -85,7 +85,10 @@ class Estimate(msgspec.Struct, frozen=True, kw_only=True):
 @dataclass(frozen=True)
 class AccountLoad:
     cap: int  # renders it may have in flight at once, at every provider together
-    rendering: tuple[datetime, ...]  # when each of its renders in flight started
+    rendering: tuple[datetime, ...]  # when each of its renders in flight started, oldest first
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rendering", tuple(sorted(self.rendering)))
 
 
 class Backlog:
@@ -118,9 +121,14 @@ class ProviderQueue:
 
     backlog: Backlog
     accounts: dict[str, AccountLoad]  # of the accounts with a job waiting there
-    rendering: tuple[datetime, ...]  # when each of its renders in flight started
+    rendering: tuple[datetime, ...]  # when each of its renders in flight started, oldest first
     paused: str | None = None  # why the platform switch pauses every submission, if it does
     held: str | None = None  # why the provider's breaker holds its jobs back, if it does
+
+    def __post_init__(self) -> None:
+        # Oldest first is soonest done first: an estimate then reads the one render whose end it needs
+        # (slot_free_at) instead of sorting them all, once per waiting job and refresh.
+        object.__setattr__(self, "rendering", tuple(sorted(self.rendering)))
 
 
 # ---- SQL --------------------------------------------------------------------------------------------------
@@ -225,16 +233,24 @@ def slot_free_in(remaining: Sequence[float], slots: int, nth: int, hold_s: float
     return (0.0 if i < idle else busy[i - idle]) + turn * hold_s
 
 
-def _remaining(started: Sequence[datetime], hold_s: float, now: datetime) -> list[float]:
-    return [max(0.0, hold_s - (now - at).total_seconds()) for at in started]
+def slot_free_at(started: Sequence[datetime], slots: int, nth: int, hold_s: float, now: datetime) -> float:
+    """`slot_free_in` for renders in flight that started at `started`, oldest first (so soonest done first):
+    the one render whose end the answer needs is found by its index, whatever the number in flight."""
+    busy = min(len(started), slots)
+    idle = slots - busy
+    turn, i = divmod(nth, slots)
+    if i < idle:
+        return turn * hold_s
+    at = started[len(started) - busy + i - idle]
+    return max(0.0, hold_s - (now - at).total_seconds()) + turn * hold_s
 
 
 def start_in(*, ahead: int, own_ahead: int, hold_s: float, now: datetime, queue: ProviderQueue,
              account: AccountLoad, limits: ProviderLimits) -> tuple[float, bool]:
     """(seconds until the job starts, whether its account's cap is what holds it): the later of its provider's
     slot after `ahead` jobs, its account's slot after `own_ahead`, and the rate cap letting `ahead` through."""
-    at_provider = slot_free_in(_remaining(queue.rendering, hold_s, now), max(1, limits.concurrency), ahead, hold_s)
-    at_account = slot_free_in(_remaining(account.rendering, hold_s, now), max(1, account.cap), own_ahead, hold_s)
+    at_provider = slot_free_at(queue.rendering, max(1, limits.concurrency), ahead, hold_s, now)
+    at_account = slot_free_at(account.rendering, max(1, account.cap), own_ahead, hold_s, now)
     paced = ahead / limits.rate_per_s if limits.rate_per_s > 0 else 0.0
     return max(at_provider, at_account, paced), at_account > max(at_provider, paced)
 

@@ -82,7 +82,7 @@ class AppEventDue(msgspec.Struct, tag="app_event.due"):
     """A job moved in a way its account's app may want to hear of: deliver it to the app's webhooks."""
 
     job_id: str
-    types: list[str]  # job.stage, job.completed, job.failed, job.canceled (states.app_events), job.expiring
+    types: list[str]  # what states.app_events names for the move (job.stage, job.retrying, ...), or job.expiring
     key: str  # names the move: each move is delivered once per event type and destination
 
 

@@ -7,11 +7,14 @@ hashes or webhook secrets, and no service can change the schema or add credit to
 commands (`vidjobs accounts`, `keys`, `credits`, `rates`, `submissions`, `routes`) run as the migrator: they
 do what no service may (OPERATOR_ONLY).
 
-A privilege is on a whole table, on named columns only (`columns`), or EXECUTE on a function. A service
-that reads a table holding secrets it does not own (accounts, webhook_endpoints) is granted the columns it
-reads, an allow-list: a column added later (a new secret, say) stays out of its reach until it is named
-here. Credit moves only through the functions of migration 0014, which run as their owner and do only what
-reserving for a new job and settling an ended one do (credits.py).
+A privilege is on a whole table or view, on named columns only (`columns`), or EXECUTE on a function. A
+service reaches a table another service owns through an interface its owner keeps (INTERFACES: a view that
+shows what the reader needs, a function that makes the one change the caller may make), never by a privilege
+on the table itself; the few direct privileges across owners left are named, with why, in UNMEDIATED. A
+service that reads a table holding secrets it does not own (accounts, webhook_endpoints) is granted the
+columns it reads, an allow-list: a column added later (a new secret, say) stays out of its reach until it is
+named here. Credit moves only through the functions of migration 0014, which run as their owner and do only
+what reserving for a new job and settling an ended one do (credits.py).
 
 `apply` makes the database hold exactly this declaration; `db.migrate` calls it after the migrations, so a
 new table is granted in the same step that creates it. tests/test_roles.py checks the declaration against
@@ -89,6 +92,7 @@ OWNERS: dict[str, str] = {
     "provider_breakers": "submitter",
     "account_turns": "submitter",
     "poll_schedule": "poller",
+    "provider_answers": "poller",
     "assets": "media",
     "media_copies": "media",
     "job_exports": "media",
@@ -107,6 +111,37 @@ OWNERS: dict[str, str] = {
     "schema_migrations": "migrator",
 }
 
+# The views and functions a service's role may use, and the part that keeps each: the owner of the tables
+# behind it, which may change them as it likes while what it keeps here means the same (migration 0029 for
+# the views and the uploads' functions; 0014, 0019 and 0028 for the rest).
+INTERFACES: dict[str, str] = {
+    "job_files": "media",  # a job's stored files, as the media service recorded them
+    "live_uploads": "gateway",  # uploads not deleted
+    "mark_upload_ready": "gateway",  # the media worker decoded a processing upload
+    "mark_upload_rejected": "gateway",  # ... or refused it
+    "reject_unprocessed_uploads": "gateway",  # the reaper gives up on uploads left processing
+    "expire_unused_uploads": "gateway",  # the reaper retires uploads no live job needs
+    "reserve_job_credit": "common",
+    "settle_job_credit": "common",
+    "reprice_job_credit": "common",
+    "platform_credit": "common",  # credit a platform grants, checked against its key
+    "purge_closed_account": "gateway",
+    "grant_credit": "operator",
+}
+
+# The direct privileges a service still holds on a table another service owns, with no interface between
+# (tests/test_roles.py refuses any other), each with why: named so that a new one is a decision, not an
+# accident, and so that the next interface has its list of candidates.
+UNMEDIATED: dict[tuple[str, str], str] = {
+    ("gateway", "provider_submissions"): "a verified callback is stored while a submit is in flight (inbox.is_known)",
+    ("gateway", "provider_breakers"): "a waiting job's estimate says when its provider's breaker holds it back",
+    ("gateway", "job_exports"): "records an export and shows how it went; the media service copies and settles it",
+    ("submitter", "accounts"): "two columns: an account's id and its cap on renders in flight",
+    ("poller", "webhook_inbox"): "reads the callback the gateway stored, which is what the inbox is for",
+    **{(service, "webhook_endpoints"): "three columns: whether a job's account has a live endpoint to tell"
+       for service in ("submitter", "poller", "media", "reaper")},
+}
+
 # What every service does through libs/common: a transition rereads and updates the job, appends its audit
 # row, writes its events to the outbox (and the relay publishes and deletes them), and settles the job's
 # credit through settle_job_credit; `schema_migrations` is read at start to see that the schema is current.
@@ -121,16 +156,22 @@ _COMMON: dict[str, frozenset[Grant]] = {
 }
 
 
-def _with_common(own: dict[str, frozenset[Grant]]) -> dict[str, frozenset[Grant]]:
-    merged = dict(_COMMON)
-    for name, granted in own.items():
-        merged[name] = merged.get(name, frozenset()) | granted
+def _merged(*parts: dict[str, frozenset[Grant]]) -> dict[str, frozenset[Grant]]:
+    merged: dict[str, frozenset[Grant]] = {}
+    for part in parts:
+        for name, granted in part.items():
+            merged[name] = merged.get(name, frozenset()) | granted
     # A column's privilege adds nothing where the whole table's is granted: only the table's is declared.
     return {name: frozenset(g for g in granted if not (isinstance(g, Column) and g.privilege in granted))
             for name, granted in merged.items()}
 
 
-GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
+def _with_common(own: dict[str, frozenset[Grant]]) -> dict[str, frozenset[Grant]]:
+    return _merged(_COMMON, own)
+
+
+# What this release's code needs of each object, service by service.
+NEEDED: dict[str, dict[str, frozenset[Grant]]] = {
     "gateway": _with_common({
         "jobs": INS,  # creates jobs; no other service does
         # Reads every account column; writes the account's default fallback models and its webhook secret
@@ -163,13 +204,15 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "idempotency_keys": SEL | INS | UPD | DEL,
         "webhook_inbox": SEL | INS | DEL,  # stores verified provider callbacks, prunes old ones
         "provider_submissions": SEL,  # a callback must name a render of ours
-        "uploads": SEL | INS | UPD,
+        "uploads": SEL | INS,  # records an upload; the media worker and the reaper change it through functions
         "webhook_endpoints": SEL | INS | UPD,  # the endpoints' secrets sign their deliveries
         "webhook_deliveries": SEL | INS | UPD | DEL,  # prunes finished history
         "webhook_attempts": SEL | INS,  # pruned with their deliveries (ON DELETE CASCADE runs as the owner)
         "rate_cards": SEL,  # prices a job at create
         "rate_card_prices": SEL,
-        "assets": SEL,  # a finished job's outputs, and what kept clips hold, from the media service's record
+        # A finished job's outputs, what kept clips hold, and delivered seconds, as the media service keeps them.
+        "job_files": SEL,
+        "live_uploads": SEL,  # reads an upload as the other services do (uploads.owned)
         "job_exports": SEL | INS,  # records an export (the media service copies and settles it), shows how it went
         "attempt_costs": SEL,  # what the provider billed for a job's attempts (its cost, the account's usage)
         # A waiting job's estimate says when the switch or the provider's breaker holds it back (estimates.py).
@@ -187,13 +230,14 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "provider_breakers": SEL | INS | UPD,
         "account_turns": SEL | INS | UPD,
         "platform_controls": SEL,  # the operator's submission switch
-        "uploads": SEL,  # hands the provider a job's input image
+        "live_uploads": SEL,  # hands the provider a job's input image
         "reprice_job_credit": EXE,  # lowers a job's reservation when it moves to a cheaper fallback model
         "rate_cards": SEL,  # prices a fallback model for a move
         "rate_card_prices": SEL,
     }),
     "poller": _with_common({
         "poll_schedule": SEL | INS | UPD | DEL,
+        "provider_answers": SEL | INS | UPD | DEL,  # what providers told it, kept for a while, then pruned
         "webhook_inbox": SEL,  # reads the callback the gateway stored
         "rate_cards": SEL,  # prices what the provider reported it billed
         "rate_card_prices": SEL,
@@ -204,16 +248,34 @@ GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
         "media_copies": SEL | INS | UPD | DEL,
         "job_exports": SEL | UPD,  # copies an export's clip and settles it
         # The orphan sweep keeps objects a live upload names; decoding an upload marks it ready or rejected.
-        "uploads": SEL | columns(Privilege.UPDATE, "status", "bytes", "sha256", "width", "height", "reason",
-                                 "message"),
+        "live_uploads": SEL,
+        "mark_upload_ready": EXE,
+        "mark_upload_rejected": EXE,
     }),
     "reaper": _with_common({
         "recovery_leases": SEL | INS | UPD | DEL,
         # Expires uploads no live job needs, and rejects those left processing too long (the gateway owns the
         # table).
-        "uploads": SEL | UPD,
+        "expire_unused_uploads": EXE,
+        "reject_unprocessed_uploads": EXE,
     }),
 }
+
+# Direct privileges on another service's table that this release's code no longer uses (it goes through
+# the owner's interface instead, migration 0029) but the release before it still does: granted so that
+# release's pods keep working beside this one's during a rollout (docs/UPGRADES.md), and taken away by the
+# next release, as a contract. tests/test_roles.py shows this release needs none of them.
+FOR_THE_RELEASE_BEFORE: dict[str, dict[str, frozenset[Grant]]] = {
+    "gateway": {"assets": SEL},
+    "submitter": {"uploads": SEL},
+    "media": {"uploads": SEL | columns(Privilege.UPDATE, "status", "bytes", "sha256", "width", "height", "reason",
+                                       "message")},
+    "reaper": {"uploads": SEL | UPD},
+}
+
+# What each service's role holds: what its code needs, and what the release before it still uses.
+GRANTS: dict[str, dict[str, frozenset[Grant]]] = {
+    service: _merged(NEEDED[service], FOR_THE_RELEASE_BEFORE.get(service, {})) for service in SERVICES}
 
 # Statements reachable from a service's code that only the operator commands run, as the migrator: creating
 # accounts and keys, granting credit, publishing a rate card, pausing submissions, recording a migration.
@@ -303,16 +365,16 @@ def statements(schema: str, sequences: dict[str, list[str]]) -> list[str]:
     return sql
 
 
-# What the roles hold on tables, on their columns, and on functions, in this schema.
+# What the roles hold on tables and views, on their columns, and on functions, in this schema.
 _HELD = """
 SELECT r.rolname AS grantee, c.relname AS name, NULL::name AS column_name, a.privilege_type
 FROM pg_class c CROSS JOIN LATERAL aclexplode(c.relacl) a JOIN pg_roles r ON r.oid = a.grantee
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND r.rolname = ANY($1::text[])
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p', 'v') AND r.rolname = ANY($1::text[])
 UNION ALL
 SELECT r.rolname, c.relname, t.attname, a.privilege_type
 FROM pg_class c JOIN pg_attribute t ON t.attrelid = c.oid AND t.attnum > 0 AND NOT t.attisdropped
     CROSS JOIN LATERAL aclexplode(t.attacl) a JOIN pg_roles r ON r.oid = a.grantee
-WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p') AND r.rolname = ANY($1::text[])
+WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind IN ('r', 'p', 'v') AND r.rolname = ANY($1::text[])
 UNION ALL
 SELECT r.rolname, p.proname, NULL, a.privilege_type
 FROM pg_proc p CROSS JOIN LATERAL aclexplode(p.proacl) a JOIN pg_roles r ON r.oid = a.grantee

@@ -2,9 +2,9 @@
 that asks its provider to stop.
 
 What writes a job lives beside it, each in a module of its own: `creation` (a new job), `transitions` (every
-status change), `deletion`, `waiting` (the queue and why a job waits), `recovery_checks`, `provider_reports`
-(progress, place in the provider's queue), `attempt_costs` (what each attempt was billed) and `credits` (what
-a job ending owes). This module imports
+status change), `deletion` (a live job canceled through `transitions`, then hidden), `waiting` (the queue and
+why a job waits), `recovery_checks`, `provider_reports` (progress, place in the provider's queue),
+`attempt_costs` (what each attempt was billed) and `credits` (what a job ending owes). This module imports
 none of them: they all read the row through it.
 """
 
@@ -19,7 +19,7 @@ import msgspec
 
 from vidjobs.common.errors import JobError
 from vidjobs.common.events import CancelRequested
-from vidjobs.common.states import RENDERING, TERMINAL, JobStatus
+from vidjobs.common.states import RENDERING, TERMINAL, JobStatus, Stage
 
 
 class JobRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -94,7 +94,11 @@ class JobRow(msgspec.Struct, kw_only=True):
     completed_at: datetime | None = None  # when it reached its ending (completed, failed, canceled)
     webhook_url: str | None = None  # where its app hears of it, beside the account's endpoints
     webhook_events: list[str] | None = None  # which events go to webhook_url
-    stage_at: datetime | None = None  # when it entered its current stage (NULL on jobs finished before it existed)
+    # When it entered its status's own stage (states.STAGE_OF; NULL on jobs finished before it existed).
+    stage_at: datetime | None = None
+    # The stage people see as its last move left it; a release before it did not keep it (states.stage_after).
+    stage: Stage = Stage.QUEUED
+    retry_error: JobError | None = None  # what ended the try before this one; None on its first try
     fallback_models: list[str] = []  # where it may move while it waits, in order (vidjobs.submitter.failover)
     max_wait_s: int | None = None  # the owner's limit on waiting for a slot
     max_wait_until: datetime | None = None  # created_at + max_wait_s
@@ -117,6 +121,15 @@ def row_to_job(row: asyncpg.Record) -> JobRow:
 async def fetch(conn: asyncpg.Connection | asyncpg.Pool, job_id: str) -> JobRow | None:
     """The job as stored, deleted or not (workers decide what deletion means for them)."""
     row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+    return None if row is None else row_to_job(row)
+
+
+async def fetch_locked(conn: asyncpg.Connection, job_id: str) -> JobRow | None:
+    """`fetch`, holding the row until the transaction ends: a decision taken on it cannot be overtaken by a
+    concurrent change (which waits, then applies to what this transaction left). Held as an update holds it
+    (NO KEY UPDATE), not more: rows that refer to the job (its audit trail, its lease) are still written
+    beside it, and a transaction that wrote one first is not left waiting on us while we wait on it."""
+    row = await conn.fetchrow("SELECT * FROM jobs WHERE id = $1 FOR NO KEY UPDATE", job_id)
     return None if row is None else row_to_job(row)
 
 

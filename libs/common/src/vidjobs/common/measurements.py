@@ -2,9 +2,10 @@
 `rendered_at`, when its render left the provider) and took from start to ready (`submitted_at` to
 `completed_at`), over its jobs completed in the last `estimate_window_s`, at most the last `estimate_samples`.
 
-The estimates of waiting jobs (vidjobs.common.estimates) and render deadlines (vidjobs.common.render_deadlines)
-read the same figures. A module of its own, reading only `jobs`, so that a service needing only the figures
-(the poller, for a render's deadline) is not given what the estimates read besides.
+The estimates of waiting jobs (vidjobs.common.estimates), the ready range of rendering ones
+(vidjobs.common.render_estimates) and render deadlines (vidjobs.common.render_deadlines) read the same
+figures. A module of its own, reading only `jobs`, so that a service needing only the figures (the poller, for
+a render's deadline) is not given what the estimates read besides.
 """
 
 from __future__ import annotations

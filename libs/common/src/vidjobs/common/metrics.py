@@ -77,5 +77,6 @@ COMPLETIONS = Counter("vidjobs_completions_total",
                       "the finish was learned (callback, scheduled_poll, recovery_poll, requested_poll)",
                       ["provider", "learned_by"])
 UNMATCHED_CALLBACKS = Counter("vidjobs_callbacks_unmatched_total",
-                              "Stored callbacks whose render no job claimed in time; acknowledged and dropped",
+                              "Stored callbacks whose render no job claimed in time, or naming a job id no row "
+                              "holds (its render asked to stop while it runs); kept in provider_answers",
                               ["provider"])

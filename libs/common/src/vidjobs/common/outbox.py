@@ -1,8 +1,11 @@
 """The transactional outbox: events are written in the same transaction as the state they describe, and a
-relay publishes them to JetStream with `Nats-Msg-Id` set to the outbox id.
+relay publishes them to JetStream with `Nats-Msg-Id` naming the row: its id and the moment it was made.
 
 A crash between commit and publish leaves the row for the next relay pass; a crash between publish and
 delete republishes under the same id, which JetStream's duplicate window drops. Nothing is lost or doubled.
+The moment is in the id because the number alone does not name one row for ever: after a failover to an
+asynchronous standby the id sequence starts again below numbers the lost primary used and published, and a
+new event under such a number would be dropped as a duplicate of the lost one (tests/test_outbox_ids.py).
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ class Relay:
     async def publish_pending(self) -> int:
         async with self._pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
-                "SELECT id, subject, payload, request_id FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
+                "SELECT id, subject, payload, request_id, (extract(epoch FROM created_at) * 1e6)::bigint AS made_us "
+                "FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
                 self._batch,
             )
             if not rows:
@@ -91,7 +95,7 @@ class Relay:
         return len(rows)
 
     async def _publish(self, row: asyncpg.Record) -> None:
-        headers = {"Nats-Msg-Id": f"outbox-{row['id']}"}
+        headers = {"Nats-Msg-Id": f"outbox-{row['id']}-{row['made_us']}"}
         if row["request_id"] is not None:
             headers[requestids.MESSAGE_HEADER] = row["request_id"]
         await self._js.publish(row["subject"], bytes(row["payload"]), headers=headers, timeout=5)

@@ -48,6 +48,9 @@ class RenderDeadline(msgspec.Struct, frozen=True, kw_only=True):
     seconds: float  # from submission
     samples: int  # renders of the model it was measured from
     p99_s: float | None  # None: too few renders measured, the fixed deadline holds
+    # When a render should be done, from submission: the model's median here (None while unmeasured). A render
+    # nobody hears from is first looked at then (vidjobs.common.recovery_checks).
+    expected_s: float | None = None
 
     def at(self, submitted: datetime) -> datetime:
         return submitted + timedelta(seconds=self.seconds)
@@ -66,7 +69,8 @@ def deadline_for(model: str, measured: Measured, settings: Settings) -> RenderDe
         return RenderDeadline(seconds=rule.unmeasured_s, samples=measured.samples, p99_s=None)
     # The ceiling wins over a floor set above it: it is the most anyone agreed to wait.
     seconds = min(rule.ceiling_s, max(rule.floor_s, measured.hold_p99_s * (1 + rule.margin)))
-    return RenderDeadline(seconds=seconds, samples=measured.samples, p99_s=measured.hold_p99_s)
+    return RenderDeadline(seconds=seconds, samples=measured.samples, p99_s=measured.hold_p99_s,
+                          expected_s=min(seconds, measured.hold_p50_s))
 
 
 class RenderDeadlines:

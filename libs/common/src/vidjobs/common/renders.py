@@ -1,8 +1,9 @@
 """A finished render's files as we store them, and the one place they are recorded.
 
 The media service writes one `assets` row per file (its table; vidjobs.media.assets). Nothing else holds
-them: a job's `outputs` are read from those rows, so a redone thumbnail or a retention pass is seen by the next
-read, and there is no second copy to fall out of step."""
+them: a job's `outputs` are read from those rows, through the view `job_files` the media service keeps for
+its readers (migration 0029), so a redone thumbnail or a retention pass is seen by the next read, and there is
+no second copy to fall out of step."""
 
 from __future__ import annotations
 
@@ -36,14 +37,14 @@ class Outputs(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def outputs_sql(job_id: str) -> str:
-    """A scalar subquery: the job's asset rows as one jsonb object keyed by kind (decoded by `decode`), or NULL
-    until it has both its video and its thumbnail. Served by the unique (job_id, kind) index. Rows of removed
+    """A scalar subquery: the job's files as one jsonb object keyed by kind (decoded by `decode`), or NULL
+    until it has both its video and its thumbnail. Served by the assets' unique (job_id, kind) index. Rows of removed
     files stay: an expired job still shows its facts and its thumbnail, and reads decide what to link by the
     job's status."""
     return f"""(SELECT jsonb_object_agg(a.kind, jsonb_build_object(
                     'key', a.key, 'content_type', a.content_type, 'bytes', a.bytes, 'sha256', a.sha256,
                     'width', a.width, 'height', a.height, 'duration_s', a.duration_s))
-                FROM assets a WHERE a.job_id = {job_id}
+                FROM job_files a WHERE a.job_id = {job_id}
                 HAVING bool_or(a.kind = 'video') AND bool_or(a.kind = 'thumbnail'))"""
 
 

@@ -37,6 +37,8 @@ class ProviderPolicy(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, o
     max_attempts: int | None = None
     base_s: float | None = None
     cap_s: float | None = None
+    # No retry starts this long after the job's creation. Unset: as long as its attempts may take under the
+    # provider's render deadlines (vidjobs.common.retry.elapsed_bound).
     max_elapsed_s: float | None = None
     # A render past its deadline (`render_timeout`) is tried again as a new attempt (a new paid render) only
     # where this is true; by default the job fails and its owner decides whether to render it again.
@@ -78,6 +80,18 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     recovery_delay_s: float = 60.0  # the first recovery check of a job, this long after its creation
     recovery_interval_s: float = 60.0  # how often a non-terminal job is looked at again after that
+    # A rendering job nobody has heard from is first looked at when its render should be done (its model's
+    # median render here; `recovery_delay_s` while unmeasured), then again after half its silence past that
+    # moment, at least `recovery_taper_min_s` and at most `recovery_interval_s` apart (a lost callback is found
+    # soon after the render ends). Anything the provider says of a render unasked (a callback, a scheduled poll's
+    # answer) leaves the check at the render's expected end where it is while that end is ahead (the last
+    # callback may still be lost), and past it puts the next check `recovery_quiet_s` away: a provider that keeps
+    # talking is not asked.
+    recovery_taper_min_s: float = 10.0
+    recovery_quiet_s: float = 120.0
+    # At its deadline a render is asked about once more, and a finished one is downloaded; a provider that has
+    # not answered that question `deadline_question_s` later has the render timed out without its answer.
+    deadline_question_s: float = 30.0
     # How often the submitter looks once at each provider with a waiting job, handing out a slot that no event
     # announced (a lost wake-up, a breaker's pause running out). Waiting jobs cost nothing in between.
     queue_sweep_interval_s: float = 5.0
@@ -127,7 +141,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # Per provider, as JSON: {"runway": {"concurrency": 4, "rate_per_s": 1, "burst": 2}}
     provider_limits: dict[str, ProviderLimits] = {}
 
-    breaker_threshold: int = 5  # consecutive provider_unavailable answers that pause a provider
+    breaker_threshold: int = 5  # provider_unavailable answers in a row that pause a provider (a refusal: at once)
     breaker_cooldown_s: float = 30.0  # first pause; doubles while probes keep failing (capped at 10 min)
     # Model aliases, as JSON: {"house/default": [{"model": "fake/default", "share": 95},
     #                                             {"model": "luma/ray-2", "share": 5}]}
@@ -173,7 +187,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     fake_webhook_secret: str = ""  # Standard Webhooks `whsec_...` secret shared with the fake provider
     # The clips the fake provider renders unless a job's `params.clip` says: `tiny` (320 px, 12 fps, tens of
     # milliseconds to make: fast tests) or `real` (the requested resolution at 24 fps and a provider's
-    # bitrate, seconds to make, kept on disk: production-sized media for benchmarks and demos).
+    # bitrate, seconds to make, kept on disk: production-sized media for benchmarks and demos). `vidjobs up`
+    # makes it `real` unless this is set: the demo renders what was asked.
     fake_clip: Literal["tiny", "real"] = "tiny"
     # Where the fake provider keeps its real clips; empty: a directory of this user's under the system temp dir.
     fake_clip_dir: str = ""
@@ -223,6 +238,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     stream_replicas: int = 1  # JetStream replicas per stream: 3 in production clusters
     submit_concurrency: int = 16  # messages a submitter process handles at once
+    inbox_concurrency: int = 16  # stored provider callbacks a poller process handles at once
+    poll_concurrency: int = 16  # status polls a poller process makes at once
+    cancel_concurrency: int = 8  # renders a poller process asks their provider to stop at once
     download_concurrency: int = 4  # renders a media process copies at once
     media_concurrency: int = 2  # threads a media process verifies and transcodes with
     # A media process copying a render holds it this long past its last sign of life; a copier killed
@@ -243,6 +261,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     idempotency_sweep_interval_s: float = 600.0
     # Caps on what one client may hold; each is shown in GET /v1/account `limits`. Streams are counted per
     # gateway process (what a stream costs is that process's pool and memory).
+    # Event streams read the jobs they follow on a database pool of their own, this many connections per
+    # gateway process, so they never queue for the connections API requests use; each job they follow is read
+    # once per change per process, at most once per `stream_coalesce_s` while it churns.
+    stream_db_pool_size: Annotated[int, msgspec.Meta(ge=1, le=100)] = 4
+    stream_coalesce_s: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] = 0.25
     max_streams_per_account: int = 100  # open event streams
     max_streams_per_key: int = 50
     max_queued_jobs: int = 1000  # jobs of one account waiting for a slot
@@ -253,6 +276,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     webhook_rate_per_s: float = 200.0
     webhook_rate_burst: int = 400
     webhook_retention_days: float = 7.0
+    # What providers told the poller beside the inbox (status polls' answers, which job each stored callback
+    # was about): rows kept per job, the oldest going first; they go after webhook_retention_days too.
+    provider_answers_per_job: Annotated[int, msgspec.Meta(ge=1)] = 20
 
     max_download_bytes: int = 512 * 1024 * 1024  # the largest render copied into storage
     # Hosts whose render URLs may be fetched although they resolve to a private or loopback address, or are

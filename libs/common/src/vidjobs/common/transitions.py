@@ -1,9 +1,10 @@
 """The one function that changes a job's status.
 
 It checks the move against the table in `states`, updates the row only if it still has an expected status
-(`WHERE id = $1 AND status = ANY($2)`), appends the audit row and writes the outgoing events to the outbox,
-all in one transaction. No row back means another worker already made this move (or a later one): that is
-logged and answered with `None`, never raised, so redelivered messages are harmless.
+(`WHERE id = $1 AND status = ANY($2)`), with the stage people see after it (`states.stage_after`, which never
+goes back), appends the audit row and writes the outgoing events to the outbox, all in one transaction. No
+row back means another worker already made this move (or a later one): that is logged and answered with
+`None`, never raised, so redelivered messages are harmless.
 
 It reads the row through `jobs` and carries out a move's follow-ups through `credits` (the settlement) and
 `waiting` (the freed slot); none of those calls back into it.
@@ -28,15 +29,19 @@ from vidjobs.common.jobs import JobRequest, JobRow, row_to_job
 from vidjobs.common.states import (
     BILLED_ENDINGS,
     FOLLOW_UPS,
+    NON_TERMINAL,
     RENDERING,
     SQL_RENDERING,
     STAGE_OF,
+    STAGE_ORDER,
     TERMINAL,
     FollowUp,
     JobStatus,
+    Stage,
     app_events,
     sources_of,
     sql,
+    stage_after,
 )
 from vidjobs.common.waiting import slot_wakeup
 
@@ -130,6 +135,24 @@ def same_stage(to: JobStatus) -> list[str]:
     return sorted(s.value for s in sources_of(to) if STAGE_OF[s] is STAGE_OF[to])
 
 
+# The stages a job passes through before its ending, in order, and the one each status before an ending has of
+# its own: spelled from the enums, as `states.sql` spells statuses.
+_ON_THE_WAY = sorted({STAGE_OF[s] for s in NON_TERMINAL}, key=STAGE_ORDER.__getitem__)
+_ON_THE_WAY_SQL = "ARRAY[" + ", ".join(f"'{stage.value}'" for stage in _ON_THE_WAY) + "]::text[]"
+_OWN_STAGE_SQL = ("CASE prev.status::text " + " ".join(
+    f"WHEN '{s.value}' THEN '{STAGE_OF[s].value}'" for s in JobStatus if s in NON_TERMINAL) + " END")
+
+
+def stage_sql(to: JobStatus) -> str:
+    """The stage after a move to `to`, in SQL, as `states.stage_after` makes it: an ending's own; otherwise the
+    latest of the stage the job had reached (`prev.stage`, which the release before this one did not keep up
+    to date, so also its status's own) and `to`'s own."""
+    if to in TERMINAL:
+        return f"'{STAGE_OF[to].value}'::job_stage"
+    return (f"({_ON_THE_WAY_SQL})[GREATEST(array_position({_ON_THE_WAY_SQL}, prev.stage::text), "
+            f"array_position({_ON_THE_WAY_SQL}, {_OWN_STAGE_SQL}), {_ON_THE_WAY.index(STAGE_OF[to]) + 1})]::job_stage")
+
+
 def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> tuple[str, list[Any]]:
     # A job that moves is no longer waiting for whatever held it.
     sets = ["status = $3", "updated_at = clock_timestamp()", "wait_reason = NULL", "provider_queue_position = NULL"]
@@ -148,30 +171,36 @@ def _update_sql(columns: dict[str, Any], to: JobStatus, guard: Guard | None) -> 
     if "attempt" in columns:
         # What the provider billed belongs to one attempt's render; a new attempt starts with no bill.
         sets.append("provider_cost_credits = NULL")
+    if to is JobStatus.RETRYING and "error" in columns:
+        # The next attempt clears the error; what sent the job round again stays, for its `retry`.
+        columns = {**columns, "retry_error": columns["error"]}
+    sets.append(f"stage = {stage_sql(to)}")
     for i, (name, value) in enumerate(columns.items(), start=4):
         sets.append(f"{name} = ${i}")
         values.append(value)
     guard_clause, guard_values = _guard_sql(guard, 4 + len(values))
     values.extend(guard_values)
-    # The stage clock restarts only when the stage people see changes (retrying -> pending stays queued).
+    # The operators' stage clock (by each status's own stage, states.STAGE_OF) restarts only when that stage
+    # changes (retrying -> pending stays queued); the stage people see is `stage`, above.
     values.append(same_stage(to))
     sets.append(f"stage_at = CASE WHEN prev.status = ANY(${3 + len(values)}::job_status[]) THEN j.stage_at "
                 "ELSE clock_timestamp() END")
     sql = f"""
         WITH prev AS (
-            SELECT id, status, stage_at FROM jobs
+            SELECT id, status, stage, stage_at FROM jobs
             WHERE id = $1 AND status = ANY($2::job_status[]) AND deleted_at IS NULL {guard_clause}
             FOR UPDATE
         )
         UPDATE jobs AS j SET {", ".join(sets)}
         FROM prev WHERE j.id = prev.id
-        RETURNING prev.status AS from_status, prev.stage_at AS left_stage_at, j.*, {APPS_LISTEN} AS apps_listen
+        RETURNING prev.status AS from_status, prev.stage AS reached_stage, prev.stage_at AS left_stage_at, j.*,
+                  {APPS_LISTEN} AS apps_listen
     """
     return sql, values
 
 
 async def _in_transaction(conn: asyncpg.Connection, job: JobRow, from_status: JobStatus, to: JobStatus,
-                          follow_ups: frozenset[FollowUp], apps_listen: bool) -> list[Event]:
+                          follow_ups: frozenset[FollowUp], apps_listen: bool, stage_moved: bool) -> list[Event]:
     """The move's follow-ups that write or send (states.FOLLOW_UPS); returns the events they send."""
     sent: list[Event] = []
     if FollowUp.SETTLE_CREDIT in follow_ups:
@@ -179,9 +208,9 @@ async def _in_transaction(conn: asyncpg.Connection, job: JobRow, from_status: Jo
                             rendered=from_status is JobStatus.DOWNLOADING and to is JobStatus.CANCELED)
     if FollowUp.FREE_SLOT in follow_ups:
         sent += await slot_wakeup(conn, job.provider, job.account_id)
-    if FollowUp.TELL_APPS in follow_ups and apps_listen:
-        sent.append(AppEventDue(job_id=job.id, types=app_events(from_status, to),
-                                key=f"{job.id}:{to.value}:{job.updated_at.timestamp():.6f}"))
+    told = app_events(from_status, to, stage_moved=stage_moved) if FollowUp.TELL_APPS in follow_ups else []
+    if told and apps_listen:
+        sent.append(AppEventDue(job_id=job.id, types=told, key=f"{job.id}:{to.value}:{job.updated_at.timestamp():.6f}"))
     return sent
 
 
@@ -207,13 +236,15 @@ async def transition(
                      extra={"job_id": job_id, "to": to.value, "expected": sources, "reason": reason})
             return None
         from_status = JobStatus(row["from_status"])
-        await conn.execute(
-            "INSERT INTO job_transitions (job_id, from_status, to_status, reason) VALUES ($1, $2, $3, $4)",
-            job_id, from_status.value, to.value, reason,
-        )
         job = row_to_job(row)
+        await conn.execute(
+            "INSERT INTO job_transitions (job_id, from_status, to_status, reason, stage) VALUES ($1, $2, $3, $4, $5)",
+            job_id, from_status.value, to.value, reason, job.stage,
+        )
         follow_ups = FOLLOW_UPS[from_status, to]
-        sent = await _in_transaction(conn, job, from_status, to, follow_ups, row["apps_listen"])
+        shown_before = stage_after(_stage(row["reached_stage"]), from_status)
+        sent = await _in_transaction(conn, job, from_status, to, follow_ups, row["apps_listen"],
+                                     stage_moved=job.stage is not shown_before)
         await outbox.add(conn, [*sent, *emit])
         changes.note(job_id, to.value, job.updated_at)
         if from_status is JobStatus.PENDING:
@@ -223,6 +254,10 @@ async def transition(
     log.info("job transitioned", extra={"job_id": job_id, "account_id": job.account_id, "from": from_status.value,
                                         "to": to.value, "reason": reason})
     return Transitioned(from_status=from_status, job=job)
+
+
+def _stage(value: str | None) -> Stage | None:
+    return None if value is None else Stage(value)
 
 
 def _count_move(job: JobRow, from_status: JobStatus, left_stage_at: datetime | None,

@@ -24,10 +24,13 @@ class CallbackCourier:
     delivered: dict[str, int] = field(default_factory=dict)  # deliveries answered 2xx, by render id
 
     async def send_after(self, session: aiohttp.ClientSession, previous: asyncio.Task[None] | None,
-                         render_id: str, url: str, body: bytes, *, repeat: bool) -> None:
-        """Send `body` once `previous` (the render's last callback) is done; `repeat` sends it three times."""
+                         render_id: str, url: str, body: bytes, *, repeat: bool, late_s: float = 0.0) -> None:
+        """Send `body` once `previous` (the render's last callback) is done, `late_s` after; `repeat` sends it
+        three times."""
         if previous is not None:
             await asyncio.wait([previous])
+        if late_s:
+            await asyncio.sleep(late_s)
         msg_id = signatures.new_message_id()
         if not repeat:
             await self.send(session, render_id, url, body, msg_id)

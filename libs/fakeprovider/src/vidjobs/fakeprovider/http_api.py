@@ -6,6 +6,7 @@
   POST /v1/renders/{id}/cancel       the render, canceled unless it had already finished
   GET  /outputs/{id}.mp4             the rendered clip (video/mp4)
   GET  /v1/_counters                 what was asked for and done, so tests can prove nothing ran twice
+  GET|PUT /v1/_weather               the whole provider's behaviour: slow, refusing, callbacks twice or late
   GET  /healthz
 
 Outputs are served by outputs.py: padded to `params.output_mb`, paced, or stalled, as a render's params ask.
@@ -22,7 +23,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from vidjobs.fakeprovider import outputs
-from vidjobs.fakeprovider.scenarios import FakeProvider, RenderRecord
+from vidjobs.fakeprovider.scenarios import FakeProvider, RenderRecord, refused_account
+from vidjobs.fakeprovider.weather import decode_weather, weather_the_call
 from vidjobs.fakeprovider.wire import ApiFailure, RenderList, Scenario, decode_render
 
 PROVIDER = web.AppKey("provider", FakeProvider)
@@ -37,7 +39,14 @@ def _record(request: web.Request) -> RenderRecord:
     rec = request.app[PROVIDER].renders.get(request.match_info["render_id"])
     if rec is None:
         raise ApiFailure(404, "not_found", "No such render.", param="id")
+    _refuse_revoked([rec])
     return rec
+
+
+def _refuse_revoked(found: list[RenderRecord]) -> None:
+    """key_revoked: every call about its render after the submit meets a refused key."""
+    if any(rec.scenario is Scenario.KEY_REVOKED for rec in found):
+        raise refused_account(Scenario.KEY_REFUSED)
 
 
 async def create_render(request: web.Request) -> web.Response:
@@ -65,6 +74,7 @@ async def list_renders(request: web.Request) -> web.Response:
     key, job_id = request.query.get("idempotency_key"), request.query.get("job_id")
     found = [rec for rec in fp.renders.values()
              if key in (None, rec.idempotency_key) and job_id in (None, rec.request.metadata.job_id)]
+    _refuse_revoked(found)
     return _json(RenderList(data=[fp.view(rec) for rec in found]))
 
 
@@ -88,6 +98,15 @@ async def get_counters(request: web.Request) -> web.Response:
     return _json(request.app[PROVIDER].counters)
 
 
+async def get_weather(request: web.Request) -> web.Response:
+    return _json(request.app[PROVIDER].weather)
+
+
+async def put_weather(request: web.Request) -> web.Response:
+    request.app[PROVIDER].weather = decode_weather(await request.read())
+    return await get_weather(request)
+
+
 async def healthz(_: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "service": "fake-provider"})
 
@@ -99,6 +118,7 @@ def _failure(failure: ApiFailure) -> web.Response:
 @web.middleware
 async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        await weather_the_call(request.app[PROVIDER].weather, request.path)
         return await handler(request)
     except ApiFailure as failure:
         return _failure(failure)
@@ -118,6 +138,8 @@ def create_app(provider: FakeProvider) -> web.Application:
     app.router.add_post("/v1/renders/{render_id}/cancel", cancel_render)
     app.router.add_get("/outputs/{render_id}.mp4", get_output)
     app.router.add_get("/v1/_counters", get_counters)
+    app.router.add_get("/v1/_weather", get_weather)
+    app.router.add_put("/v1/_weather", put_weather)
     app.router.add_get("/healthz", healthz)
     app.cleanup_ctx.append(_background)
     return app

@@ -28,6 +28,7 @@ from vidjobs.fakeprovider.background import BackgroundTasks
 from vidjobs.fakeprovider.callback_delivery import CallbackCourier
 from vidjobs.fakeprovider.clip_cache import ClipCache, default_dir
 from vidjobs.fakeprovider.clips import ClipKind, ClipSpec, clip_size, real_spec, render_mp4
+from vidjobs.fakeprovider.weather import Callbacks, Weather
 from vidjobs.fakeprovider.wire import (
     FINISHED,
     ApiFailure,
@@ -51,6 +52,18 @@ NOT_A_VIDEO = b"<html><body>502 Bad Gateway</body></html>\n"  # what bad_output 
 # What unsafe_output reports as its render: the cloud metadata service, which a downloader must never fetch.
 UNSAFE_OUTPUT_URL = "http://169.254.169.254/latest/meta-data/iam/security-credentials/"
 CLIP_CACHE_BYTES = 2 * 1024**3  # real clips kept on disk by default: ~200 ten-second 1080p clips
+
+# What our account with the provider answers when it refuses us, whatever the request (no_credit, key_refused;
+# key_revoked's calls after its submit).
+ACCOUNT_REFUSALS = {
+    Scenario.NO_CREDIT: (402, "insufficient_credit", "Your account has no credit left; top it up to render."),
+    Scenario.KEY_REFUSED: (401, "invalid_api_key", "The API key is invalid or has been revoked."),
+}
+
+
+def refused_account(scenario: Scenario) -> ApiFailure:
+    """The answer of an account the provider refuses, as `scenario` refuses it."""
+    return ApiFailure(*ACCOUNT_REFUSALS[scenario])
 
 # A clip as served: a tiny clip's bytes, or a real clip's file.
 ClipData = bytes | Path
@@ -100,6 +113,7 @@ class FakeProvider(BackgroundTasks):
         self.renders: dict[str, RenderRecord] = {}
         self.by_key: dict[str, str] = {}
         self.counters = Counters()
+        self.weather = Weather()  # the whole provider's behaviour beside each render's scenario (weather.py)
         self.courier = CallbackCourier(webhook_secret, callback_attempts, callback_backoff_s,
                                        delivered=self.counters.callbacks_by_render)
         self.session: aiohttp.ClientSession | None = None  # for input images and callbacks, while serving
@@ -159,6 +173,9 @@ class FakeProvider(BackgroundTasks):
 
     def _maybe_refuse(self, req: CreateRender) -> None:
         scenario = req.params.scenario
+        if scenario in ACCOUNT_REFUSALS:
+            bump(self.counters.refusals_by_job, req.metadata.job_id)
+            raise refused_account(scenario)
         if scenario not in (Scenario.RATE_LIMIT_THEN_SUCCEED, Scenario.UNAVAILABLE_THEN_SUCCEED):
             return
         job_key = req.metadata.job_id or ""
@@ -277,11 +294,15 @@ class FakeProvider(BackgroundTasks):
     def notify(self, rec: RenderRecord) -> None:
         """Queue a signed callback with the render as it is now, after any earlier one for this render."""
         url = rec.request.callback_url
-        if url is None or rec.scenario is Scenario.NO_CALLBACK:
+        if url is None or rec.scenario is Scenario.NO_CALLBACK or (
+                rec.scenario is Scenario.NO_FINAL_CALLBACK and rec.status in FINISHED):
             return
         event = CallbackEvent(type=f"render.{rec.status.value}", timestamp=datetime.now(UTC), data=self.view(rec))
         body = msgspec.json.encode(event)
-        repeat = rec.scenario is Scenario.DUPLICATE_CALLBACKS and rec.status in FINISHED
+        repeat = (rec.scenario is Scenario.DUPLICATE_CALLBACKS and rec.status in FINISHED
+                  or self.weather.callbacks is Callbacks.TWICE)
+        late_s = self.weather.delay_s if self.weather.callbacks is Callbacks.LATE else 0.0
         rec.deliveries = self.spawn(
-            self.courier.send_after(self._session(), rec.deliveries, rec.id, url, body, repeat=repeat),
+            self.courier.send_after(self._session(), rec.deliveries, rec.id, url, body, repeat=repeat,
+                                    late_s=late_s),
             name=f"callback-{rec.id}")

@@ -17,6 +17,8 @@ class Scenario(enum.StrEnum):
     SUCCEED = "succeed"
     DUPLICATE_CALLBACKS = "duplicate_callbacks"
     NO_CALLBACK = "no_callback"
+    # Calls back when the render starts, never when it ends: a finishing callback lost on its way to us.
+    NO_FINAL_CALLBACK = "no_final_callback"
     RATE_LIMIT_THEN_SUCCEED = "rate_limit_then_succeed"
     UNAVAILABLE_THEN_SUCCEED = "unavailable_then_succeed"
     CONTENT_REJECTED = "content_rejected"
@@ -32,6 +34,12 @@ class Scenario(enum.StrEnum):
     # The first `params.failures` renders of a job (by metadata.job_id) fail with a transient error after
     # rendering; the next one succeeds.
     FAIL_THEN_SUCCEED = "fail_then_succeed"
+    # Our account with the provider refuses us, whatever the request: every submit answered 402 (out of
+    # credit) or 401 (the key refused); or the submit accepted and every later call about its render (status,
+    # cancel, a look-up) answered 401, as if the key were revoked meanwhile.
+    NO_CREDIT = "no_credit"
+    KEY_REFUSED = "key_refused"
+    KEY_REVOKED = "key_revoked"
 
 
 class RenderStatus(enum.StrEnum):
@@ -155,7 +163,7 @@ class FetchedImage(msgspec.Struct, kw_only=True):
 class Counters(msgspec.Struct, kw_only=True):
     submissions_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # every POST, by metadata.job_id
     submissions_by_key: dict[str, int] = msgspec.field(default_factory=dict)  # every POST, by Idempotency-Key
-    refusals_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # 429/503 answered by a scenario
+    refusals_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # submits a scenario refused
     renders_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # renders created (each runs once)
     renders_by_attempt: dict[str, int] = msgspec.field(default_factory=dict)  # by "<job_id>/<attempt>"
     lost_answers_by_job: dict[str, int] = msgspec.field(default_factory=dict)  # accept_then_timeout / _drop

@@ -17,7 +17,7 @@ from vidjobs.providers.base import ModelInfo, ProviderSignal, Submission, Submit
 from vidjobs.providers.checks import boolean, invalid, number
 from vidjobs.providers.fal_queue import NAME, Queued, Status, request_path
 from vidjobs.providers.fal_signature import USER_ID_HEADER, Jwks, Verifier
-from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, decode, lost
+from vidjobs.providers.http import ErrorTable, HttpAdapter, decode, lost
 
 _KEY_HINT = "check VIDJOBS_FAL_API_KEY"
 
@@ -49,8 +49,8 @@ APPS = tuple(dict.fromkeys(spec.app for spec in MODELS.values()))
 # --- the adapter ------------------------------------------------------------------------------------------
 
 
-ERRORS = ErrorTable(NAME, http.rows((401, 403), Refusal(ErrorCode.INTERNAL, "{title} refused our API key ({status}); "
-                                                                       + _KEY_HINT)), fal_queue.read_error)
+ERRORS = ErrorTable(NAME, http.rows((401, 403), http.key_refused("{title} refused our API key ({status}); "
+                                                                + _KEY_HINT)), fal_queue.read_error)
 
 
 class FalAdapter(HttpAdapter):

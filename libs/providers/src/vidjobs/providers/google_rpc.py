@@ -26,7 +26,8 @@ _CODES: dict[str, ErrorCode] = {
                     ErrorCode.INVALID_INPUT),
     # Our project's quota ran out mid-render: nothing wrong with the job, and it may pass later.
     "RESOURCE_EXHAUSTED": ErrorCode.PROVIDER_UNAVAILABLE, "DEADLINE_EXCEEDED": ErrorCode.TIMEOUT,
-    **dict.fromkeys(("PERMISSION_DENIED", "UNAUTHENTICATED"), ErrorCode.INTERNAL),
+    # Our key or project refused: no call passes until an operator fixes it.
+    **dict.fromkeys(("PERMISSION_DENIED", "UNAUTHENTICATED"), ErrorCode.PROVIDER_MISCONFIGURED),
 }
 
 

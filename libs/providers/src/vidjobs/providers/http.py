@@ -121,12 +121,19 @@ class Said(NamedTuple):
 RATE_LIMITED = Refusal(ErrorCode.RATE_LIMITED, "{title} is rate limiting us: {said}")
 TIMED_OUT = Refusal(ErrorCode.TIMEOUT, "{title} timed out: {said}")
 UNAVAILABLE = Refusal(ErrorCode.PROVIDER_UNAVAILABLE, "{title} is unavailable: {said}")
-# An unexpected 404 and the like: our configuration is wrong, not the job.
-REFUSED_CALL = Refusal(ErrorCode.INTERNAL, "{title} refused our call ({status}): {said}")
+# An unexpected 404 and the like: our configuration is wrong (an address that is not the provider's API, a
+# route or model it does not have), not the job; every call would meet it until an operator fixes it.
+REFUSED_CALL = Refusal(ErrorCode.PROVIDER_MISCONFIGURED, "{title} refused our call ({status}: {said}); our "
+                                                         "configuration of it is wrong and our operators are alerted.")
 INPUT_STATUSES = (400, 409, 413, 415, 422)  # answers that judge the request itself
-# What a provider's words may make of an error answer, in place of its status.
-NO_CREDIT = Refusal(ErrorCode.INTERNAL, "Our {title} account is out of credit: {said}")
+# Our account with the provider is out of credit: not the job's account, and every call is refused until it is
+# topped up. What 402 means at any provider, and what a provider's words may make of another answer.
+NO_CREDIT = Refusal(ErrorCode.QUOTA_EXHAUSTED, "{title} says our account with it is out of credit ({said}); your "
+                                               "own credit is untouched and our operators are alerted: render it "
+                                               "again later.")
 CONTENT_REFUSED = Refusal(ErrorCode.CONTENT_REJECTED, "{title} refused the request: {said}")
+# What a status means where a provider's table does not say.
+DEFAULT_ROWS = {402: NO_CREDIT}
 
 
 def quiet(status: int, body: bytes) -> Said:
@@ -184,7 +191,12 @@ class ErrorTable:
             return NO_CREDIT
         if self.content_words and status in INPUT_STATUSES and self.content_words.search(said.text):
             return CONTENT_REFUSED
-        return self.rows.get(status, REFUSED_CALL)
+        return self.rows.get(status) or DEFAULT_ROWS.get(status, REFUSED_CALL)
+
+
+def key_refused(message: str) -> Refusal:
+    """Our key refused (`message` names the setting that holds it): no call passes until an operator fixes it."""
+    return Refusal(ErrorCode.PROVIDER_MISCONFIGURED, f"{message.rstrip('.')}; our operators are alerted.")
 
 
 def rows(statuses: Iterable[int], refusal: Refusal) -> dict[int, Refusal]:
@@ -196,8 +208,8 @@ def refusals(key_setting: str, *, key: str = "API key", inputs: Iterable[int] = 
     """The rows most providers share: a refused key is our configuration (the message names its setting), a
     refused request is the job's."""
     return {
-        **rows((401, 403), Refusal(ErrorCode.INTERNAL, f"{{title}} refused our {key} ({{status}}: {{said}}); check "
-                                                       f"the {key_setting} setting.")),
+        **rows((401, 403), key_refused(f"{{title}} refused our {key} ({{status}}: {{said}}); check the {key_setting} "
+                                       "setting.")),
         **rows(inputs, Refusal(ErrorCode.INVALID_INPUT, "{title} refused the request: {said}")),
     }
 

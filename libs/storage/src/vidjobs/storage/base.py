@@ -30,6 +30,12 @@ class StorageUnavailable(StorageError, PartUnavailable):
     """The store could not be reached or answered with a server error: the same call may succeed later."""
 
 
+class MalformedAnswer(StorageUnavailable):
+    """The store answered, but without what every answer of its kind carries (an object's size or time, a
+    listed object's key): an S3-compatible store, or an HTTP front before it, that misbehaves. Nothing about
+    the object or the work; the same call succeeds once the store answers whole again."""
+
+
 class ObjectMismatch(StorageUnavailable):
     """The object the store holds is not the bytes we stored (its size or SHA-256 differs): a fault of the
     store, not of the work, so storing the same bytes again may succeed."""

@@ -27,6 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from vidjobs.storage import integrity
 from vidjobs.storage.base import (
+    MalformedAnswer,
     ObjectInfo,
     ObjectMismatch,
     ObjectNotFound,
@@ -119,6 +120,16 @@ def _translated(action: str, key: str) -> Iterator[None]:
         raise StorageUnavailable(f"S3 could not {action} {key!r}: {exc}") from exc
 
 
+def _field(answer: Mapping[str, Any], name: str, action: str, key: str) -> Any:
+    """A field every answer of its kind carries. botocore leaves out what the store did not send (a HEAD without
+    Content-Length has no ContentLength): that is the store misbehaving, never a bug of ours, so it is raised
+    as the store being unavailable rather than as a KeyError."""
+    try:
+        return answer[name]
+    except KeyError:
+        raise MalformedAnswer(f"S3's answer to {action} {key!r} had no {name}") from None
+
+
 class S3Storage:
     def __init__(self, bucket: str, prefix: str = "", *, part_bytes: int = 8 * 1024 * 1024,
                  environ: Mapping[str, str] | None = None, limits: TimeLimits = DEFAULT_LIMITS):
@@ -184,7 +195,7 @@ class S3Storage:
         async with _bounded("store", key, self.limits.call_s()):
             upload = await s3.create_multipart_upload(Bucket=self.bucket, Key=full, ContentType=content_type,
                                                       ChecksumAlgorithm=CHECKSUM)
-        upload_id = upload["UploadId"]
+        upload_id = _field(upload, "UploadId", "start storing", key)
         try:
             parts: list[dict[str, str | int]] = []
             offset = 0
@@ -194,7 +205,8 @@ class S3Storage:
                     sent = await s3.upload_part(Bucket=self.bucket, Key=full, UploadId=upload_id,
                                                 PartNumber=number, Body=chunk, ChecksumAlgorithm=CHECKSUM)
                 # S3 completes an upload made with a checksum only when each part names its own.
-                parts.append({"ETag": sent["ETag"], "PartNumber": number, "ChecksumSHA256": sent["ChecksumSHA256"]})
+                parts.append({"ETag": _field(sent, "ETag", "store a part of", key), "PartNumber": number,
+                              "ChecksumSHA256": _field(sent, "ChecksumSHA256", "store a part of", key)})
                 offset += len(chunk)
             async with _bounded("store", key, self.limits.call_s()):
                 await s3.complete_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id,
@@ -227,7 +239,7 @@ class S3Storage:
         async with _bounded("read", key, self.limits.call_s()):
             s3 = await self.client()
             answer = await s3.get_object(Bucket=self.bucket, Key=self.full_key(key))
-            async with answer["Body"] as body:
+            async with _field(answer, "Body", "read", key) as body:
                 data: bytes = await body.read()
                 return data
 
@@ -236,7 +248,7 @@ class S3Storage:
         async with _bounded("read", key, self.limits.call_s()):
             s3 = await self.client()
             answer = await s3.get_object(Bucket=self.bucket, Key=self.full_key(key))
-        async with answer["Body"] as body:
+        async with _field(answer, "Body", "read", key) as body:
             while True:
                 async with _bounded("read", key, self.limits.call_s(chunk_bytes)):
                     chunk: bytes = await body.read(chunk_bytes)
@@ -248,8 +260,9 @@ class S3Storage:
         async with _bounded("look up", key, self.limits.call_s()):
             s3 = await self.client()
             meta = await s3.head_object(Bucket=self.bucket, Key=self.full_key(key))
-        return ObjectInfo(key=key, bytes=meta["ContentLength"], content_type=meta.get("ContentType", UNKNOWN_TYPE),
-                          modified_at=meta["LastModified"].timestamp())
+        return ObjectInfo(key=key, bytes=_field(meta, "ContentLength", "look up", key),
+                          content_type=meta.get("ContentType", UNKNOWN_TYPE),
+                          modified_at=_field(meta, "LastModified", "look up", key).timestamp())
 
     async def digest(self, key: str) -> StoredDigest:
         async with _bounded("look up", key, self.limits.call_s()):
@@ -259,7 +272,7 @@ class S3Storage:
         if not checksum:
             raise ObjectMismatch(f"S3 keeps no SHA-256 for {key!r}: it was not stored with one")
         sha256, parts = integrity.hex_of(checksum, key)
-        return StoredDigest(key=key, bytes=meta["ContentLength"], sha256=sha256, parts=parts)
+        return StoredDigest(key=key, bytes=_field(meta, "ContentLength", "look up", key), sha256=sha256, parts=parts)
 
     async def verify(self, key: str, source: Path | bytes, sha256: str) -> StoredDigest:
         """S3 checked each body against the SHA-256 sent with it and reports what it kept. An object put whole
@@ -289,8 +302,9 @@ class S3Storage:
         while True:
             page = await self._list_page(prefix, token)
             for item in page.get("Contents", []):
-                yield ObjectInfo(key=item["Key"].removeprefix(self.prefix), bytes=item["Size"],
-                                 content_type=UNKNOWN_TYPE, modified_at=item["LastModified"].timestamp())
+                yield ObjectInfo(key=_field(item, "Key", "list", prefix).removeprefix(self.prefix),
+                                 bytes=_field(item, "Size", "list", prefix), content_type=UNKNOWN_TYPE,
+                                 modified_at=_field(item, "LastModified", "list", prefix).timestamp())
             token = page.get("NextContinuationToken")
             if not page.get("IsTruncated") or not token:
                 return
@@ -310,7 +324,7 @@ class S3Storage:
         removed, previous = 0, None
         while True:
             page = await self._list_page(prefix)
-            keys = [item["Key"] for item in page.get("Contents", [])]
+            keys = [_field(item, "Key", "list", prefix) for item in page.get("Contents", [])]
             if not keys:
                 return removed
             if keys == previous:

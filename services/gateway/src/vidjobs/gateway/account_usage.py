@@ -60,7 +60,7 @@ WITH picked AS MATERIALIZED (
     SELECT {_key_sql(grouping)} AS grp, j.status, j.actual_credits,
            CASE WHEN j.status NOT IN {SQL_TERMINAL} THEN j.estimated_credits END AS held,
            CASE WHEN {_DELIVERED} THEN COALESCE(
-               (SELECT a.duration_s FROM assets a WHERE a.job_id = j.id AND a.kind = 'video'),
+               (SELECT a.duration_s FROM job_files a WHERE a.job_id = j.id AND a.kind = 'video'),
                (j.request ->> 'duration_s')::float8) END AS seconds
     FROM jobs j
     WHERE j.account_id = $1 AND j.deleted_at IS NULL AND j.created_at >= $2 AND j.created_at < $3

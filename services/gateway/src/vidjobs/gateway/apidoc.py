@@ -49,6 +49,29 @@ estimate moves by more than that rounding or a job ahead of it leaves; what the 
 every request and stream of a gateway process and read again every few seconds (`VIDJOBS_ESTIMATE_*`
 settings, docs/SETTINGS.md).
 
+## When a rendering job is ready
+
+A job at its provider (`status` `submitted` or `processing`) carries `ready` (a `ReadyEstimate`; null for any
+other status): `ready_p50`-`ready_p90`, when it is likely to be ready, from the typical case to a late one,
+and `note`, in words, what the times rest on. They are its start (`started_at`) plus the p50 and p90 of how
+long the model's renders measured here took from start to ready (the renders a waiting job's estimate reads),
+rounded as those times are. With fewer than 5 renders measured (by default) the times are null and
+`unavailable` is `too_few_renders`; once the late end has passed they are null and `unavailable` is
+`overdue`: the render is taking longer than nine in ten of those measured, and nothing measured says when it
+ends. Either way `deadline_at` is when the render is stopped. A provider's own progress figure (`progress`) is
+shown as reported and never turned into a time. The job's event stream sends the job again when its range
+moves by more than that rounding or its times come or go.
+
+## Retries
+
+A transient failure sends a job round again as a new attempt: `attempt` counts them (a rate limit waits
+without spending one), and `retry` says what ended the last try (`code`, `message`; while `retrying`, the
+attempt it shows) and the most attempts it may have (`max_attempts`), null until it is first retried. Its
+`status` says where the new attempt is (`retrying` through the backoff, then `pending`, `submitted`, ...),
+but its `stage` never goes back: a job retried while rendering still shows `rendering` while it queues
+again. Its trail's `stage` is the stage after each move, and apps subscribed to `job.retrying` hear of each
+retry (`job.stage` only of a stage reached).
+
 ## Lanes
 
 `priority` is `interactive` (the default) or `batch`. An account's waiting interactive jobs are numbered

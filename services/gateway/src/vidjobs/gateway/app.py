@@ -13,7 +13,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from vidjobs.common import bus, events, modelroutes, netguard, regenerations, tracing
+from vidjobs.common import bus, db, events, modelroutes, netguard, regenerations, tracing
 from vidjobs.common.bus import Delivery
 from vidjobs.common.estimates import Estimator
 from vidjobs.common.events import AppEventDue
@@ -46,6 +46,7 @@ from vidjobs.gateway.appwebhooks import deliveries, resealing, urls
 from vidjobs.gateway.auth import auth_middleware, stamp_rate_limit
 from vidjobs.gateway.browsertokens import Tokens
 from vidjobs.gateway.deadlines import call_bound_middleware
+from vidjobs.gateway.feeds import Feeds
 from vidjobs.gateway.liveroutes import LiveRoutes
 from vidjobs.gateway.openapi import openapi_route
 from vidjobs.gateway.owned import view as owned_view
@@ -163,14 +164,31 @@ async def _start(app: web.Application, rt: Runtime, storage: Storage, stack: con
     streams = StreamSlots(per_account=settings.max_streams_per_account, per_key=settings.max_streams_per_key)
     rates = {name: Bucket(settings.webhook_rate_per_s, settings.webhook_rate_burst) for name in adapters}
     routes = await _live_routes(rt, adapters, stack)
+    estimator = Estimator(settings)
     gw = Gateway(settings=settings, rt=rt, storage=storage, adapters=adapters, streams=streams,
                  buckets=buckets, platform_keys=PlatformKeys(rt.pool), tokens=Tokens(rt.pool), credential_rates={},
-                 webhook_rates=rates, estimator=Estimator(settings), routes=routes,
-                 platform_accounts=PlatformAccounts(rt))
+                 webhook_rates=rates, estimator=estimator, routes=routes,
+                 platform_accounts=PlatformAccounts(rt),
+                 feeds=await _stream_feeds(rt, lambda account_id: Tenant(rt, account_id, estimator, adapters, routes),
+                                           stack))
     app[GATEWAY] = gw
     _purge_closed_accounts(gw, stack)
     await _seal_webhook_secrets(rt, stack)
     await _deliver_app_webhooks(gw, stack)
+
+
+async def _stream_feeds(rt: Runtime, tenant_of: Callable[[str], Tenant],
+                        stack: contextlib.AsyncExitStack) -> Feeds:
+    """The jobs the event streams follow, read on a pool of their own (feeds.py)."""
+    settings = rt.settings
+    pool = await db.create_pool(settings.database_url, max_size=settings.stream_db_pool_size,
+                                timeouts=db.Timeouts.of(settings), name="vidjobs-gateway-streams")
+    stack.push_async_callback(pool.close)
+    feeds = Feeds(rt.nc, pool, tenant_of, gap_s=settings.stream_coalesce_s, refresh_s=settings.estimate_refresh_s)
+    await feeds.start()
+    stack.push_async_callback(feeds.close)  # before the pool: its reads stop first
+    stack.push_async_callback(_stop, rt.watch(feeds.refresh(rt.stop), "stream-estimates"))
+    return feeds
 
 
 async def _live_routes(rt: Runtime, adapters: dict[str, ProviderAdapter],
@@ -231,6 +249,7 @@ async def _closing(app: web.Application) -> None:
     # Shutdown waits for running handlers; open event streams would otherwise hold it for their full life.
     if (gw := app.get(GATEWAY)) is not None:
         gw.closing.set()
+        gw.feeds.wake_all()
 
 
 def create_app(settings: Settings) -> web.Application:

@@ -13,7 +13,7 @@ import msgspec
 from msgspec import Meta
 
 from vidjobs.common.credits import LedgerKind
-from vidjobs.common.errors import JobError
+from vidjobs.common.errors import ErrorCode, JobError
 from vidjobs.common.jobs import JobRequest
 from vidjobs.common.states import JobStatus, Stage
 from vidjobs.providers.base import Format
@@ -26,7 +26,8 @@ Model = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9_-]*/[A-Za-z0-9][A-Za-z0-9
 Prompt = Annotated[str, Meta(min_length=1, max_length=MAX_PROMPT_CHARS, pattern=r"\S",
                              examples=["a red fox in snow"])]
 UploadId = Annotated[str, Meta(pattern=r"^upl_[0-9a-z]{1,64}$", description="an id from POST /v1/uploads")]
-AppEvent = Literal["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved", "job.expiring"]
+AppEvent = Literal["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved", "job.retrying",
+                   "job.expiring"]
 DEFAULT_JOB_EVENTS = ["job.completed", "job.failed", "job.canceled"]
 WebhookUrl = Annotated[str, Meta(min_length=1, max_length=2048, description="an https URL of your app",
                                   examples=["https://app.example/hooks/vidjobs"])]
@@ -136,22 +137,47 @@ class QueueEstimate(msgspec.Struct, kw_only=True):
     note: str  # in words: what the times rest on, or why there are none
 
 
+class ReadyEstimate(msgspec.Struct, kw_only=True):
+    """When a job at its provider (submitted or processing) is likely to be ready: its start plus how long its
+    model's renders measured here took from start to ready, from the typical case (p50) to a late one (p90).
+    The times are null when there is no range (too few renders measured yet, or it has passed the late end
+    already): `unavailable` names why, `note` says it in words. `deadline_at` is when it is stopped."""
+
+    ready_p50: datetime | None  # likely ready; a moment in the past means any moment now
+    ready_p90: datetime | None  # late ready
+    unavailable: Literal["too_few_renders", "overdue"] | None  # why there are no times; null when there are
+    note: str  # in words: what the times rest on, or why there are none
+
+
+class RetryOut(msgspec.Struct, kw_only=True):
+    """Why a job was sent round again: what ended its last try (while `retrying`, the attempt it shows; then
+    the try before the one at hand; a rate limit waits without spending an attempt). Its stage stays where it
+    had got to."""
+
+    code: ErrorCode  # what ended the last try: rate_limited, provider_unavailable, timeout, ...
+    message: str  # what happened, in words
+    max_attempts: int  # the most attempts it may have
+
+
 class JobOut(msgspec.Struct, kw_only=True):
     """A job as every read shows it: where it stands, what was asked for, and when things happened."""
 
     id: str  # job_...
     status: JobStatus  # where it is in its lifecycle
-    stage: Stage  # what a person is shown: queued, submitted, rendering, downloading, ready, failed, canceled, expired
+    # what a person is shown: it only moves forward (a retry keeps it; `attempt` and `retry` say it is one)
+    stage: Stage  # only moves forward: queued, submitted, rendering, downloading, ready; or failed, canceled, expired
     model: str  # the model it renders with (an alias resolved)
     prompt: str  # as asked
     created_at: datetime  # when it was created
     updated_at: datetime  # when anything about it last changed
     attempt: int  # which render attempt (a transient failure is retried as a new one)
+    retry: RetryOut | None  # once retried: what ended the last try, and how many attempts it may have; else null
     # its place among the account's waiting jobs while it waits (interactive before batch), or in the provider's queue
     queue_position: int | None
     queue_reason: str | None  # why a queued job is not submitted yet (a paused or busy provider)
     priority: Priority  # its lane: the account's waiting interactive jobs are numbered and started before batch ones
     estimate: QueueEstimate | None  # while it waits (pending): when it is likely to start and be ready; else null
+    ready: ReadyEstimate | None  # while at its provider (submitted, processing): when it is likely ready; else null
     progress: float | None  # the provider's own progress figure, 0-1, where it gives one
     error: JobError | None  # why it failed; null unless it did
     outputs: JobOutputs | None  # the stored render; null until it is ready
@@ -196,6 +222,7 @@ class ListQuery(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class TransitionOut(msgspec.Struct, kw_only=True):
     from_: JobStatus | None = msgspec.field(name="from")  # None for creation
     to: JobStatus  # the status it moved to
+    stage: Stage  # the stage shown after the move: it never goes back, a retry keeps it
     at: datetime  # when
     reason: str  # why, in words
 
@@ -395,10 +422,10 @@ class EndpointIn(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Body of `POST /v1/webhook-endpoints`."""
 
     url: WebhookUrl  # an https URL of your app
-    # which events it hears; default all six
+    # which events it hears; default all seven
     events: Annotated[list[AppEvent], Meta(min_length=1)] = msgspec.field(
         default_factory=lambda: ["job.completed", "job.failed", "job.canceled", "job.stage", "job.moved",
-                                 "job.expiring"])
+                                 "job.retrying", "job.expiring"])
     description: Annotated[str, Meta(max_length=200)] = ""  # your own note
 
 
@@ -433,7 +460,7 @@ class AttemptOut(msgspec.Struct, kw_only=True):
 class DeliveryOut(msgspec.Struct, kw_only=True):
     id: str  # its webhook-id header: the same on every attempt
     job_id: str  # the job it tells of
-    event_type: str  # job.completed, job.failed, job.canceled, job.stage, job.moved or job.expiring
+    event_type: str  # job.completed, job.failed, job.canceled, job.stage, job.moved, job.retrying or job.expiring
     # pending (more attempts to come), delivered, failed (schedule used up) or disabled (410)
     status: Literal["pending", "delivered", "failed", "disabled"]
     next_attempt_at: datetime | None  # when it is tried next, while pending

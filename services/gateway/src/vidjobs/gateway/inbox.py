@@ -24,10 +24,13 @@ _TERMINAL = sorted(s.value for s in TERMINAL)
 
 # $1 provider, $2 our job id (callbacks that carry it), $3 the provider's render id, $4 verified, $5 window.
 # A verified signal naming our job id may be about a render the job gave up on, which the poller then
-# stops, so any job of that provider counts. A render id counts while a live job uses it. A verified
-# callback may also come before the submitter has recorded the render id, while a submit is in flight.
+# stops, so any job of that provider counts; so does a job id no row holds, since only we start renders
+# calling back here with our ids: its row was lost (a failover to an asynchronous standby), and the poller
+# stops that render too. A render id counts while a live job uses it. A verified callback may also come
+# before the submitter has recorded the render id, while a submit is in flight.
 _KNOWN = f"""
-SELECT ($2::text IS NOT NULL AND $4 AND EXISTS (SELECT 1 FROM jobs WHERE id = $2 AND provider = $1))
+SELECT ($2::text IS NOT NULL AND $4 AND (EXISTS (SELECT 1 FROM jobs WHERE id = $2 AND provider = $1)
+                                         OR NOT EXISTS (SELECT 1 FROM jobs WHERE id = $2)))
     OR EXISTS (SELECT 1 FROM jobs WHERE provider = $1 AND provider_job_id = $3::text
                AND deleted_at IS NULL AND status <> ALL($6::job_status[]))
     OR ($4 AND EXISTS (SELECT 1 FROM provider_submissions WHERE provider = $1

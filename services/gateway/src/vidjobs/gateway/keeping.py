@@ -41,13 +41,13 @@ class OverQuota(Exception):
 _USE = """
 SELECT COALESCE(sum(a.bytes), 0)::bigint AS used_bytes, count(*) AS kept_jobs,
        (SELECT COALESCE(storage_quota_bytes, $2) FROM accounts WHERE id = $1) AS limit_bytes
-FROM jobs j JOIN assets a ON a.job_id = j.id AND a.kind = 'video' AND a.deleted_at IS NULL
+FROM jobs j JOIN job_files a ON a.job_id = j.id AND a.kind = 'video' AND a.deleted_at IS NULL
 WHERE j.account_id = $1 AND j.kept_at IS NOT NULL AND j.deleted_at IS NULL
 """
 
 _CANDIDATE = """
 SELECT j.status, j.kept_at,
-       (SELECT a.bytes FROM assets a WHERE a.job_id = j.id AND a.kind = 'video' AND a.deleted_at IS NULL) AS bytes
+       (SELECT a.bytes FROM job_files a WHERE a.job_id = j.id AND a.kind = 'video' AND a.deleted_at IS NULL) AS bytes
 FROM jobs j WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 """
 

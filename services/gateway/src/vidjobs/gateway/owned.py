@@ -18,7 +18,7 @@ JOB_ID = re.compile(r"^job_[0-9a-z]{1,64}$")
 
 def view(gw: Gateway, owned: OwnedJob) -> JobOut:
     return job_view(owned.job, owned.waiting_position, owned.outputs, gw.storage, gw.settings, owned.estimate,
-                    cost(owned.job, owned.provider_credits, owned.absorbed))
+                    cost(owned.job, owned.provider_credits, owned.absorbed), ready=owned.ready)
 
 
 def job_id_of(request: web.Request) -> str:

@@ -28,7 +28,6 @@ from vidjobs.gateway.bodies import (
     ListQuery,
     Metadata,
     Trail,
-    TransitionOut,
 )
 from vidjobs.gateway.decoding import nul_in, read_json, read_query
 from vidjobs.gateway.liveroutes import LiveRoutes
@@ -46,6 +45,7 @@ from vidjobs.gateway.tenant import (
     Tenant,
     tenant,
 )
+from vidjobs.gateway.views import trail_out
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.providers.registry import adapter_for
 
@@ -238,8 +238,7 @@ async def job_events(request: web.Request) -> web.Response:
     rows = await tenant(request).trail(job_id_of(request))
     if rows is None:
         raise not_found()
-    moves = [TransitionOut(from_=r["from_status"], to=r["to_status"], at=r["at"], reason=r["reason"]) for r in rows]
-    return json_response(Trail(data=moves))
+    return json_response(Trail(data=trail_out(rows)))
 
 
 _JOB = "/v1/jobs/{job_id}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -21,6 +22,9 @@ from vidjobs.gateway.ratelimit import Buckets
 from vidjobs.gateway.routetable import Access
 from vidjobs.providers.base import ProviderAdapter
 from vidjobs.storage.base import Storage
+
+if TYPE_CHECKING:  # the feeds read through tenants, which reach the gateway's state
+    from vidjobs.gateway.feeds import Feeds
 
 
 @dataclass
@@ -44,6 +48,7 @@ class Gateway:
     routes: LiveRoutes
     # Every platform's accounts, scoped to the platform each call names (platform_accounts.py).
     platform_accounts: PlatformAccounts
+    feeds: Feeds  # the jobs this process's event streams follow, each read once per change (feeds.py)
     # Set when the server begins shutting down, so long-lived streams end instead of holding it open.
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     # Wakes the delivery of webhooks to apps now rather than at its next look (appwebhooks.deliveries.Deliverer).

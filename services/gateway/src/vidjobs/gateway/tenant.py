@@ -9,7 +9,7 @@ handler to forget a check in.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 import msgspec
@@ -24,6 +24,7 @@ from vidjobs.common import (
     estimates,
     ratecard,
     regenerations,
+    render_estimates,
     renders,
     uploads,
     waiting,
@@ -31,11 +32,22 @@ from vidjobs.common import (
 from vidjobs.common.credits import Entry
 from vidjobs.common.estimates import Estimate, Estimator
 from vidjobs.common.jobs import JobRequest, JobRow, Lane, row_to_job
+from vidjobs.common.render_estimates import ReadyRange
 from vidjobs.common.renders import Outputs
 from vidjobs.common.runtime import Runtime
-from vidjobs.common.states import SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
+from vidjobs.common.states import RENDERING, SQL_PENDING, SQL_TERMINAL, TERMINAL, JobStatus
 from vidjobs.common.uploads import UploadRow
-from vidjobs.gateway import account_usage, accounts, browsertokens, exports, fallbacks, idempotency, keeping, sealing
+from vidjobs.gateway import (
+    account_usage,
+    accounts,
+    browsertokens,
+    exports,
+    fallbacks,
+    idempotency,
+    intake,
+    keeping,
+    sealing,
+)
 from vidjobs.gateway.accounts import Account
 from vidjobs.gateway.appwebhooks import endpoints, history, secrets
 from vidjobs.gateway.appwebhooks.endpoints import Endpoint
@@ -54,6 +66,7 @@ class OwnedJob(msgspec.Struct, frozen=True):
     outputs: Outputs | None = None  # the stored render's files, from the media service's asset rows
     provider_position: int | None = None  # its place among the account's jobs waiting at its provider
     estimate: Estimate | None = None  # while it waits: when it is likely to start and be ready
+    ready: ReadyRange | None = None  # while at its provider: when it is likely to be ready
     provider_credits: int | None = None  # what the provider billed for its attempts (attempt_costs); None: unknown
     absorbed: int | None = None  # what its ledger says the platform paid beyond its charge; None: no such entry
 
@@ -122,14 +135,10 @@ FROM jobs j
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 """
 
-# Newest first, strictly after the keyset position (the last row of the previous page), with the listing's
-# filters, each written only when given so the planner sees plain conditions. The account's waiting jobs are
-# numbered once for the whole page, in queue_place_sql's order: MATERIALIZED, or the planner may number them
-# again for every row of the page; their places at their providers (estimates.places_sql) likewise. What
-# serves it: jobs_account_listing (account, newest first) alone or with a time range;
-# jobs_account_status_listing with a status; jobs_account_model_listing with a model; jobs_metadata (GIN,
-# containment) with a metadata filter.
-_JOB_PAGE = f"""
+# An account's jobs with the places of its waiting ones numbered once for all of them, in queue_place_sql's
+# order: MATERIALIZED, or the planner may number them again for every row; their places at their providers
+# (estimates.places_sql) likewise. `{where}` picks the rows.
+_ACCOUNT_JOBS = f"""
 WITH waiting AS MATERIALIZED (
     SELECT id, row_number() OVER (ORDER BY lane, created_at, id) AS position
     FROM jobs WHERE account_id = $1 AND status = {SQL_PENDING} AND deleted_at IS NULL
@@ -139,10 +148,18 @@ SELECT j.*, w.position AS waiting_position, p.place AS provider_position,
        {renders.outputs_sql("j.id")} AS outputs,
        {attempt_costs.billed_sql("j.id")} AS provider_credits, {attempt_costs.absorbed_sql("j.id")} AS absorbed
 FROM jobs j LEFT JOIN waiting w ON w.id = j.id LEFT JOIN places p ON p.id = j.id
-WHERE j.account_id = $1 AND j.deleted_at IS NULL {{filters}}
-ORDER BY j.created_at DESC, j.id DESC
-LIMIT $2
+WHERE j.account_id = $1 AND j.deleted_at IS NULL {{where}}
 """
+
+# Several of the account's jobs at once: what an account's queue moving costs the event streams following its
+# jobs, one query whatever their number.
+_FOLLOWED_JOBS = _ACCOUNT_JOBS.format(where="AND j.id = ANY($2::text[])")
+
+# Newest first, strictly after the keyset position (the last row of the previous page), with the listing's
+# filters, each written only when given so the planner sees plain conditions. What serves it:
+# jobs_account_listing (account, newest first) alone or with a time range; jobs_account_status_listing with a
+# status; jobs_account_model_listing with a model; jobs_metadata (GIN, containment) with a metadata filter.
+_JOB_PAGE = _ACCOUNT_JOBS.format(where="{filters}\nORDER BY j.created_at DESC, j.id DESC\nLIMIT $2")
 
 
 def page_sql(wanted: JobFilter, after: tuple[datetime, str] | None) -> tuple[str, list[object]]:
@@ -174,7 +191,7 @@ def page_sql(wanted: JobFilter, after: tuple[datetime, str] | None) -> tuple[str
 # One row per audit entry; a job without entries still answers one row (with NULLs), so "no such job" and
 # "no moves yet" stay apart.
 _TRAIL = """
-SELECT t.from_status, t.to_status, t.at, t.reason
+SELECT t.from_status, t.to_status, t.stage, t.at, t.reason
 FROM jobs j LEFT JOIN job_transitions t ON t.job_id = j.id
 WHERE j.id = $1 AND j.account_id = $2 AND j.deleted_at IS NULL
 ORDER BY t.id
@@ -316,6 +333,11 @@ class Tenant:
         rows = await self._rt.pool.fetch(sql, self.account_id, limit, *values)
         return [await self.estimated(_owned(r)) for r in rows]
 
+    async def followed_jobs(self, job_ids: list[str], *, conn: Conn | None = None) -> dict[str, OwnedJob]:
+        """The account's jobs among `job_ids` (a deleted one, or another account's, is absent), by id."""
+        rows = await (conn or self._rt.pool).fetch(_FOLLOWED_JOBS, self.account_id, job_ids)
+        return {r["id"]: await self.estimated(_owned(r), conn=conn) for r in rows}
+
     async def original(self, job_id: str) -> JobRow | None:
         """The account's job as stored, deleted or not, for a rerun to tell a deleted job from none at all (a
         job of another account is none)."""
@@ -324,12 +346,20 @@ class Tenant:
         return None if row is None else row_to_job(row)
 
     async def estimated(self, owned: OwnedJob, *, conn: Conn | None = None) -> OwnedJob:
-        """The job with its estimate made afresh (a waiting job's; None for any other) from the reads the
-        process shares: no read of its own unless they are due, and the job row is not read again."""
-        if owned.job.status is not JobStatus.PENDING:
-            return owned if owned.estimate is None else msgspec.structs.replace(owned, estimate=None)
-        made = await self._estimator.for_job(conn or self._rt.pool, owned.job, owned.provider_position)
-        return msgspec.structs.replace(owned, estimate=made)
+        """The job with its estimates made afresh from the reads the process shares (no read of its own unless
+        they are due, and the job row is not read again): a waiting job's `estimate`, a rendering one's
+        `ready`; neither for any other."""
+        job = owned.job
+        if job.status in RENDERING:
+            measured = await self._estimator.measured(conn or self._rt.pool, job.model)
+            ready = render_estimates.ready_range(job, measured, self._rt.settings, datetime.now(UTC))
+            return msgspec.structs.replace(owned, estimate=None, ready=ready)
+        if job.status is not JobStatus.PENDING:
+            if owned.estimate is None and owned.ready is None:
+                return owned
+            return msgspec.structs.replace(owned, estimate=None, ready=None)
+        made = await self._estimator.for_job(conn or self._rt.pool, job, owned.provider_position)
+        return msgspec.structs.replace(owned, estimate=made, ready=None)
 
     async def trail(self, job_id: str) -> list[asyncpg.Record] | None:
         """The job's audit trail, oldest first; None if the account has no such job."""
@@ -430,7 +460,7 @@ class Tenant:
             "SELECT disabled_at IS NOT NULL FROM accounts WHERE id = $1", self.account_id))
 
     async def uploads_today(self) -> int:
-        return await uploads.count_today(self._rt.pool, self.account_id)
+        return await intake.count_today(self._rt.pool, self.account_id)
 
     async def add_upload(self, upload: UploadRow, *, daily_cap: int) -> bool:
         """Record the upload; False (recording nothing) when the account made `daily_cap` today already."""
@@ -438,7 +468,7 @@ class Tenant:
             raise ValueError(f"upload {upload.id} is for another account")
         # Through the runtime's transaction: the upload's event is published as soon as the row commits.
         async with self._rt.tx() as conn:
-            return await uploads.insert_capped(conn, upload, daily_cap)
+            return await intake.insert_capped(conn, upload, daily_cap)
 
     # --- the account ------------------------------------------------------------------------------------
     async def account(self) -> AccountState | None:

@@ -1,17 +1,32 @@
-"""A stored job as the API shows it: stage from status, queue position and signed URLs made at read time."""
+"""A stored job as the API shows it: its stage, queue position and signed URLs made at read time."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import cast
+
+import asyncpg
 
 from vidjobs.common import expiry
 from vidjobs.common.estimates import Estimate
 from vidjobs.common.jobs import JobRow
+from vidjobs.common.render_estimates import ReadyRange
 from vidjobs.common.renders import Outputs, StoredFile
+from vidjobs.common.retry import RetryPolicy
 from vidjobs.common.settings import Settings
-from vidjobs.common.states import STAGE_OF, JobStatus
-from vidjobs.gateway.bodies import Cost, JobOut, JobOutputs, JobUrls, Priority, QueueEstimate
+from vidjobs.common.states import RENDERING, JobStatus, Stage, stage_after
+from vidjobs.gateway.bodies import (
+    Cost,
+    JobOut,
+    JobOutputs,
+    JobUrls,
+    Priority,
+    QueueEstimate,
+    ReadyEstimate,
+    RetryOut,
+    TransitionOut,
+)
 from vidjobs.storage.base import Storage
 
 
@@ -72,6 +87,21 @@ def estimate_out(made: Estimate | None) -> QueueEstimate | None:
                          unavailable=made.unavailable, note=made.note)
 
 
+def ready_out(made: ReadyRange | None) -> ReadyEstimate | None:
+    if made is None:
+        return None
+    return ReadyEstimate(ready_p50=made.ready_p50, ready_p90=made.ready_p90, unavailable=made.unavailable,
+                         note=made.note)
+
+
+def retry_out(job: JobRow, settings: Settings) -> RetryOut | None:
+    """What sent the job round again, once it was; the most attempts its provider's retry policy allows."""
+    if job.retry_error is None:
+        return None
+    most = RetryPolicy.from_settings(settings, job.provider).max_attempts
+    return RetryOut(code=job.retry_error.code, message=job.retry_error.message, max_attempts=most)
+
+
 def cost(job: JobRow, provider_credits: int | None, absorbed: int | None) -> Cost:
     """What it was quoted and charged, what its renders were billed (`provider_credits`, summed over its
     attempts), and, once it ended and was settled, what the platform absorbed (`absorbed`, its ledger's entry;
@@ -91,20 +121,23 @@ def job_urls(job_id: str, base_url: str = "") -> JobUrls:
 
 
 def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None, storage: Storage,
-             settings: Settings, estimate: Estimate | None = None, charges: Cost | None = None) -> JobOut:
+             settings: Settings, estimate: Estimate | None = None, charges: Cost | None = None,
+             ready: ReadyRange | None = None) -> JobOut:
     """`waiting_position` is the job's place among its account's waiting jobs, computed with the read;
-    `outputs` its stored files, read with it from their one record; `estimate` a waiting job's;
-    `charges` its cost as read with it (what its renders were billed, what the platform absorbed); without it,
-    only what the job row holds."""
+    `outputs` its stored files, read with it from their one record; `estimate` a waiting job's, `ready` a
+    rendering one's; `charges` its cost as read with it (what its renders were billed, what the platform
+    absorbed); without it, only what the job row holds."""
     # Only a finished render has anything to link to; once expired, only its thumbnail.
     shown = job.status in (JobStatus.COMPLETED, JobStatus.EXPIRED)
     asked = job.request
     return JobOut(
-        id=job.id, status=job.status, stage=STAGE_OF[job.status], model=job.model, prompt=asked.prompt,
+        id=job.id, status=job.status, stage=stage_after(job.stage, job.status), model=job.model, prompt=asked.prompt,
         created_at=job.created_at.astimezone(UTC), updated_at=job.updated_at.astimezone(UTC),
-        attempt=job.attempt, queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
+        attempt=job.attempt, retry=retry_out(job, settings),
+        queue_position=queue_position(job, waiting_position), queue_reason=job.wait_reason,
         priority=cast(Priority, job.lane.priority),  # Lane.priority spells the API's names
         estimate=estimate_out(estimate) if job.status is JobStatus.PENDING else None,
+        ready=ready_out(ready) if job.status in RENDERING else None,
         progress=job.progress, error=job.error,
         outputs=_outputs(job, outputs, storage, settings) if shown and outputs is not None else None,
         cost=charges or cost(job, None, None),
@@ -115,3 +148,14 @@ def job_view(job: JobRow, waiting_position: int | None, outputs: Outputs | None,
         deadline_at=_utc(job.deadline_at), retry_at=_utc(job.retry_at), rerun_of=job.rerun_of,
         urls=job_urls(job.id, settings.public_url),
     )
+
+
+def trail_out(rows: Sequence[asyncpg.Record]) -> list[TransitionOut]:
+    """A job's audit rows, oldest first, with the stage after each move: as stored, or, for a move the release
+    before this one made (which stored none), as `states.stage_after` makes it from the moves before."""
+    moves, reached = [], None
+    for r in rows:
+        to = JobStatus(r["to_status"])
+        reached = Stage(r["stage"]) if r["stage"] is not None else stage_after(reached, to)
+        moves.append(TransitionOut(from_=r["from_status"], to=to, stage=reached, at=r["at"], reason=r["reason"]))
+    return moves

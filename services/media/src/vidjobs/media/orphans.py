@@ -80,7 +80,7 @@ async def _job_orphans(conn: Session, refs: list[ObjectRef]) -> list[str]:
 async def _upload_orphans(conn: Session, refs: list[ObjectRef]) -> list[str]:
     """A live upload keeps its image, and while it is processing its quarantined bytes (however old: they
     wait for a media worker that may be down); nothing else under its prefix."""
-    rows = await conn.fetch("SELECT id, account_id, key, status FROM uploads WHERE id = ANY($1) AND deleted_at IS NULL",
+    rows = await conn.fetch("SELECT id, account_id, key, status FROM live_uploads WHERE id = ANY($1)",
                             list({r.owner for r in refs}))
     kept = {r["key"] for r in rows} | {quarantine_key(r["account_id"], r["id"]) for r in rows
                                        if r["status"] == UploadStatus.PROCESSING.value}

@@ -15,12 +15,14 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
+import msgspec
+
 from vidjobs.common import uploads
 from vidjobs.common.bus import Delivery
 from vidjobs.common.events import Event, UploadReceived
 from vidjobs.common.imageheaders import ImageRefused, Refusal
 from vidjobs.common.runtime import Runtime
-from vidjobs.common.uploads import REASON_UNPROCESSED, Cleaned, UploadRow, UploadStatus
+from vidjobs.common.uploads import REASON_UNPROCESSED, UploadRow, UploadStatus
 from vidjobs.media import imagedecode, media_metrics
 from vidjobs.storage import integrity
 from vidjobs.storage.base import ObjectNotFound, Storage, quarantine_key
@@ -65,8 +67,8 @@ async def on_upload_received(q: Quarantine, event: UploadReceived, delivery: Del
     # is delivered again.
     await integrity.put_verified(q.storage, upload.key, clean.data, clean.kind.content_type, sha256=clean.sha256,
                                  attempts=q.rt.settings.store_verify_attempts)
-    marked = await uploads.mark_ready(q.rt.pool, upload.id, Cleaned(bytes=len(clean.data), sha256=clean.sha256,
-                                                                   width=clean.width, height=clean.height))
+    marked = await _mark_ready(q, upload.id, Cleaned(bytes=len(clean.data), sha256=clean.sha256,
+                                                     width=clean.width, height=clean.height))
     if marked:
         media_metrics.UPLOADS.labels("ready", "").inc()
         log.info("upload ready", extra={"upload_id": upload.id, "account_id": upload.account_id,
@@ -92,8 +94,26 @@ async def _quarantined(q: Quarantine, upload: UploadRow, source: str) -> bytes |
     return None
 
 
+class Cleaned(msgspec.Struct, kw_only=True, frozen=True):
+    """What the media worker stored under an upload's key."""
+
+    bytes: int
+    sha256: str
+    width: int
+    height: int
+
+
+async def _mark_ready(q: Quarantine, upload_id: str, cleaned: Cleaned) -> bool:
+    """The processing upload is ready, described by its cleaned image; False when it was not processing (a
+    duplicate delivery finished it already, or it was deleted). Through the gateway's function: the table is
+    its own."""
+    return bool(await q.rt.pool.fetchval("SELECT mark_upload_ready($1, $2, $3, $4, $5)", upload_id, cleaned.bytes,
+                                         cleaned.sha256, cleaned.width, cleaned.height))
+
+
 async def _reject(q: Quarantine, upload: UploadRow, reason: str, message: str) -> None:
-    if await uploads.mark_rejected(q.rt.pool, upload.id, reason, message):
+    """The processing upload is rejected (through the gateway's function), and its raw bytes removed."""
+    if await q.rt.pool.fetchval("SELECT mark_upload_rejected($1, $2, $3)", upload.id, reason, message):
         media_metrics.UPLOADS.labels("rejected", reason).inc()
         log.info("upload rejected", extra={"upload_id": upload.id, "account_id": upload.account_id,
                                            "reason": reason, "error": message})

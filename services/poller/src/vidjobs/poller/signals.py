@@ -34,6 +34,12 @@ class LearnedBy(enum.StrEnum):
     REQUESTED_POLL = "requested_poll"  # a poll asked for otherwise
 
 
+# Signals the provider sent of its own accord, or on its poll schedule: each may move the render's next recovery
+# check (vidjobs.common.recovery_checks.heard_from: out once the render is past its expected end, never past that
+# end before it). A recovery poll's answer does not: the check that asked it has already set the next one.
+UNASKED = frozenset({LearnedBy.CALLBACK, LearnedBy.SCHEDULED_POLL})
+
+
 @dataclass(frozen=True)
 class SignalContext:
     rt: Runtime
@@ -73,6 +79,10 @@ async def apply_signal(ctx: SignalContext, job: JobRow, sig: ProviderSignal, *, 
             if job.finished or is_stale(job, sig):
                 return
         await _apply(ctx, conn, job, sig, source, learned_by)
+        if learned_by in UNASKED and sig.state in (ProviderState.QUEUED, ProviderState.RUNNING):
+            # When the render should end, read as the reaper reads it (through this process's per-model cache).
+            expected = await render_deadline(ctx.deadlines, conn, ctx.rt.settings, job.model)
+            await recovery_checks.heard_from(conn, job, expected.expected_s, ctx.rt.settings)
 
 
 async def _stop_stray(ctx: SignalContext, job: JobRow, sig: ProviderSignal, source: str) -> None:
@@ -108,7 +118,7 @@ async def _adopt(
                          deadline_at=deadline.at(now)),
     )
     if moved is not None:
-        await recovery_checks.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
+        await recovery_checks.first_render_check(conn, moved.job, deadline.expected_s, ctx.rt.settings)
         return moved.job
     current = await jobs.fetch(conn, job.id)
     assert current is not None

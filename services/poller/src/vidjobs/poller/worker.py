@@ -4,15 +4,18 @@ transitions through `signals.apply_signal`."""
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 import aiohttp
 import asyncpg
 import msgspec
 
-from vidjobs.common import backoff, bus, events, faults, jobs, logs, metrics, requestids, tracing
+from vidjobs.common import backoff, bus, events, faults, jobs, logs, metrics, render_timeouts, requestids, tracing
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ProviderError, Redeliver
 from vidjobs.common.events import CancelRequested, InboxReceived, PollRequested
@@ -21,7 +24,7 @@ from vidjobs.common.render_deadlines import RenderDeadlines
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, consumer, pause
 from vidjobs.common.states import RENDERING
-from vidjobs.poller import schedule
+from vidjobs.poller import lost_rows, records, schedule
 from vidjobs.poller.signals import LearnedBy, SignalContext, apply_signal
 from vidjobs.providers.base import ProviderAdapter, ProviderSignal, ProviderState
 from vidjobs.providers.http import call_timeout
@@ -46,14 +49,22 @@ async def main(rt: Runtime) -> None:
         ctx = Context(rt=rt, adapters=build_adapters(rt.settings, session),
                       signals=SignalContext(rt=rt, policies=Policies(rt.settings),
                                             deadlines=RenderDeadlines(rt.settings)))
-        inbox = consumer(rt, "poller-inbox", events.INBOX, partial(on_inbox, ctx), concurrency=16)
-        polls = consumer(rt, "poller-poll", events.POLL, partial(on_poll, ctx), concurrency=16)
-        cancels = consumer(rt, "poller-cancel", events.CANCEL, partial(on_cancel, ctx), concurrency=8)
         async with asyncio.TaskGroup() as tg:
-            tg.create_task(bus.consume(rt.js, inbox, rt.stop), name="inbox-consumer")
-            tg.create_task(bus.consume(rt.js, cancels, rt.stop), name="cancel-consumer")
-            tg.create_task(bus.consume(rt.js, polls, rt.stop), name="poll-consumer")
+            for spec in consumers(ctx):
+                tg.create_task(bus.consume(rt.js, spec, rt.stop), name=f"{spec.durable}-consumer")
             tg.create_task(run_schedule(ctx), name="poll-scheduler")
+            tg.create_task(records.prune_every(rt), name="provider-answers-prune")
+
+
+def consumers(ctx: Context) -> tuple[bus.ConsumerSpec[Any], ...]:
+    """The poller's consumers, each handling as many messages at once as its setting says."""
+    settings = ctx.rt.settings
+    return (
+        consumer(ctx.rt, "poller-inbox", events.INBOX, partial(on_inbox, ctx), concurrency=settings.inbox_concurrency),
+        consumer(ctx.rt, "poller-poll", events.POLL, partial(on_poll, ctx), concurrency=settings.poll_concurrency),
+        consumer(ctx.rt, "poller-cancel", events.CANCEL, partial(on_cancel, ctx),
+                 concurrency=settings.cancel_concurrency),
+    )
 
 
 # The raw body is read only for a row stored without its signal.
@@ -84,6 +95,12 @@ async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> No
         log.error("stored callback cannot be read", extra={"inbox_id": event.inbox_id, "error": err.message})
         return
     job = await _job_for(ctx, row["provider"], sig)
+    keep = ctx.rt.settings.provider_answers_per_job
+    if job is None and await lost_rows.names_a_lost_job(ctx.rt.pool, sig):
+        # No row will come: a job's row is committed before its render is asked for.
+        metrics.UNMATCHED_CALLBACKS.labels(row["provider"]).inc()
+        await lost_rows.stop_render(ctx.rt.pool, event.inbox_id, row["provider"], sig)
+        return
     if job is None:
         if row["age_s"] < _LOOKUP_S:
             # The submitter may not have recorded the render id yet: look again a few times, further apart.
@@ -91,7 +108,9 @@ async def on_inbox(ctx: Context, event: InboxReceived, delivery: Delivery) -> No
         metrics.UNMATCHED_CALLBACKS.labels(row["provider"]).inc()
         log.warning("callback for an unknown job", extra={"inbox_id": event.inbox_id,
                                                           "provider_job_id": sig.provider_job_id})
+        await records.callback_handled(ctx.rt.pool, event.inbox_id, row["provider"], sig, None, keep=keep)
         return
+    await records.callback_handled(ctx.rt.pool, event.inbox_id, row["provider"], sig, job, keep=keep)
     # From here the callback's work is the job's: it goes on under the request that created the job.
     logs.about_job(job.id, job.account_id)
     log.info("callback matched its job", extra={"job_id": job.id, "inbox_id": event.inbox_id,
@@ -118,8 +137,24 @@ async def on_poll(ctx: Context, event: PollRequested, delivery: Delivery) -> Non
     if event.reason == "submitted":
         await schedule.add(ctx.rt.pool, event.job_id)
         return
+    if event.reason == render_timeouts.DEADLINE_POLL:
+        await poll_at_deadline(ctx, event.job_id)
+        return
     learned_by = LearnedBy.RECOVERY_POLL if event.reason == "recovery" else LearnedBy.REQUESTED_POLL
     await poll_once(ctx, event.job_id, source=f"poll ({event.reason or 'requested'})", learned_by=learned_by)
+
+
+async def poll_at_deadline(ctx: Context, job_id: str) -> None:
+    """The render reached its deadline: its provider is asked once more and its answer acted on, so a render
+    that finished after the last check is downloaded (a failed one fails with its own error); one the provider
+    says is still going is timed out now. No answer: the reaper times it out once the question has had its time."""
+    job = await jobs.fetch(ctx.rt.pool, job_id)
+    if job is None or job.deadline_at is None or job.deadline_at > datetime.now(UTC):
+        return  # gone, moved on, or on a later attempt with a deadline of its own
+    answer = await poll_once(ctx, job_id, source="poll at the render's deadline", learned_by=LearnedBy.RECOVERY_POLL)
+    if answer.alive:
+        async with ctx.rt.tx() as conn:
+            await render_timeouts.time_out(conn, job, ctx.signals.policies, why=f"{answer.value} when asked at it")
 
 
 async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) -> None:
@@ -129,6 +164,7 @@ async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) ->
         await adapter_for(ctx.adapters, event.provider).cancel(event.provider_job_id, model_name=event.model_name)
     except ProviderError as err:
         metrics.PROVIDER_CALLS.labels(event.provider, "cancel", err.code.value).inc()
+        # A refusal of our account (a key refused, no credit) is not retried: every try would meet it.
         if err.retryable:
             # Counted: a provider that never lets us cancel ends in the dead letters, not in a loop.
             raise Redeliver(f"cancel failed: {err.message}", delay=err.retry_after or backoff.delay(
@@ -139,11 +175,25 @@ async def on_cancel(ctx: Context, event: CancelRequested, delivery: Delivery) ->
     log.info("asked the provider to stop", extra={"job_id": event.job_id, "provider_job_id": event.provider_job_id})
 
 
-async def poll_once(ctx: Context, job_id: str, *, source: str, learned_by: LearnedBy) -> bool:
-    """Ask the provider about a rendering job; True while the provider is still rendering it."""
+class Answer(enum.Enum):
+    """What one poll learned of a render."""
+
+    NOT_RENDERING = "not rendering"  # the job is gone, finished, or has no render to ask about
+    RENDERING = "still rendering"  # the provider says it is queued or running
+    ENDED = "ended"  # the provider says it succeeded, failed or was canceled (and the job moved on it)
+    REFUSED = "refused"  # the provider refused the question for good (a retryable failure raises Redeliver)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the render's poll schedule goes on."""
+        return self in (Answer.RENDERING, Answer.REFUSED)
+
+
+async def poll_once(ctx: Context, job_id: str, *, source: str, learned_by: LearnedBy) -> Answer:
+    """Ask the provider about a rendering job and apply what it says."""
     job = await jobs.fetch(ctx.rt.pool, job_id)
     if job is None or job.finished or job.status not in RENDERING or job.provider_job_id is None:
-        return False
+        return Answer.NOT_RENDERING
     logs.about_job(job.id, job.account_id)
     adapter = adapter_for(ctx.adapters, job.provider)
     try:
@@ -152,11 +202,15 @@ async def poll_once(ctx: Context, job_id: str, *, source: str, learned_by: Learn
         metrics.PROVIDER_CALLS.labels(job.provider, "status", err.code.value).inc()
         if err.retryable:
             raise Redeliver(f"status poll failed: {err.message}", delay=err.retry_after or 2.0) from err
-        log.error("status poll refused", extra={"job_id": job.id, "code": err.code.value})
-        return True
+        # Not asked again at once (a refused key is refused every time): the render may still be there once an
+        # operator fixes it, so the schedule's taper and the recovery checks ask at their pace until its deadline.
+        log.error("status poll refused", extra={"job_id": job.id, "code": err.code.value, "error": err.message})
+        await records.poll_refused(ctx.rt.pool, job, err, keep=ctx.rt.settings.provider_answers_per_job)
+        return Answer.REFUSED
     metrics.PROVIDER_CALLS.labels(job.provider, "status", "ok").inc()
+    await records.poll_answered(ctx.rt.pool, job, sig, keep=ctx.rt.settings.provider_answers_per_job)
     await apply_signal(ctx.signals, job, sig, source=source, learned_by=learned_by)
-    return sig.state in (ProviderState.QUEUED, ProviderState.RUNNING)
+    return Answer.RENDERING if sig.state in (ProviderState.QUEUED, ProviderState.RUNNING) else Answer.ENDED
 
 
 async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) -> None:
@@ -180,7 +234,7 @@ async def run_schedule(ctx: Context, *, tick_s: float = 1.0, batch: int = 64) ->
 
 async def _scheduled_poll(ctx: Context, job_id: str) -> None:
     try:
-        alive = await poll_once(ctx, job_id, source="scheduled poll", learned_by=LearnedBy.SCHEDULED_POLL)
+        answer = await poll_once(ctx, job_id, source="scheduled poll", learned_by=LearnedBy.SCHEDULED_POLL)
     except Redeliver as again:
         log.info("scheduled poll will try again", extra={"job_id": job_id, "why": str(again)})
         return
@@ -188,5 +242,5 @@ async def _scheduled_poll(ctx: Context, job_id: str) -> None:
         # One bad poll must not stop the scheduler; the row stays and is polled at its next time.
         log.exception("scheduled poll failed", extra={"job_id": job_id})
         return
-    if not alive:
+    if not answer.alive:
         await schedule.remove(ctx.rt.pool, job_id)

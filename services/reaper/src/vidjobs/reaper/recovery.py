@@ -16,16 +16,17 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from vidjobs.common import events, jobs, logs, outbox, recovery_checks, requestids, waiting
+from vidjobs.common import events, jobs, logs, outbox, recovery_checks, render_timeouts, requestids, waiting
 from vidjobs.common.bus import Delivery
 from vidjobs.common.errors import ErrorCode, JobError, Redeliver
 from vidjobs.common.events import DownloadRequested, JobQueued, PollRequested, RecoveryDue
 from vidjobs.common.jobs import JobRow
-from vidjobs.common.outcomes import fail_or_retry, next_attempt
+from vidjobs.common.outcomes import next_attempt
+from vidjobs.common.render_deadlines import RenderDeadlines, render_deadline
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime
 from vidjobs.common.states import JobStatus
-from vidjobs.common.transitions import Guard, JobUpdate, transition
+from vidjobs.common.transitions import JobUpdate, transition
 from vidjobs.reaper import leases
 from vidjobs.reaper.backlog import SubmitQueue
 
@@ -42,6 +43,8 @@ class Context:
     owner: str = OWNER  # who holds the leases this reaper takes
     # How far behind the submitter is; None: not asked (a waiting job never looked at is handed off again).
     submit_queue: SubmitQueue | None = None
+    # What a model's renders take here, for when a render should be done; None: unmeasured (the fixed figures).
+    deadlines: RenderDeadlines | None = None
 
 
 async def on_recovery_due(ctx: Context, event: RecoveryDue, delivery: Delivery) -> None:
@@ -57,11 +60,15 @@ async def on_recovery_due(ctx: Context, event: RecoveryDue, delivery: Delivery) 
     if job.recover_at > now:
         raise Redeliver("recovery check not yet due", delay=(job.recover_at - now).total_seconds())
     async with ctx.rt.tx() as conn:
-        if await leases.take(conn, job.id, ctx.owner, LEASE_TTL_S) is None:
-            raise Redeliver("job is leased by another reaper", delay=await leases.seconds_left(conn, job.id))
-        current = await jobs.fetch(conn, job.id)
+        # Locked: a change committed while this check decides (the submitter parking the job, a callback
+        # moving it) would otherwise be undone by the next check scheduled here from the row as it was. The
+        # row before the lease: the lease refers to the job, and holding that reference while waiting for the
+        # row would deadlock with a callback that updated the row and then asks for it again.
+        current = await jobs.fetch_locked(conn, job.id)
         if current is None or current.finished or current.recover_at != job.recover_at:
             return  # it moved while we looked
+        if await leases.take(conn, job.id, ctx.owner, LEASE_TTL_S) is None:
+            raise Redeliver("job is leased by another reaper", delay=await leases.seconds_left(conn, job.id))
         await recover(ctx, conn, current, now)
         await leases.hold_until_next_check(conn, job.id)
 
@@ -79,10 +86,7 @@ async def recover(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: date
         case JobStatus.RETRYING:
             await _end_backoff(ctx, conn, job, now)
         case JobStatus.SUBMITTED | JobStatus.PROCESSING:
-            if _past(job.deadline_at, now):
-                await _render_timed_out(ctx, conn, job)
-            else:
-                await _hand_off(ctx, conn, job, PollRequested(job_id=job.id, reason="recovery"), now)
+            await _check_render(ctx, conn, job, now)
         case JobStatus.DOWNLOADING:
             if _past(job.deadline_at, now):
                 error = JobError.of(ErrorCode.DOWNLOAD_FAILED, "The render could not be copied before its deadline.")
@@ -103,17 +107,35 @@ def _past(moment: datetime | None, now: datetime) -> bool:
     return moment is not None and moment <= now
 
 
-async def _hand_off(ctx: Context, conn: asyncpg.Connection, job: JobRow, event: events.Event, now: datetime) -> None:
+async def _hand_off(ctx: Context, conn: asyncpg.Connection, job: JobRow, event: events.Event, now: datetime,
+                    next_in: float | None = None) -> None:
     await outbox.add(conn, [event])
-    await recovery_checks.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now))
+    await recovery_checks.reschedule_recovery(conn, job.id, _next_check_in(ctx, job, now) if next_in is None
+                                              else next_in)
 
 
 def _next_check_in(ctx: Context, job: JobRow, now: datetime) -> float:
-    interval = ctx.rt.settings.recovery_interval_s
-    if job.deadline_at is not None:
-        # Look again right at the deadline, so a stuck stage fails on time rather than an interval late.
-        interval = min(interval, max((job.deadline_at - now).total_seconds(), 0.0) + 0.1)
-    return interval
+    return recovery_checks.by_deadline(job, now, ctx.rt.settings.recovery_interval_s)
+
+
+async def _check_render(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: datetime) -> None:
+    """Nobody has heard of this render for a while. Before its deadline: ask its provider, and look again along
+    the taper (vidjobs.common.recovery_checks). At its deadline: ask once more, and let the answer decide (the
+    poller downloads a finished render, fails a failed one and times out one still going). Once the provider
+    has had `deadline_question_s` to answer that and has not: timed out without its answer."""
+    settings = ctx.rt.settings
+    if job.deadline_at is None or not _past(job.deadline_at, now):
+        expected = await render_deadline(ctx.deadlines, conn, settings, job.model)
+        next_in = recovery_checks.render_check_in(job, now, expected.expected_s, settings)
+        await _hand_off(ctx, conn, job, PollRequested(job_id=job.id, reason="recovery"), now, next_in)
+        return
+    answer_by = job.deadline_at + timedelta(seconds=settings.deadline_question_s)
+    if now < answer_by:
+        log.info("render at its deadline; asking its provider once more", extra={"job_id": job.id})
+        await _hand_off(ctx, conn, job, PollRequested(job_id=job.id, reason=render_timeouts.DEADLINE_POLL), now,
+                        (answer_by - now).total_seconds())
+        return
+    await render_timeouts.time_out(conn, job, ctx.policies, why="the provider did not answer at the deadline")
 
 
 async def _end_backoff(ctx: Context, conn: asyncpg.Connection, job: JobRow, now: datetime) -> None:
@@ -121,31 +143,3 @@ async def _end_backoff(ctx: Context, conn: asyncpg.Connection, job: JobRow, now:
         await recovery_checks.reschedule_recovery(conn, job.id, (job.retry_at - now).total_seconds())
         return
     await next_attempt(conn, job, reason="backoff over", now=now, recovery_delay_s=ctx.rt.settings.recovery_delay_s)
-
-
-async def _render_timed_out(ctx: Context, conn: asyncpg.Connection, job: JobRow) -> None:
-    """The render passed its deadline: it fails with `render_timeout` (tried again only where the provider's
-    retry policy says `retry_on_timeout`), its credit reservation is released as every failure's is, and the
-    provider is asked to stop it, whatever happens next."""
-    retried = ctx.policies.for_provider(job.provider).retry_on_timeout
-    error = JobError.of(ErrorCode.RENDER_TIMEOUT, _timeout_message(job, retried=retried))
-    moved = await fail_or_retry(conn, job, error, policies=ctx.policies, reason="render deadline passed",
-                                expect=[JobStatus.SUBMITTED, JobStatus.PROCESSING], guard=_same_render(job))
-    if moved is not None:
-        log.info("render timed out", extra={"job_id": job.id, "to": moved.job.status.value,
-                                            "provider_job_id": job.provider_job_id})
-        # Whatever happens next, this render is abandoned: stop paying for it.
-        await outbox.add(conn, jobs.stop_at_provider(job))
-
-
-def _same_render(job: JobRow) -> Guard:
-    return Guard(attempt=job.attempt, provider_job_id=job.provider_job_id)
-
-
-def _timeout_message(job: JobRow, *, retried: bool) -> str:
-    allowed = ""
-    if job.deadline_at is not None and job.submitted_at is not None:
-        allowed = f" within {(job.deadline_at - job.submitted_at).total_seconds():.0f} s"
-    then = ("it was stopped and is tried again while attempts remain" if retried
-            else "it was stopped and its credit released. Render it again to try once more")
-    return f"The provider did not finish the render{allowed}, its deadline; {then}."

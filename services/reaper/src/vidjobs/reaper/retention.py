@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from functools import partial
 
-from vidjobs.common import outbox, uploads
+from vidjobs.common import outbox
 from vidjobs.common.events import AppEventDue, AssetsDeleteRequested
 from vidjobs.common.expiry import DAY_S, warning_lead_s
 from vidjobs.common.runtime import Runtime, every
@@ -27,6 +27,7 @@ from vidjobs.common.transitions import APPS_LISTEN, transition
 log = logging.getLogger("vidjobs.reaper")
 
 BATCH = 200
+UPLOADS_BATCH = 500  # uploads expired or rejected in one statement
 
 # Served by jobs_retention_from_completed (completed, not deleted, not kept; by completed_at).
 _LIVE = f"status = {sql(JobStatus.COMPLETED)} AND deleted_at IS NULL AND kept_at IS NULL"
@@ -88,7 +89,10 @@ async def expire_due(rt: Runtime, *, limit: int = BATCH) -> int:
 
 async def expire_uploads(rt: Runtime) -> int:
     """Uploads are kept as long as originals, and longer while a live job still needs the image."""
-    count = await uploads.expire_unused(rt.pool, rt.settings.retention_days * DAY_S)
+    # Through the gateway's function (the table is its own); their objects become orphans, which the media
+    # service's sweep removes.
+    count: int = await rt.pool.fetchval("SELECT expire_unused_uploads($1, $2)", rt.settings.retention_days * DAY_S,
+                                        UPLOADS_BATCH)
     if count:
         log.info("uploads expired past retention", extra={"count": count})
     return count
@@ -97,7 +101,8 @@ async def expire_uploads(rt: Runtime) -> int:
 async def reject_unprocessed_uploads(rt: Runtime) -> int:
     """Uploads still processing past their deadline are rejected rather than left waiting for ever; the
     orphan sweep then removes their quarantined bytes."""
-    count = await uploads.reject_unprocessed(rt.pool, rt.settings.upload_processing_deadline_s)
+    count: int = await rt.pool.fetchval("SELECT reject_unprocessed_uploads($1, $2)",
+                                        rt.settings.upload_processing_deadline_s, UPLOADS_BATCH)
     if count:
         log.warning("uploads rejected: not processed in time", extra={
             "count": count, "deadline_s": rt.settings.upload_processing_deadline_s})

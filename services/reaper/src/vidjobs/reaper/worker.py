@@ -7,6 +7,7 @@ import asyncio
 from functools import partial
 
 from vidjobs.common import bus, events
+from vidjobs.common.render_deadlines import RenderDeadlines
 from vidjobs.common.retry import Policies
 from vidjobs.common.runtime import Runtime, consumer
 from vidjobs.reaper import retention, sweep, system_gauges
@@ -15,7 +16,8 @@ from vidjobs.reaper.recovery import Context, on_recovery_due
 
 
 async def main(rt: Runtime) -> None:
-    ctx = Context(rt=rt, policies=Policies(rt.settings), submit_queue=SubmitQueue(rt.js))
+    ctx = Context(rt=rt, policies=Policies(rt.settings), submit_queue=SubmitQueue(rt.js),
+                  deadlines=RenderDeadlines(rt.settings))
     # Checks wait here until due (a delayed nak each, within bus.ACK_WINDOW).
     spec = consumer(rt, "reaper-recovery", events.RECOVERY, partial(on_recovery_due, ctx), concurrency=16)
     async with asyncio.TaskGroup() as tg:

@@ -390,14 +390,16 @@ async def _accepted(
         await breakers.record_answer(conn, job.provider, None, ctx.rt.settings)
         moved = await transition(
             conn, job.id, JobStatus.SUBMITTED, reason=f"accepted by {job.provider} as {accepted.provider_job_id}",
-            expect=[JobStatus.PENDING], emit=emit,
+            # Only onto the attempt it renders: its callbacks may have failed that attempt, and the job moved on
+            # to the next, while this answer was on its way.
+            expect=[JobStatus.PENDING], emit=emit, guard=Guard(attempt=req.attempt),
             update=JobUpdate(
                 provider_job_id=accepted.provider_job_id, submitted_at=now, error=None, retry_at=None,
                 deadline_at=deadline.at(now),
             ),
         )
         if moved is not None:
-            await recovery_checks.watch_again(conn, moved.job, ctx.rt.settings.recovery_interval_s)
+            await recovery_checks.first_render_check(conn, moved.job, deadline.expected_s, ctx.rt.settings)
         if moved is not None and accepted.queue_position is not None:
             await provider_reports.record_queue_position(conn, job.id, accepted.queue_position)
         if moved is None and await _orphaned(conn, job.id, accepted.provider_job_id):
@@ -443,7 +445,10 @@ async def _refuse(ctx: Context, job: JobRow, err: ProviderError, where: Refusal)
 async def _refused(ctx: Context, conn: asyncpg.Connection, job: JobRow, err: ProviderError) -> None:
     """The refused job's move: a new attempt after a backoff, or its failure (common/outcomes.py)."""
     error = err.to_job_error()
-    log.warning("submission refused", extra={"job_id": job.id, "code": error.code.value, "error": err.message})
+    # A refusal of our account itself (no credit, our key refused) is an operator's to fix: it fails the job at
+    # once (not retryable) and opens the provider's breaker (`_refuse`).
+    said = log.error if err.code in breakers.REFUSALS else log.warning
+    said("submission refused", extra={"job_id": job.id, "code": error.code.value, "error": err.message})
     await fail_or_retry(conn, job, error, policies=ctx.policies, reason=f"submit refused: {error.code.value}",
                         expect=[JobStatus.PENDING], retry_after=err.retry_after,
                         guard=Guard(attempt=job.attempt))

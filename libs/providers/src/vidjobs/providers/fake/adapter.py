@@ -21,9 +21,10 @@ from vidjobs.providers.base import ModelInfo, ProviderSignal, ProviderState, Sub
 from vidjobs.providers.http import ErrorTable, HttpAdapter, Refusal, Said, SignedCallbacks
 
 SCENARIOS = (
-    "succeed", "duplicate_callbacks", "no_callback", "rate_limit_then_succeed", "unavailable_then_succeed",
-    "content_rejected", "fail_always", "hang", "bad_output", "expired_output", "unsafe_output",
-    "accept_then_timeout", "accept_then_drop", "fail_then_succeed",
+    "succeed", "duplicate_callbacks", "no_callback", "no_final_callback", "rate_limit_then_succeed",
+    "unavailable_then_succeed", "content_rejected", "fail_always", "hang", "bad_output", "expired_output",
+    "unsafe_output", "accept_then_timeout", "accept_then_drop", "fail_then_succeed", "no_credit", "key_refused",
+    "key_revoked",
 )
 MAX_RENDER_S = 600
 
@@ -112,7 +113,8 @@ def _read(status: int, body: bytes) -> Said:
     return Said(given.message if given else "", Refusal(code, "{said}") if code else None)
 
 
-# 401, 403, an unexpected 404 fall to the table's last row: our configuration is wrong, not the job.
+# 401, 403, an unexpected 404 fall to the table's last row (our configuration is wrong, not the job), 402 to our
+# account out of credit.
 ERRORS = ErrorTable("The provider", http.rows(http.INPUT_STATUSES, Refusal(ErrorCode.INVALID_INPUT, "{said}")), _read)
 http_error = ERRORS.error
 

@@ -27,7 +27,8 @@ const ADVICE = {
   render_timeout: "The provider took longer than this model's renders do here, so it was stopped. Render again to try once more.",
   content_rejected: "Change the prompt (or the image) and render again; the same request will be refused again.",
   invalid_input: "Fix the field the message names, then render again.",
-  quota_exhausted: "Add credit to the account, then render again.",
+  quota_exhausted: "Credit ran out; the message says whose. If it was this account's, add credit, then render again; if ours with the provider, render again later.",
+  provider_misconfigured: "The provider refused our setup, and we have been alerted. Render again later.",
   download_failed: "The render could not be saved. Try again.",
   verification_failed: "The provider returned a broken file. Render again, or choose another model.",
   canceled: "It was canceled. Render again if you still want it.",
@@ -295,13 +296,18 @@ function range(low, high, unit = "") {
   return low === high ? `${low}${unit}` : `${low}–${high}${unit}`;
 }
 
-function startsIn(early, late) {
+// "starts in about 2–4 min" (what: "starts" or "ready"), in the largest unit that reads well.
+function within(what, early, late) {
   const now = Date.now();
   const low = (new Date(early) - now) / 1000;
   const high = (new Date(late) - now) / 1000;
-  if (high <= 0) return "starts any moment now";
+  if (high <= 0) return `${what} any moment now`;
   const [size, unit] = high < 90 ? [1, " s"] : high < 90 * 60 ? [60, " min"] : [3600, " h"];
-  return `starts in about ${range(Math.max(0, Math.floor(low / size)), Math.ceil(high / size), unit)}`;
+  return `${what} in about ${range(Math.max(0, Math.floor(low / size)), Math.ceil(high / size), unit)}`;
+}
+
+function startsIn(early, late) {
+  return within("starts", early, late);
 }
 
 function readyBy(early, late) {
@@ -324,15 +330,31 @@ function estimateLine(estimate) {
   return `${ahead}; ${startsIn(estimate.start_p50, estimate.start_p90)}, ${readyBy(estimate.ready_p50, estimate.ready_p90)}`;
 }
 
+// A rendering job's range (GET /v1/jobs/{id} `ready`): when it is likely to be ready, or why no one can say.
+function readyLine(ready) {
+  if (!ready.ready_p50 || !ready.ready_p90) return `no estimate yet: ${ready.note}`;
+  return within("ready", ready.ready_p50, ready.ready_p90);
+}
+
+// A retried job keeps its stage; this says it is another go, and why (GET /v1/jobs/{id} `retry`: what ended the
+// last try, which while `retrying` is the attempt it shows).
+function attemptLine(job) {
+  if (!job.retry) return job.attempt > 1 ? `attempt ${job.attempt}` : "";
+  const of = job.retry.max_attempts ? ` of ${job.retry.max_attempts}` : "";
+  if (job.status === "retrying") return `attempt ${job.attempt}${of} ended: ${job.retry.message}`;
+  return `attempt ${job.attempt}${of}; the last try ended: ${job.retry.message}`;
+}
+
 function statusLine(job) {
   const parts = [`${job.stage}`];
+  const attempt = attemptLine(job);
+  if (attempt) parts.push(attempt);
   if (job.status === "pending" && job.queue_position) parts.push(`number ${job.queue_position} in your queue`);
   if (job.status === "pending" && job.priority === "batch") parts.push("batch: after your interactive jobs");
   if (job.status === "pending" && job.estimate) parts.push(estimateLine(job.estimate));
   if (job.status === "pending" && job.queue_reason) parts.push(job.queue_reason);
+  if (job.ready) parts.push(readyLine(job.ready));
   if (job.progress !== null && job.progress !== undefined) parts.push(`${Math.round(job.progress * 100)}% (as reported by the provider)`);
-  if (job.attempt > 1) parts.push(`attempt ${job.attempt}`);
-  if (job.status === "retrying" && job.error) parts.push(`retrying after: ${job.error.message}`);
   parts.push(`updated ${new Date(job.updated_at).toLocaleTimeString()}`);
   return parts.join(" · ");
 }
