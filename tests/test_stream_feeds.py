@@ -125,6 +125,14 @@ async def test_a_job_starting_costs_a_bounded_number_of_reads_whatever_the_numbe
     async with deep_queue(tmp_path, own_postgres, nats_url) as (stack, database_url, first, waiting):
         async with streams(stack.url, stack.key, waiting) as watched:
             assert [w.last["queue_position"] for w in watched] == list(range(1, 41))
+
+            # The submitter records why each waits once it has taken the job's message: each such change is read
+            # (the job's reason is news), so the count starts once all are recorded. On a slow machine the
+            # submitter can still be at it when the streams have shown their first events.
+            async def reasons_shown() -> bool:
+                return all(w.last["queue_reason"] for w in watched)
+
+            await wait_until(reasons_shown, within=30, what="every stream to show why its job waits")
             await start_logging(database_url)
             log = own_postgres.home / "postgres.log"
             offset = len(log.read_text(errors="replace"))
