@@ -30,7 +30,9 @@ so it measures any version of the stream's internals alike.
    and no final event came within `--grace-s`); the time from the request to the first event, and the lag of
    every later event (its `updated_at` to its arrival here, the same clock).
    Meanwhile another account reads one of its own jobs (a render in flight) `--get-rate` times a second, open
-   loop, from a thread of its own: p50 and p99 of that GET.
+   loop, from a process of its own: p50 and p99 of that GET; beside it, at the same rate, GET /healthz (answered
+   by the gateway's process alone: its event loop and the machine, no database) and how late the probe's own
+   timer ran (the machine alone). `--streams 0` is the control: the same launch with no stream open.
 3. Statements per job state change: every statement the stack's services sent PostgreSQL from the first stream's
    opening to the last stream's end (counted from PostgreSQL's log, as bench/statements.py does: pgserver has no
    pg_stat_statements) over the transitions recorded in `job_transitions` for the run's jobs in that span (the
@@ -55,11 +57,11 @@ import asyncio
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import resource
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
@@ -226,48 +228,69 @@ def tally(watches: list[Watch]) -> dict[str, Any]:
 
 
 class Reader:
-    """GET /v1/jobs/{id} `rate` times a second on a schedule (open loop: a slow answer does not slow the next
-    request), from a thread and event loop of its own, so the streams' reading does not delay its clock."""
+    """Another account's probes, `rate` times a second each, on a schedule (open loop: a slow answer does not
+    slow the next): GET /v1/jobs/{id} of its own job; GET /healthz, which the gateway answers from the process
+    alone (no database, so what it waits for is the gateway's event loop and the machine); and the probe
+    process's own timer, how late its ticks run (the machine's scheduling alone, with no server in the way).
+    They run in a process of their own, so the 10,000 streams' clients in this one do not delay their clock
+    (a thread here would wait for this process's interpreter lock)."""
 
     def __init__(self, url: str, key: str, job_id: str, rate: float):
-        self.url, self.key, self.job_id, self.rate = url, key, job_id, rate
-        self.latencies_ms: list[float] = []
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._answers, sent = context.Pipe(duplex=False)
+        self._process = context.Process(target=_probe_process, args=(url, key, job_id, rate, self._stop, sent),
+                                        daemon=True)
+        self.latencies_ms: list[float] = []  # the job's GETs
+        self.health_ms: list[float] = []  # /healthz
+        self.late_ms: list[float] = []  # the probe's own ticks, how late each ran
         self.errors: Counter[str] = Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        self._process.start()
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        found = self._answers.recv()
+        self._process.join()
+        self.latencies_ms, self.health_ms, self.late_ms = found["job"], found["health"], found["late"]
+        self.errors = Counter(found["errors"])
 
-    async def _one(self, session: aiohttp.ClientSession) -> None:
+
+def _probe_process(url: str, key: str, job_id: str, rate: float, stop: Any, answers: Any) -> None:
+    found: dict[str, Any] = {"job": [], "health": [], "late": [], "errors": Counter()}
+    asyncio.run(_probe(url, key, job_id, rate, stop, found))
+    answers.send(found)
+
+
+async def _probe(url: str, key: str, job_id: str, rate: float, stop: Any, found: dict[str, Any]) -> None:
+    async def one(session: aiohttp.ClientSession, path: str, into: str, headers: dict[str, str]) -> None:
         started = time.perf_counter()
         try:
-            async with session.get(f"{self.url}/v1/jobs/{self.job_id}",
-                                   headers={"Authorization": f"Bearer {self.key}"}) as resp:
+            async with session.get(f"{url}{path}", headers=headers) as resp:
                 await resp.read()
                 if resp.status != 200:
-                    self.errors[str(resp.status)] += 1
+                    found["errors"][f"{into} {resp.status}"] += 1
                     return
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            self.errors[type(exc).__name__] += 1
+            found["errors"][f"{into} {type(exc).__name__}"] += 1
             return
-        self.latencies_ms.append((time.perf_counter() - started) * 1000)
+        found[into].append((time.perf_counter() - started) * 1000)
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            start, n, tasks = loop.time(), 0, set()
-            while not self._stop.is_set():
-                await asyncio.sleep(max(0.0, start + n / self.rate - loop.time()))
-                task = asyncio.ensure_future(self._one(session))
+    loop = asyncio.get_running_loop()
+    auth = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        start, n, tasks = loop.time(), 0, set()
+        while not stop.is_set():
+            due = start + n / rate
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            found["late"].append(max(0.0, loop.time() - due) * 1000)
+            for task in (asyncio.ensure_future(one(session, f"/v1/jobs/{job_id}", "job", auth)),
+                         asyncio.ensure_future(one(session, "/healthz", "health", {}))):
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-                n += 1
-            await asyncio.gather(*tasks, return_exceptions=True)
+            n += 1
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # --- the stack: its gateways, their processes, PostgreSQL's log ----------------------------------------------
@@ -603,7 +626,8 @@ async def launch_phase(session: aiohttp.ClientSession, urls: list[str], settings
     finally:
         await conn.close()
     return {**tally(watches), "jobs": len(ids), "finished": finished, "outcomes": outcomes, "jobs_s": jobs_s,
-            "wall_s": wall_s, "gets": polling.latencies_ms, "get_errors": polling.errors, "per_get": per_get,
+            "wall_s": wall_s, "gets": polling.latencies_ms, "health": polling.health_ms,
+            "late": polling.late_ms, "get_errors": polling.errors, "per_get": per_get,
             "statements": counted, "transitions": transitions, "streamed_transitions": streamed_transitions,
             "cpu": spent, "own_cpu": own, "top": top_statements(counter.last, "gateway", args.show_statements)}
 
@@ -666,6 +690,9 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
         "event lag p99 ms": f"{percentile(launch['lag_ms'], 99):.1f}" if launch["lag_ms"] else "-",
         "GET p50 ms": f"{percentile(launch['gets'], 50):.1f}" if launch["gets"] else "-",
         "GET p99 ms": f"{percentile(launch['gets'], 99):.1f}" if launch["gets"] else "-",
+        "/healthz p50 ms": f"{percentile(launch['health'], 50):.1f}" if launch["health"] else "-",
+        "/healthz p99 ms": f"{percentile(launch['health'], 99):.1f}" if launch["health"] else "-",
+        "probe's timer late p99 ms": f"{percentile(launch['late'], 99):.1f}" if launch["late"] else "-",
         "statements/change": "-", "gateway statements/change": "-",
         "idle CPU s/stream/min": "-", "idle RSS KiB/stream": "-", "idle statements/stream/min": "-",
     }
@@ -724,6 +751,8 @@ def report_launch(launch: dict[str, Any], args: argparse.Namespace) -> None:
           f"({launch['events']} events and {launch['keepalives']} keepalives in all)")
     print(f"  GET /v1/jobs/{{id}} meanwhile ({args.get_rate:g}/s, another account): {_pcts(launch['gets'])} "
           f"({len(launch['gets'])} answered, errors {_counts(launch['get_errors'])})")
+    print(f"  GET /healthz meanwhile (the gateway's loop, no database): {_pcts(launch['health'])}; the probe's own "
+          f"timer late by {_pcts(launch['late'])} (the machine, no server)")
     print(f"  every job ended {launch['jobs_s']:.1f} s after the first stream was asked for; the last stream "
           f"{launch['wall_s']:.1f} s")
     counted, transitions = launch["statements"], launch["transitions"]

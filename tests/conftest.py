@@ -24,7 +24,7 @@ from tests.support import processes_running, with_database
 from vidjobs.cli.embedded import EmbeddedNats, EmbeddedPostgres
 from vidjobs.common import db
 
-pytest_plugins = ["tests.scheduling"]
+pytest_plugins = ["tests.bytecode", "tests.scheduling"]
 
 
 @pytest.fixture(scope="session")
