@@ -65,6 +65,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -246,24 +247,27 @@ class Reader:
         self.late_ms: list[float] = []  # the probe's own ticks, how late each ran
         self.errors: Counter[str] = Counter()
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Once the probes have started (a process takes a second or two to start and import)."""
         self._process.start()
+        assert await asyncio.to_thread(self._answers.recv) == "probing"
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         self._stop.set()
-        found = self._answers.recv()
-        self._process.join()
+        found = await asyncio.to_thread(self._answers.recv)
+        await asyncio.to_thread(self._process.join)
         self.latencies_ms, self.health_ms, self.late_ms = found["job"], found["health"], found["late"]
         self.errors = Counter(found["errors"])
 
 
 def _probe_process(url: str, key: str, job_id: str, rate: float, stop: Any, answers: Any) -> None:
     found: dict[str, Any] = {"job": [], "health": [], "late": [], "errors": Counter()}
-    asyncio.run(_probe(url, key, job_id, rate, stop, found))
+    asyncio.run(_probe(url, key, job_id, rate, stop, found, lambda: answers.send("probing")))
     answers.send(found)
 
 
-async def _probe(url: str, key: str, job_id: str, rate: float, stop: Any, found: dict[str, Any]) -> None:
+async def _probe(url: str, key: str, job_id: str, rate: float, stop: Any, found: dict[str, Any],
+                 started: Callable[[], None]) -> None:
     async def one(session: aiohttp.ClientSession, path: str, into: str, headers: dict[str, str]) -> None:
         started = time.perf_counter()
         try:
@@ -279,7 +283,9 @@ async def _probe(url: str, key: str, job_id: str, rate: float, stop: Any, found:
 
     loop = asyncio.get_running_loop()
     auth = {"Authorization": f"Bearer {key}"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=60)) as session:
+        started()
         start, n, tasks = loop.time(), 0, set()
         while not stop.is_set():
             due = start + n / rate
@@ -590,7 +596,7 @@ async def launch_phase(session: aiohttp.ClientSession, urls: list[str], settings
     cpu_before, own_before = cpu.snapshot(data_dir), own_cpu_s()
     await counter.start()
     polling = Reader(urls[0], reader_key, reader_id, args.get_rate)
-    polling.start()
+    await polling.start()
     began = time.monotonic()
     streams = Streams(session, watches, args.open_parallel)
     await streams.wait_answered("streams")
@@ -610,7 +616,7 @@ async def launch_phase(session: aiohttp.ClientSession, urls: list[str], settings
     jobs_s = time.monotonic() - began
     await streams.wait_ended(args.grace_s)
     wall_s = time.monotonic() - began
-    polling.stop()
+    await polling.stop()
     counted = await counter.stop()
     ended_at = await pg_now(db_url)
     spent = cpu.usage(cpu_before, cpu.snapshot(data_dir))
