@@ -41,7 +41,7 @@ import asyncio
 import bisect
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import accumulate
@@ -353,12 +353,17 @@ def moved(old: Estimate | None, new: Estimate | None, now: datetime) -> bool:
         return old is not new
     if (old.jobs_ahead, old.jobs_ahead_p90, old.unavailable) != (new.jobs_ahead, new.jobs_ahead_p90, new.unavailable):
         return True
-    for was, now_at in zip(old.times(), new.times(), strict=True):
-        if was is None or now_at is None:
-            if was is not now_at:
+    return times_moved(zip(old.times(), new.times(), strict=True), now)
+
+
+def times_moved(pairs: Iterable[tuple[datetime | None, datetime | None]], now: datetime) -> bool:
+    """Whether any (was, is now) time appeared, went, or moved by more than the rounding at its distance."""
+    for was, is_now in pairs:
+        if was is None or is_now is None:
+            if was is not is_now:
                 return True
             continue
-        if abs((now_at - was).total_seconds()) > step_s(max(0.0, (now_at - now).total_seconds())):
+        if abs((is_now - was).total_seconds()) > step_s(max(0.0, (is_now - now).total_seconds())):
             return True
     return False
 

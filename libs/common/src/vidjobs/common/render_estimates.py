@@ -26,7 +26,7 @@ from typing import Literal
 
 import msgspec
 
-from vidjobs.common.estimates import rounded, span, step_s
+from vidjobs.common.estimates import rounded, span, times_moved
 from vidjobs.common.jobs import JobRow
 from vidjobs.common.measurements import Measured
 from vidjobs.common.settings import Settings
@@ -79,11 +79,4 @@ def moved(old: ReadyRange | None, new: ReadyRange | None, now: datetime) -> bool
         return old is not new
     if old.unavailable != new.unavailable:
         return True
-    for was, is_now in ((old.ready_p50, new.ready_p50), (old.ready_p90, new.ready_p90)):
-        if was is None or is_now is None:
-            if was is not is_now:
-                return True
-            continue
-        if abs((is_now - was).total_seconds()) > step_s(max(0.0, (is_now - now).total_seconds())):
-            return True
-    return False
+    return times_moved(((old.ready_p50, new.ready_p50), (old.ready_p90, new.ready_p90)), now)
