@@ -3,9 +3,9 @@
 The suite starts thousands of Python processes (each stack's six services, every CLI call, the workers of
 the fault runs). Where bytecode is not written (PYTHONDONTWRITEBYTECODE, as on the machines CI runs on), each
 of them compiled every module it imports from source: a gateway's imports took 0.9-1.4 s of CPU that way and
-0.4 s compiled, and tests/test_lifecycle.py 38 s of CPU rather than 24. The installed packages are compiled when they are installed (the README's command passes
-`uv sync --compile-bytecode`); the workspace's members are installed editable, so their sources are compiled
-here. compileall skips what is already current, so a second run costs a stat per file.
+0.4 s compiled, and tests/test_lifecycle.py 38 s of CPU rather than 24. The installed packages are compiled
+when they are installed (the README's command passes `uv sync --compile-bytecode`); the workspace's members
+are installed editable, so their sources are compiled here. compileall skips what is already current, so a second run costs a stat per file.
 """
 
 from __future__ import annotations
