@@ -5,7 +5,8 @@ the fault runs). Where bytecode is not written (PYTHONDONTWRITEBYTECODE, as on t
 of them compiled every module it imports from source: a gateway's imports took 0.9-1.4 s of CPU that way and
 0.4 s compiled, and tests/test_lifecycle.py 38 s of CPU rather than 24. The installed packages are compiled
 when they are installed (the README's command passes `uv sync --compile-bytecode`); the workspace's members
-are installed editable, so their sources are compiled here. compileall skips what is already current, so a second run costs a stat per file.
+are installed editable, so their sources are compiled here. compileall skips what is already current, so a
+second run costs a stat per file.
 """
 
 from __future__ import annotations
