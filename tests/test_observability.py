@@ -113,6 +113,9 @@ async def test_the_stack_exports_every_metric_the_alerts_and_dashboard_use(tmp_p
     assert value(scraped["submitter"], "vidjobs_provider_renders_in_flight", provider="fake") == 1
     assert value(scraped["submitter"], "vidjobs_provider_breaker_state", provider="fake", state="closed") == 1
     assert value(scraped["gateway"], "vidjobs_sse_streams_open") == 1
+    # Every service observes the pauses of its cycle collections (vidjobs.common.gcpolicy, installed once up).
+    for name, text in scraped.items():
+        assert (value(text, "vidjobs_gc_pause_seconds_count", generation="0") or 0) > 0, name
     assert value(later, "vidjobs_consumer_pending_messages", consumer="submitter") is not None
     # Committed outcomes, once each: one refusal, one completion with its create -> ready time.
     fake = {"provider": "fake", "model": "fake/default"}

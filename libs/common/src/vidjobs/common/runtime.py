@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from vidjobs.common import bus, changes, db, dbcalls, faults, logs, tracing
+from vidjobs.common import bus, changes, db, dbcalls, faults, gcpolicy, logs, tracing
 from vidjobs.common.dns import BoundedResolver
 from vidjobs.common.errors import ConfigError, ErrorCode, JobError
 from vidjobs.common.events import Event, WorkEvent
@@ -287,6 +287,7 @@ async def _serve(name: str, settings: Settings, main: WorkerMain) -> int:
             loop.add_signal_handler(sig, rt.stop.set)
         runner = await health_app(rt)
         work = rt.watch(main(rt), f"{name}-main")
+        gcpolicy.install()
         try:
             await rt.stop.wait()
             await asyncio.wait({work}, timeout=30)  # in-flight work drains

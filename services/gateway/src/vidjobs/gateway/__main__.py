@@ -10,7 +10,7 @@ import sys
 import uvloop
 from aiohttp import web
 
-from vidjobs.common import logs, tracing
+from vidjobs.common import gcpolicy, logs, tracing
 from vidjobs.common.errors import ConfigError
 from vidjobs.common.settings import Settings, load
 from vidjobs.gateway.app import create_app
@@ -34,6 +34,7 @@ async def serve(settings: Settings) -> int:
         site = web.TCPSite(runner, settings.http_host, settings.http_port)
         await site.start()
         log.info("gateway listening", extra={"url": settings.gateway_url})
+        gcpolicy.install()
         rt = app[GATEWAY].rt
         # Asked to stop, or a long-lived task of the runtime stopped (then the exit code says so).
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(rt.stop.wait())]
