@@ -574,6 +574,27 @@ async def reader_job(session: aiohttp.ClientSession, url: str, key: str, databas
     return job_id, max(0.0, counted.get("gateway", 0) - unasked) / CALIBRATION_GETS
 
 
+async def gc_pauses(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, float, float] | None:
+    """The gateways' full collections so far (vidjobs_gc_pause_seconds, generation 2), summed: how many, how many
+    stopped the process over 100 ms, and their seconds in all. None where a gateway does not export them."""
+    found = [0.0, 0.0, 0.0]
+    for url in urls:
+        async with session.get(f"{url}/metrics") as resp:
+            text = await resp.text()
+        full = {}
+        for line in text.splitlines():
+            if line.startswith("vidjobs_gc_pause_seconds") and 'generation="2"' in line:
+                name, value = line.rsplit(" ", 1)
+                full[name.split("{", 1)[0] + ('[0.1]' if 'le="0.1"' in name else '')] = float(value)
+        if "vidjobs_gc_pause_seconds_count" not in full:
+            return None
+        count = full["vidjobs_gc_pause_seconds_count"]
+        found[0] += count
+        found[1] += count - full.get("vidjobs_gc_pause_seconds_bucket[0.1]", 0.0)
+        found[2] += full["vidjobs_gc_pause_seconds_sum"]
+    return found[0], found[1], found[2]
+
+
 async def launch_phase(session: aiohttp.ClientSession, urls: list[str], settings: Any, data_dir: Path,
                        reader: tuple[str, str, float | None], counter: Statements,
                        args: argparse.Namespace) -> dict[str, Any]:
@@ -594,6 +615,7 @@ async def launch_phase(session: aiohttp.ClientSession, urls: list[str], settings
 
     started_at = await pg_now(db_url)
     cpu_before, own_before = cpu.snapshot(data_dir), own_cpu_s()
+    gc_before = await gc_pauses(session, urls)
     await counter.start()
     polling = Reader(urls[0], reader_key, reader_id, args.get_rate)
     await polling.start()
@@ -621,6 +643,9 @@ async def launch_phase(session: aiohttp.ClientSession, urls: list[str], settings
     ended_at = await pg_now(db_url)
     spent = cpu.usage(cpu_before, cpu.snapshot(data_dir))
     own = own_cpu_s() - own_before
+    gc_after = await gc_pauses(session, urls)
+    gc_full = None if gc_before is None or gc_after is None else tuple(
+        a - b for a, b in zip(gc_after, gc_before, strict=True))
 
     conn = await asyncpg.connect(db_url)
     try:
@@ -633,7 +658,7 @@ async def launch_phase(session: aiohttp.ClientSession, urls: list[str], settings
         await conn.close()
     return {**tally(watches), "jobs": len(ids), "finished": finished, "outcomes": outcomes, "jobs_s": jobs_s,
             "wall_s": wall_s, "gets": polling.latencies_ms, "health": polling.health_ms,
-            "late": polling.late_ms, "get_errors": polling.errors, "per_get": per_get,
+            "late": polling.late_ms, "get_errors": polling.errors, "gc": gc_full, "per_get": per_get,
             "statements": counted, "transitions": transitions, "streamed_transitions": streamed_transitions,
             "cpu": spent, "own_cpu": own, "top": top_statements(counter.last, "gateway", args.show_statements)}
 
@@ -699,6 +724,8 @@ def figures(result: dict[str, Any], args: argparse.Namespace) -> dict[str, str]:
         "/healthz p50 ms": f"{percentile(launch['health'], 50):.1f}" if launch["health"] else "-",
         "/healthz p99 ms": f"{percentile(launch['health'], 99):.1f}" if launch["health"] else "-",
         "probe's timer late p99 ms": f"{percentile(launch['late'], 99):.1f}" if launch["late"] else "-",
+        "full GCs (>100 ms) / s": "-" if launch["gc"] is None else
+        f"{launch['gc'][0]:.0f} ({launch['gc'][1]:.0f}) / {launch['gc'][2]:.2f}",
         "statements/change": "-", "gateway statements/change": "-",
         "idle CPU s/stream/min": "-", "idle RSS KiB/stream": "-", "idle statements/stream/min": "-",
     }
@@ -759,6 +786,10 @@ def report_launch(launch: dict[str, Any], args: argparse.Namespace) -> None:
           f"({len(launch['gets'])} answered, errors {_counts(launch['get_errors'])})")
     print(f"  GET /healthz meanwhile (the gateway's loop, no database): {_pcts(launch['health'])}; the probe's own "
           f"timer late by {_pcts(launch['late'])} (the machine, no server)")
+    if launch["gc"] is not None:
+        full, over, seconds = launch["gc"]
+        print(f"  the gateways' full garbage collections: {full:.0f}, {over:.0f} of them over 100 ms, "
+              f"{seconds:.2f} s in all")
     print(f"  every job ended {launch['jobs_s']:.1f} s after the first stream was asked for; the last stream "
           f"{launch['wall_s']:.1f} s")
     counted, transitions = launch["statements"], launch["transitions"]

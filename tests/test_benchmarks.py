@@ -44,6 +44,7 @@ SMALL_RUNS = {
         r"^  streams: \d+/12 opened, refused .*; saw the final state \d+, ended early .*, still open at the end \d+",
         r"^  GET /v1/jobs/\{id\} meanwhile \(10/s, another account\): p50 [\d.]+ ms  p99 [\d.]+ ms",
         r"^  GET /healthz meanwhile .*: p50 [\d.]+ ms  p99 [\d.]+ ms; the probe's own timer late by p50 [\d.]+ ms",
+        r"^  the gateways' full garbage collections: \d+, \d+ of them over 100 ms, [\d.]+ s in all$",
         # Counted from the log of the tests' PostgreSQL, in the benchmark's scratch database only.
         r"^  statements per job state change: [\d.]+ \(\d+ statements, \d+ transitions",
         r"^gateway statements/change\s+[\d.]+$", r"^idle CPU s/stream/min\s+-?[\d.]+$",

@@ -50,4 +50,6 @@ def install() -> None:
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_EVERY)
     if _observe not in gc.callbacks:
+        for generation in range(3):
+            GC_PAUSE_SECONDS.labels(str(generation))  # exported from the start, at zero
         gc.callbacks.append(_observe)
