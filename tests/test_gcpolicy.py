@@ -54,8 +54,9 @@ def test_a_growing_heap_is_walked_whole_a_few_times_not_a_dozen():
     default, policy = _run("default"), _run("policy")
     # CPython's own rule (a quarter's growth) walks the growing heap again and again; each walk held a gateway
     # with 10,000 streams for 0.1-0.55 s.
-    assert default["full_growing"] >= 5, default
-    assert policy["full_growing"] <= 2, policy
+    # 6 and 0 on CPython 3.11.
+    assert default["full_growing"] >= 4, default
+    assert policy["full_growing"] <= 1, policy
 
 
 def test_cycles_among_long_lived_objects_are_still_freed():
