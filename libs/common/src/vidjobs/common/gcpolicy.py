@@ -4,9 +4,10 @@ CPython 3.11 collects reference cycles with the world stopped, and a collection 
 every object the process tracks. A gateway holding 10,000 event streams tracks over a million, so each such
 collection held its event loop (every request, every stream) for 0.1 to 0.55 s, every second or two while the
 streams opened. Its default trigger is the oldest generation having grown by a quarter since the last one,
-which a heap growing tenfold meets a dozen times. And they found almost nothing to free (0 to 58 objects a
-pass): reference counting frees what the services let go of; cycles are rare and mostly short-lived, and
-the young generations, collected as before, find those.
+which a heap growing tenfold meets a dozen times. And they found almost nothing to free (at most a few
+hundred objects of the million walked): reference counting frees what the services let go of; cycles are
+rare and mostly short-lived, and the young generations, collected as before, find those. The few that live
+long wait a little longer for their collection (about a thousand objects at a time, spaced).
 
 So once a service has started (`install`):
 - what it built to start (modules, settings, pools, adapters) is frozen: never garbage, never walked again;
