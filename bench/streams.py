@@ -74,6 +74,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -577,22 +578,22 @@ async def reader_job(session: aiohttp.ClientSession, url: str, key: str, databas
 async def gc_pauses(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, float, float] | None:
     """The gateways' full collections so far (vidjobs_gc_pause_seconds, generation 2), summed: how many, how many
     stopped the process over 100 ms, and their seconds in all. None where a gateway does not export them."""
-    found = [0.0, 0.0, 0.0]
+    count = within = seconds = 0.0
     for url in urls:
         async with session.get(f"{url}/metrics") as resp:
             text = await resp.text()
-        full = {}
-        for line in text.splitlines():
-            if line.startswith("vidjobs_gc_pause_seconds") and 'generation="2"' in line:
-                name, value = line.rsplit(" ", 1)
-                full[name.split("{", 1)[0] + ('[0.1]' if 'le="0.1"' in name else '')] = float(value)
-        if "vidjobs_gc_pause_seconds_count" not in full:
+        full = [sample for family in text_string_to_metric_families(text) if family.name == "vidjobs_gc_pause_seconds"
+                for sample in family.samples if sample.labels.get("generation") == "2"]
+        if not full:
             return None
-        count = full["vidjobs_gc_pause_seconds_count"]
-        found[0] += count
-        found[1] += count - full.get("vidjobs_gc_pause_seconds_bucket[0.1]", 0.0)
-        found[2] += full["vidjobs_gc_pause_seconds_sum"]
-    return found[0], found[1], found[2]
+        for sample in full:
+            if sample.name.endswith("_count"):
+                count += sample.value
+            elif sample.name.endswith("_sum"):
+                seconds += sample.value
+            elif sample.name.endswith("_bucket") and float(sample.labels["le"]) == 0.1:
+                within += sample.value
+    return count, count - within, seconds
 
 
 async def launch_phase(session: aiohttp.ClientSession, urls: list[str], settings: Any, data_dir: Path,

@@ -33,14 +33,17 @@ GC_PAUSE_SECONDS = Histogram(
     "vidjobs_gc_pause_seconds", "How long each collection of reference cycles stopped the process, by generation",
     ["generation"], buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
 
-_started: list[float] = []
+# Each generation's histogram child, made once (`install`): the callback runs at every collection, hundreds a
+# second in a busy process, so it looks nothing up.
+_pauses: dict[int, Any] = {}
+_started_at = [0.0]
 
 
 def _observe(phase: str, info: dict[str, Any]) -> None:
     if phase == "start":
-        _started[:] = [time.perf_counter()]
-    elif _started:
-        GC_PAUSE_SECONDS.labels(str(info["generation"])).observe(time.perf_counter() - _started.pop())
+        _started_at[0] = time.perf_counter()
+    else:
+        _pauses[info["generation"]].observe(time.perf_counter() - _started_at[0])
 
 
 def install() -> None:
@@ -51,6 +54,6 @@ def install() -> None:
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_EVERY)
     if _observe not in gc.callbacks:
-        for generation in range(3):
-            GC_PAUSE_SECONDS.labels(str(generation))  # exported from the start, at zero
+        # Exported from the start, at zero.
+        _pauses.update({generation: GC_PAUSE_SECONDS.labels(str(generation)) for generation in range(3)})
         gc.callbacks.append(_observe)
