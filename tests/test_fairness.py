@@ -31,6 +31,26 @@ async def _moves(database_url: str, job_ids: list[str]) -> list[asyncpg.Record]:
         await conn.close()
 
 
+async def _claims(database_url: str, job_ids: list[str]) -> dict[str, asyncpg.Record]:
+    """Each job's first claim of a provider slot: its order (id) and when its transaction began."""
+    conn = await asyncpg.connect(database_url)
+    try:
+        rows = await conn.fetch(
+            "SELECT job_id, id, claimed_at FROM provider_submissions WHERE job_id = ANY($1) AND attempt = 1",
+            job_ids)
+        return {r["job_id"]: r for r in rows}
+    finally:
+        await conn.close()
+
+
+async def _database_now(database_url: str) -> datetime:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return await conn.fetchval("SELECT clock_timestamp()")
+    finally:
+        await conn.close()
+
+
 async def _rendering(database_url: str, job_ids: list[str]) -> int:
     conn = await asyncpg.connect(database_url)
     try:
@@ -90,20 +110,24 @@ async def test_a_busy_account_does_not_hold_back_another_accounts_first_job(tmp_
         await wait_until(lambda: _rendering(database_url, a_ids), within=30, what="account A to fill the slots")
         await asyncio.sleep(1.5)  # a few slot turns, so B arrives while slots are being handed out
         b_job = await stack.as_key(key_b).create_job(params={"render_s": render_s})
-        b_created = datetime.fromisoformat(b_job["created_at"])
+        b_visible = await _database_now(database_url)  # B's row has committed: every later hand-out sees it
         await stack.as_key(key_b).wait_terminal(b_job["id"], within=60)
         await asyncio.gather(*(stack.wait_terminal(j, within=180) for j in a_ids))
         moves = await _moves(database_url, [*a_ids, b_job["id"]])
+        claims = await _claims(database_url, [*a_ids, b_job["id"]])
 
-    submitted = {m["job_id"]: m["at"] for m in moves if m["to_status"] == "submitted"}
-    b_submitted = submitted[b_job["id"]]
-    a_before_b = sum(1 for j in a_ids if b_created < submitted[j] < b_submitted)
-    a_waiting = sum(1 for j in a_ids if submitted[j] > b_created)
-    b_wait = (b_submitted - b_created).total_seconds()
-    print(f"\nA queued {queued} on a provider capped at {cap}; B's first job waited {b_wait:.2f} s, while "
-          f"{a_waiting} of A's jobs were still queued; A jobs submitted in between: {a_before_b}")
+    b_claim = claims[b_job["id"]]
+    # A slot is handed out when its claim is written, in a transaction begun at claimed_at; one begun after B
+    # was visible reads B in the queue. The job's "submitted" move comes later, after the provider answered,
+    # so counting those moves would also count slots handed out before B existed.
+    a_after_b = sum(1 for j in a_ids if b_visible <= claims[j]["claimed_at"] and claims[j]["id"] < b_claim["id"])
+    a_waiting = sum(1 for j in a_ids if claims[j]["id"] > b_claim["id"])
+    b_wait = (b_claim["claimed_at"] - datetime.fromisoformat(b_job["created_at"])).total_seconds()
+    print(f"\nA queued {queued} on a provider capped at {cap}; B's first job was handed a slot {b_wait:.2f} s after "
+          f"it was created, ahead of {a_waiting} of A's queued jobs; A jobs handed a slot after B was visible "
+          f"and before it: {a_after_b}")
     assert a_waiting >= cap * 4  # B really arrived behind a long queue
-    assert a_before_b <= 1  # at most the slot being handed out as B arrived
+    assert a_after_b == 0  # the first slot handed out once B could be seen went to B
     assert most_in_flight(moves) <= cap
 
 
