@@ -512,6 +512,57 @@ async def test_s3_a_head_answered_without_the_size_or_time_is_a_malformed_answer
     assert (await s3.head(key)).bytes == len(VIDEO)
 
 
+async def test_s3_a_listing_without_sizes_or_keys_is_a_malformed_answer(fronted: tuple[S3Front, S3Storage]):
+    front, s3 = fronted
+    await s3.put_bytes(PREFIX + "a.mp4", VIDEO, "video/mp4")
+
+    front.drop_elements("Size")
+    with pytest.raises(MalformedAnswer, match="Size") as raised:
+        [info async for info in s3.list_prefix(PREFIX)]
+    assert faults.is_infrastructure(raised.value)  # a store answering badly is deferred, like one answering 5xx
+
+    front.drop_elements("Key")
+    with pytest.raises(MalformedAnswer, match="Key"):
+        await s3.delete_prefix(PREFIX)
+
+    front.mend()  # nothing was deleted while the listing could not be read
+    assert [info.bytes async for info in s3.list_prefix(PREFIX)] == [len(VIDEO)]
+
+
+async def test_s3_a_multipart_upload_started_without_its_id_is_a_malformed_answer(
+        fronted: tuple[S3Front, S3Storage], tmp_path: Path):
+    front, s3 = fronted
+    big = tmp_path / "render.mp4"
+    _random_file(big, PART + 1)
+
+    front.drop_elements("UploadId")
+    with pytest.raises(MalformedAnswer, match="UploadId") as raised:
+        await s3.put_file(PREFIX + "video.mp4", big, "video/mp4")
+    assert faults.is_infrastructure(raised.value)
+
+    front.mend()
+    with pytest.raises(ObjectNotFound):  # no part of it was sent
+        await s3.head(PREFIX + "video.mp4")
+
+
+async def test_s3_a_part_stored_without_its_etag_aborts_the_upload(fronted: tuple[S3Front, S3Storage], tmp_path: Path):
+    front, s3 = fronted
+    big = tmp_path / "render.mp4"
+    sha = _random_file(big, 2 * PART + 1)
+
+    front.drop_from_answers("ETag")
+    with pytest.raises(MalformedAnswer, match="ETag") as raised:
+        await s3.put_file(PREFIX + "video.mp4", big, "video/mp4")
+    assert faults.is_infrastructure(raised.value)
+    front.mend()
+    client = await s3.client()
+    unfinished = await client.list_multipart_uploads(Bucket=BUCKET, Prefix=s3.prefix)
+    assert unfinished.get("Uploads", []) == []  # aborted: no parts are left to be billed for
+
+    # With the store mended, the same file goes in whole.
+    assert (await put_verified(s3, PREFIX + "video.mp4", big, "video/mp4", sha256=sha)).bytes == big.stat().st_size
+
+
 async def test_a_corrupted_store_is_stored_again_until_it_is_intact(backend: Backend, tmp_path: Path):
     mangling = CorruptingStorage(backend.storage, times=2)
     source = tmp_path / "video.mp4"

@@ -1,7 +1,9 @@
 """An HTTP front for the S3 server: every request passed on to moto unchanged, until it is told to answer 500
 or 503 instead (an object store that is up but failing, as S3 does under its own faults: `InternalError`,
-`SlowDown`), which stopping moto's process cannot show, or to leave headers out of its answers to HEAD (an
-S3-compatible store, or a proxy before it, that answers a HEAD without the object's size or time). The services
+`SlowDown`), which stopping moto's process cannot show, or to leave parts out of its answers: headers out of
+its answers to HEAD (an S3-compatible store, or a proxy before it, that answers a HEAD without the object's
+size or time) or of every answer (a part stored without its ETag), and XML elements out of answer bodies (a
+listing without sizes, a multipart upload started without its id). The services
 are given the front's address as their S3 endpoint; moto does not check signatures, so requests signed for the
 front's host are served as they are.
 
@@ -10,6 +12,7 @@ Bodies are read whole before they are passed on: the suite's objects are small (
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -33,6 +36,8 @@ class S3Front:
         self.failing: int | None = None  # 500 or 503 while failing; None passes requests on
         self.refused = 0  # requests answered with an error instead of passed on
         self.head_drops: frozenset[str] = frozenset()  # header names (lowercase) left out of answers to HEAD
+        self.header_drops: frozenset[str] = frozenset()  # header names (lowercase) left out of every answer
+        self.element_drops: re.Pattern[bytes] | None = None  # XML elements left out of answer bodies
         self.url = ""
         self._session: aiohttp.ClientSession | None = None
 
@@ -44,9 +49,20 @@ class S3Front:
         """Answers to HEAD leave these headers out (Content-Length, Last-Modified, ...), until mended."""
         self.head_drops = frozenset(h.lower() for h in headers)
 
+    def drop_from_answers(self, *headers: str) -> None:
+        """Every answer leaves these headers out (ETag, x-amz-checksum-sha256, ...), until mended."""
+        self.header_drops = frozenset(h.lower() for h in headers)
+
+    def drop_elements(self, *names: str) -> None:
+        """Answer bodies leave these XML elements out, each with what it holds (Size, UploadId, ...), until
+        mended. S3's answers hold no element nested in one of the same name."""
+        alternatives = b"|".join(re.escape(n.encode()) for n in names)
+        self.element_drops = re.compile(rb"<(" + alternatives + rb")>.*?</\1>", re.DOTALL)
+
     def mend(self) -> None:
         self.failing = None
-        self.head_drops = frozenset()
+        self.head_drops = self.header_drops = frozenset()
+        self.element_drops = None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         if self.failing is not None:
@@ -58,14 +74,17 @@ class S3Front:
         body = await request.read()
         async with self._session.request(request.method, f"{self.upstream}{request.rel_url}", headers=headers,
                                          data=body, allow_redirects=False, auto_decompress=False) as upstream:
-            drops = self.head_drops if request.method == "HEAD" else frozenset()
+            head = request.method == "HEAD"
+            drops = self.header_drops | (self.head_drops if head else frozenset())
             kept = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP | drops}
             payload = await upstream.read()
+        if self.element_drops is not None:
+            payload = self.element_drops.sub(b"", payload)
         answer = web.StreamResponse(status=upstream.status, headers=kept)
         if "content-length" not in drops:
             # A HEAD's Content-Length is the object's size, not its (empty) body's: botocore reads it. Left
             # unset on a HEAD, aiohttp sends none at all (a HEAD's answer has no body to frame).
-            answer.content_length = int(upstream.headers.get("Content-Length", len(payload)))
+            answer.content_length = int(upstream.headers.get("Content-Length", 0)) if head else len(payload)
         try:
             await answer.prepare(request)
             if request.method != "HEAD":

@@ -314,8 +314,13 @@ class S3Storage:
         more = {"ContinuationToken": token} if token else {}
         async with _bounded("list", prefix, self.limits.call_s()):
             s3 = await self.client()
-            page: dict[str, Any] = await s3.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix,
-                                                            MaxKeys=DELETE_BATCH, **more)
+            try:
+                page: dict[str, Any] = await s3.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + prefix,
+                                                                MaxKeys=DELETE_BATCH, **more)
+            except KeyError as exc:
+                # botocore URL-decodes every listed key as it parses the page, and an entry without one
+                # raises there, before `_field` could look: the store misbehaving, as much as a missing field.
+                raise MalformedAnswer(f"S3's answer to list {prefix!r} had an entry without {exc.args[0]}") from None
         return page
 
     async def delete_prefix(self, prefix: str) -> int:
