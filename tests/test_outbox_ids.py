@@ -26,14 +26,18 @@ async def _row(pool: asyncpg.Pool, row_id: int, job_id: str, made_at: datetime |
 
 
 async def _delivered(js, subject: str) -> list[str]:
+    """Everything on `subject`, read until a second passes without more (the first read waits longer: a slow
+    machine may take more than a second to answer at all)."""
     sub = await js.pull_subscribe(subject, durable="outbox-ids", stream=bus.WORK_STREAM)
     seen = []
     try:
         while True:
-            for msg in await sub.fetch(10, timeout=1):
+            for msg in await sub.fetch(10, timeout=1 if seen else 10):
                 seen.append(events.decode(subject, msg.data).job_id)
                 await msg.ack()
-    except nats.errors.TimeoutError:
+    except TimeoutError:
+        # nats.errors.TimeoutError is one, but fetch also raises asyncio's own when its deadline ran out
+        # before it could send its waiting request.
         return seen
 
 
