@@ -61,7 +61,7 @@ from .models import (
 )
 from .retrying import RetryPolicy
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 __all__ = [
     "TERMINAL", "APIError", "Account", "AsyncClient", "AsyncPlatform", "AuthenticationError", "BrowserToken",
     "ChecksumMismatch", "Client", "ConfigurationError", "Conflict", "ConnectionFailed", "Estimate", "Export",

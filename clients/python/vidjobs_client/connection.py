@@ -14,7 +14,7 @@ URL_VARIABLE = "VIDJOBS_URL"
 KEY_VARIABLE = "VIDJOBS_API_KEY"
 PLATFORM_KEY_VARIABLE = "VIDJOBS_PLATFORM_KEY"
 ACTING_FOR = "Vidjobs-Account"  # the account a platform key calls an account's routes for
-USER_AGENT = "vidjobs-client/0.2.0"
+USER_AGENT = "vidjobs-client/0.3.0"
 
 
 def resolve(base_url: str | None, api_key: str | None, *, what: str = "API key", argument: str = "api_key",
