@@ -134,6 +134,7 @@ class FaultProxy:
         self._links: set[_Link] = set()
         self._listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
+        self._refuse_at: int | None = None  # refuse connects once this many were accepted in all
 
     # -- lifecycle
 
@@ -194,7 +195,15 @@ class FaultProxy:
     def refuse(self) -> None:
         self._unlisten()
 
+    def refuse_after(self, accepted: int) -> None:
+        """Refuse connects once `accepted` connections were accepted in all, those before this call counted: a
+        server that answered a first connection and went away before the next. Those accepted are piped on."""
+        self._refuse_at = accepted
+        if self.counters.accepted >= accepted:
+            self.refuse()
+
     def heal(self) -> None:
+        self._refuse_at = None
         self.mode = Mode.PIPE
         self.latency(0.0)
         self.bandwidth(None)
@@ -253,6 +262,9 @@ class FaultProxy:
             link = _Link(self, reader, writer)
             self._links.add(link)
             link.done.add_done_callback(functools.partial(self._forget, link))
+            if self._refuse_at is not None and self.counters.accepted >= self._refuse_at:
+                self._unlisten()  # cancels this very task, which ends here without waiting again
+                return
 
     def _forget(self, link: _Link, _: object) -> None:
         self._links.discard(link)

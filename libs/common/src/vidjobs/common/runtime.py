@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from vidjobs.common import bus, changes, db, dbcalls, faults, gcpolicy, logs, tracing
+from vidjobs.common import backoff, bus, changes, db, dbcalls, faults, gcpolicy, logs, tracing
 from vidjobs.common.dns import BoundedResolver
 from vidjobs.common.errors import ConfigError, ErrorCode, JobError
 from vidjobs.common.events import Event, WorkEvent
@@ -136,6 +136,20 @@ class Runtime:
         self.relay.poke()
 
 
+# How long a starting service waits out the database or JetStream failing after its first look (a restart
+# under way, a NATS node drained) before it gives up and exits: a process that exits instead is restarted,
+# and under Kubernetes every such exit lengthens the back-off before the next start.
+START_PATIENCE_S = 60.0
+_START = backoff.Backoff(on=faults.INFRASTRUCTURE, attempts=None, timeout=START_PATIENCE_S, base=0.5, cap=5.0)
+
+
+def _not_yet(step: str) -> backoff.OnBackoff:
+    def told(exc: BaseException, attempt: int, wait_s: float) -> None:
+        log.warning("could not start yet; trying again",
+                    extra={"step": step, "error": repr(exc), "attempt": attempt, "delay_s": round(wait_s, 2)})
+    return told
+
+
 async def _wait_for_database(url: str, timeout_s: float = 60.0) -> None:
     # Readiness is observed, not slept for: retry the connection until it answers or time runs out.
     deadline = asyncio.get_running_loop().time() + timeout_s
@@ -162,8 +176,12 @@ async def migrate_database(settings: Settings) -> list[str]:
     On a service's own role with nothing pending this only reads; with something pending it fails, naming
     `vidjobs migrate`."""
     database_url, _ = _require_urls(settings)
-    await _wait_for_database(database_url)
-    return await db.migrate(database_url)
+
+    async def attempt(_: int) -> list[str]:
+        await _wait_for_database(database_url)
+        return await db.migrate(database_url)  # safe to run again: it applies only what is missing
+
+    return await backoff.call(_START, attempt, on_backoff=_not_yet("migrate"))
 
 
 async def _require_current_schema(pool: asyncpg.Pool) -> None:
@@ -179,20 +197,9 @@ async def open_runtime(name: str, settings: Settings) -> AsyncIterator[Runtime]:
     """Connect a service to the database and JetStream (creating the streams it consumes if they are missing)
     and start its outbox relay. Changes no schema and no grant: a database that lacks a migration this code
     needs is refused (`migrate_database` comes first)."""
-    database_url, nats_url = _require_urls(settings)
     BoundedResolver.configure(settings.dns_threads, settings.dns_timeout_s)
-    await _wait_for_database(database_url)
-    pool = await db.create_pool(database_url, max_size=settings.db_pool_size, timeouts=db.Timeouts.of(settings),
-                                name=f"vidjobs-{name}")
+    pool, nc, js = await backoff.call(_START, lambda _: _connect(name, settings), on_backoff=_not_yet("connect"))
     try:
-        await _require_current_schema(pool)
-        nc, js = await bus.connect(nats_url, name=f"vidjobs-{name}", ping_interval_s=settings.nats_ping_interval_s,
-                                   max_outstanding_pings=settings.nats_max_outstanding_pings)
-    except BaseException:
-        await pool.close()
-        raise
-    try:
-        await bus.ensure_streams(js, replicas=settings.stream_replicas)
         changes.install(nc)
         rt = Runtime(name=name, settings=settings, pool=pool, nc=nc, js=js, relay=Relay(pool, js))
         rt.watch(rt.relay.run(rt.stop), "outbox-relay")
@@ -206,6 +213,38 @@ async def open_runtime(name: str, settings: Settings) -> AsyncIterator[Runtime]:
         with contextlib.suppress(Exception):
             await nc.drain()
         await pool.close()
+
+
+async def _connect(name: str, settings: Settings) -> tuple[asyncpg.Pool, NATS, JetStreamContext]:
+    """The service's pool on a current schema, its NATS connection and the streams it uses; whatever was
+    opened is closed again when a step fails, so the start can be tried again from the top."""
+    database_url, nats_url = _require_urls(settings)
+    await _wait_for_database(database_url)
+    pool = await db.create_pool(database_url, max_size=settings.db_pool_size, timeouts=db.Timeouts.of(settings),
+                                name=f"vidjobs-{name}")
+    try:
+        await _require_current_schema(pool)
+        nc, js = await bus.connect(nats_url, name=f"vidjobs-{name}", ping_interval_s=settings.nats_ping_interval_s,
+                                   max_outstanding_pings=settings.nats_max_outstanding_pings)
+    except BaseException:
+        await _close_quietly(pool)
+        raise
+    try:
+        await bus.ensure_streams(js, replicas=settings.stream_replicas)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await nc.close()
+        await _close_quietly(pool)
+        raise
+    return pool, nc, js
+
+
+async def _close_quietly(pool: asyncpg.Pool) -> None:
+    """Close a pool whose database may be gone: the failure that made us close it is the one worth raising."""
+    try:
+        await asyncio.wait_for(pool.close(), timeout=PROBE_TIMEOUT_S)
+    except Exception:
+        pool.terminate()
 
 
 async def health_app(rt: Runtime) -> web.AppRunner:
