@@ -18,10 +18,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import cpu  # noqa: E402
 
-# Waits for a line on stdin, then burns CPU until its own total reaches the number on that line, prints its
-# total and exits; or, given no stdin line ("sleep"), just sleeps.
+# Says it runs, waits for a line on stdin, then burns CPU until its own total reaches the number on that line,
+# prints its total and exits; or, given the line "sleep", just sleeps.
 BURNER = """
 import sys, time
+print("running", flush=True)
 line = sys.stdin.readline().strip()
 if line == "sleep":
     time.sleep(60)
@@ -34,8 +35,12 @@ else:
 
 
 def _start(module: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", BURNER, module], stdin=subprocess.PIPE,
+    """A burner whose command line names `module`, once it runs: until the child has executed Python, its
+    command line is still this process's, and a snapshot taken then would not know it for a service."""
+    proc = subprocess.Popen([sys.executable, "-c", BURNER, module], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
+    return proc
 
 
 def _own_cpu(proc: subprocess.Popen[str]) -> float:
