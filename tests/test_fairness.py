@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 import pytest
@@ -21,43 +22,34 @@ TWO_SUBMITTERS = {**SERVICES, "submitter-2": "vidjobs.submitter"}
 UNLIMITED = ProviderLimits(concurrency=1000, rate_per_s=1000, burst=1000)
 
 
-async def _moves(database_url: str, job_ids: list[str]) -> list[asyncpg.Record]:
+async def _query(database_url: str, how: str, sql: str, *args: Any) -> Any:
+    """One statement on a connection of its own, read with `how` (fetch, fetchval)."""
     conn = await asyncpg.connect(database_url)
     try:
-        return await conn.fetch(
-            "SELECT job_id, from_status, to_status, at FROM job_transitions WHERE job_id = ANY($1) ORDER BY at, id",
-            job_ids)
+        return await getattr(conn, how)(sql, *args)
     finally:
         await conn.close()
+
+
+async def _moves(database_url: str, job_ids: list[str]) -> list[asyncpg.Record]:
+    return await _query(database_url, "fetch", "SELECT job_id, from_status, to_status, at FROM job_transitions "
+                                               "WHERE job_id = ANY($1) ORDER BY at, id", job_ids)
 
 
 async def _claims(database_url: str, job_ids: list[str]) -> dict[str, asyncpg.Record]:
     """Each job's first claim of a provider slot: its order (id) and when its transaction began."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        rows = await conn.fetch(
-            "SELECT job_id, id, claimed_at FROM provider_submissions WHERE job_id = ANY($1) AND attempt = 1",
-            job_ids)
-        return {r["job_id"]: r for r in rows}
-    finally:
-        await conn.close()
+    rows = await _query(database_url, "fetch", "SELECT job_id, id, claimed_at FROM provider_submissions "
+                                               "WHERE job_id = ANY($1) AND attempt = 1", job_ids)
+    return {r["job_id"]: r for r in rows}
 
 
 async def _database_now(database_url: str) -> datetime:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await conn.fetchval("SELECT clock_timestamp()")
-    finally:
-        await conn.close()
+    return await _query(database_url, "fetchval", "SELECT clock_timestamp()")
 
 
 async def _rendering(database_url: str, job_ids: list[str]) -> int:
-    conn = await asyncpg.connect(database_url)
-    try:
-        return await conn.fetchval(
-            "SELECT count(*) FROM jobs WHERE id = ANY($1) AND status IN ('submitted', 'processing')", job_ids)
-    finally:
-        await conn.close()
+    return await _query(database_url, "fetchval", "SELECT count(*) FROM jobs WHERE id = ANY($1) "
+                                                  "AND status IN ('submitted', 'processing')", job_ids)
 
 
 async def _watch_positions(stack, job_ids: list[str], seen: dict[str, list[int]], stop: asyncio.Event) -> None:
